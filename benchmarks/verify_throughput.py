@@ -1,0 +1,132 @@
+"""Throughput benchmark for the math verifier (a script, not a test).
+
+Builds a deterministic, realistic mix of verifications (mostly simple numeric answers at
+the end of a few hundred words of reasoning, some fractions / LaTeX / tuples, some exact
+repeats) and prints:
+
+* verifications/s of ``components.verify.math.compute_score`` in one process, and of
+  ``math_verify`` (``parse`` + ``verify``) in one process when it is installed, with
+  their ratio (goal: >= 20x);
+* verifications/s of ``components.verify.executor.score_batch`` with 1 and with 2 worker
+  processes, with their ratio (goal: >= 1.8x; needs at least 3 CPU cores to be
+  meaningful, since the parent process also works).
+
+Usage: ``python benchmarks/verify_throughput.py [--n 20000] [--mv-n 1000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from components.verify import math as mverify  # noqa: E402
+from components.verify.executor import ScoreItem, score_batch  # noqa: E402
+
+_FILLER = (
+    "First we write down what is given in the problem. Then we set up the equation "
+    "carefully, simplify both sides, and check the arithmetic step by step. "
+)
+
+# (ground truth, equivalent response forms, a wrong form)
+_LATEX_CASES = [
+    ("\\frac{3}{4}", ["\\frac{3}{4}", "\\dfrac{3}{4}", "0.75", "3/4"], "\\frac{4}{3}"),
+    ("\\frac{1}{2}", ["\\frac12", "0.5", "\\frac{2}{4}"], "\\frac{1}{3}"),
+    ("2\\sqrt{2}", ["2\\sqrt{2}", "\\sqrt{8}"], "\\sqrt{2}"),
+    ("\\frac{\\pi}{3}", ["\\frac{\\pi}{3}", "\\pi/3"], "\\frac{\\pi}{6}"),
+    ("(1, 2)", ["(1,2)", "\\left(1, 2\\right)"], "(2,1)"),
+    ("[0, 1)", ["[0,1)"], "[0,1]"),
+    ("12\\%", ["12\\%", "12"], "1.2"),
+    ("x^2+2x+1", ["(x+1)^2", "x^2+2x+1"], "(x-1)^2"),
+    ("5 \\text{ cm}", ["5", "5\\text{ cm}"], "6"),
+]
+
+
+def build_mix(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """Return ``n`` (response, ground_truth) pairs."""
+    rng = random.Random(seed)
+    out: list[tuple[str, str]] = []
+    while len(out) < n:
+        r = rng.random()
+        if r < 0.15 and out:
+            out.append(out[rng.randrange(len(out))])  # exact repeat
+            continue
+        body = _FILLER * rng.randint(2, 6)
+        if r < 0.80:
+            value = rng.randint(0, 5000) if rng.random() < 0.8 else round(rng.uniform(0, 100), 2)
+            gt = str(value)
+            ans = gt if rng.random() < 0.75 else str(value + rng.choice([1, -1, 10]))
+            if rng.random() < 0.3:
+                response = f"{body}\n#### {ans}"
+            else:
+                response = f"{body}\nTherefore the answer is $\\boxed{{{ans}}}$."
+        else:
+            gt, forms, wrong = _LATEX_CASES[rng.randrange(len(_LATEX_CASES))]
+            ans = rng.choice(forms) if rng.random() < 0.75 else wrong
+            response = f"{body}\nSo we get $\\boxed{{{ans}}}$."
+        out.append((response, gt))
+    return out
+
+
+def bench_ours(mix: list[tuple[str, str]]) -> float:
+    mverify.warm_up()
+    mverify.clear_caches()
+    t0 = time.perf_counter()
+    for response, gt in mix:
+        mverify.compute_score(response, gt)
+    return len(mix) / (time.perf_counter() - t0)
+
+
+def bench_math_verify(mix: list[tuple[str, str]]) -> float | None:
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return None
+    verify(parse("$1$"), parse("\\boxed{1}"))  # warm up imports
+    t0 = time.perf_counter()
+    for response, gt in mix:
+        verify(parse(f"${gt}$"), parse(response))
+    return len(mix) / (time.perf_counter() - t0)
+
+
+def bench_executor(mix: list[tuple[str, str]], workers: int, repeats: int = 3) -> float:
+    items = [ScoreItem("math", "bench", response, gt) for response, gt in mix]
+    best = 0.0
+    for _ in range(repeats):
+        mverify.clear_caches()
+        t0 = time.perf_counter()
+        score_batch(items, num_workers=workers, timeout_s=10.0)
+        best = max(best, len(items) / (time.perf_counter() - t0))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=20000, help="verifications per run")
+    parser.add_argument("--mv-n", type=int, default=1000, help="verifications for math_verify")
+    args = parser.parse_args()
+
+    mix = build_mix(args.n)
+    print(f"mix: {len(mix)} verifications, cpu cores: {os.cpu_count()}")
+    ours = bench_ours(mix)
+    print(f"this verifier, 1 process:   {ours:12.0f} verifications/s")
+    mv = bench_math_verify(mix[: args.mv_n])
+    if mv is None:
+        print("math_verify:                not installed (pip install math-verify), skipped")
+    else:
+        print(f"math_verify, 1 process:     {mv:12.0f} verifications/s")
+        print(f"ratio this / math_verify:   {ours / mv:12.1f}x   (goal >= 20x)")
+    one = bench_executor(mix, 1)
+    two = bench_executor(mix, 2)
+    print(f"executor, 1 worker:         {one:12.0f} verifications/s")
+    print(f"executor, 2 workers:        {two:12.0f} verifications/s")
+    print(f"ratio 2 / 1 workers:        {two / one:12.2f}x   (goal >= 1.8x)")
+
+
+if __name__ == "__main__":
+    main()

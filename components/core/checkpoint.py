@@ -1,0 +1,102 @@
+"""Policy checkpoints: plain Hugging Face model directories in the object store.
+
+A checkpoint holds `config.json`, weights only as `*.safetensors` (sharded with an index when
+large), the tokenizer files and `generation_config.json`. It loads with
+`AutoModelForCausalLM.from_pretrained` directly: no merger step. Nothing is ever unpickled:
+weights load with `use_safetensors=True` and a directory holding pickle weights is refused.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from components.core.commit import OutputDir, materialize
+from components.core.store import Store, StoreError, get_store, is_s3
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+MAX_SHARD_SIZE = "2GB"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be used; the message says why and what to do."""
+
+
+def check_hf_dir(path: Path, source: str) -> None:
+    """Refuse directories that are not safetensors HF checkpoints."""
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {source} does not exist or is not a directory")
+    names = {p.name for p in path.iterdir()}
+    if "config.json" not in names:
+        raise CheckpointError(f"checkpoint {source} has no config.json; it must be an HF model dir")
+    if not any(n.endswith(".safetensors") for n in names):
+        pickled = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
+        hint = f" (found pickle weights {pickled}; convert them to safetensors)" if pickled else ""
+        raise CheckpointError(f"checkpoint {source} has no *.safetensors weights{hint}")
+    if not names & {"tokenizer.json", "tokenizer_config.json"}:
+        raise CheckpointError(f"checkpoint {source} has no tokenizer files (tokenizer.json)")
+
+
+def local_checkpoint(store: Store, uri: str) -> Path:
+    """A local directory with a committed checkpoint's files (downloaded when remote)."""
+    path = materialize(store, uri)
+    check_hf_dir(path, uri)
+    return path
+
+
+def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
+    """Load model and tokenizer from a local checkpoint directory (safetensors only)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, use_safetensors=True, dtype=dtype or torch.float32
+    ).to(device)
+    return model, tokenizer
+
+
+def write_checkpoint(
+    model, tokenizer, out: OutputDir, stats: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Save model + tokenizer as an HF directory into `out` and commit it."""
+    tmp = Path(tempfile.mkdtemp(prefix="rlvr-ckpt-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
+        tokenizer.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        check_hf_dir(tmp, str(out.uri))
+        out.put_tree(tmp)
+        return out.commit(stats)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def import_checkpoint(src: str, out: OutputDir, endpoint_url: str | None = None) -> dict:
+    """Copy an external HF directory (local path, or S3 prefix) into the run and commit it."""
+    if is_s3(src):
+        store = get_store(src, endpoint_url)
+        files = store.list_files(src)
+        if not files:
+            raise CheckpointError(f"checkpoint {src} has no files")
+        tmp = Path(tempfile.mkdtemp(prefix="rlvr-import-"))
+        try:
+            for f in files:
+                store.download_file(f"{src.rstrip('/')}/{f}", tmp / f)
+            return import_checkpoint(str(tmp), out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    path = Path(src[len("file://") :] if src.startswith("file://") else src)
+    check_hf_dir(path, src)  # validate before touching the destination
+    out.begin(force=True)
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and p.name != "_SUCCESS":
+            if p.name.endswith(PICKLE_SUFFIXES):
+                continue  # never carry pickles into a run
+            out.put_file(p, p.relative_to(path).as_posix())
+    if not out.files:
+        raise StoreError(f"nothing to import from {src}")
+    return out.commit({"source": src})

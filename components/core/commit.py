@@ -1,0 +1,146 @@
+"""Atomic stage outputs: a directory counts only once its `_SUCCESS` manifest exists.
+
+Protocol (docs/contracts.md, "Commit protocol"):
+
+1. `OutputDir.begin(force)` returns False when `_SUCCESS` already exists and force is off: the
+   stage has nothing to do (idempotent rerun). Otherwise it removes `_SUCCESS` first, then
+   whatever a crashed earlier attempt left, so partial output is replaced, never mixed.
+2. The stage writes its files through `put_file` / `put_bytes`, which record bytes and sha256.
+3. `commit(stats)` writes `_SUCCESS` last: JSON listing every file with its bytes and sha256 plus
+   the stage's stats. Readers (`read_manifest`, `committed_files`, `materialize`) refuse a directory
+   without it and check what they fetch against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.core.store import Store, StoreError, is_s3, join
+
+SUCCESS = "_SUCCESS"
+MANIFEST_VERSION = 1
+
+
+class NotCommittedError(StoreError):
+    """A reader was pointed at a directory that has no `_SUCCESS` (missing or partial output)."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class OutputDir:
+    """One stage output directory being written."""
+
+    store: Store
+    uri: str
+    stage: str
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def is_committed(self) -> bool:
+        return self.store.exists(join(self.uri, SUCCESS))
+
+    def begin(self, force: bool = False) -> bool:
+        """Prepare to write. False means: already committed, nothing to do."""
+        if self.is_committed() and not force:
+            return False
+        success = join(self.uri, SUCCESS)
+        if self.store.exists(success):
+            self.store.delete_tree(success)  # uncommit first, then clear
+        self.store.delete_tree(self.uri)
+        self.files.clear()
+        return True
+
+    def put_file(self, local: Path, name: str) -> str:
+        uri = join(self.uri, name)
+        self.store.upload_file(local, uri)
+        self.files[name] = {"bytes": local.stat().st_size, "sha256": sha256_file(local)}
+        return uri
+
+    def put_bytes(self, data: bytes, name: str) -> str:
+        uri = join(self.uri, name)
+        self.store.write_bytes(uri, data)
+        self.files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        return uri
+
+    def put_tree(self, local_dir: Path) -> None:
+        for p in sorted(Path(local_dir).rglob("*")):
+            if p.is_file():
+                self.put_file(p, p.relative_to(local_dir).as_posix())
+
+    def commit(self, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "stage": self.stage,
+            "committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "files": [{"path": k, **v} for k, v in sorted(self.files.items())],
+            "stats": stats or {},
+        }
+        self.store.write_text(join(self.uri, SUCCESS), json.dumps(manifest, indent=2))
+        return manifest
+
+
+def read_manifest(store: Store, uri: str) -> dict[str, Any]:
+    """The `_SUCCESS` manifest of a committed directory, or NotCommittedError."""
+    success = join(uri, SUCCESS)
+    if not store.exists(success):
+        raise NotCommittedError(
+            f"{uri} is not committed (no {SUCCESS}): the stage that writes it has not finished; "
+            "run that stage first"
+        )
+    return json.loads(store.read_text(success))
+
+
+def committed_files(store: Store, uri: str, suffix: str = "") -> list[str]:
+    """URIs of the files a committed directory lists in its manifest, filtered by suffix."""
+    manifest = read_manifest(store, uri)
+    return [join(uri, f["path"]) for f in manifest["files"] if f["path"].endswith(suffix)]
+
+
+def materialize(store: Store, uri: str, cache_root: Path | None = None) -> Path:
+    """A local directory holding a committed directory's files, checked against its manifest.
+
+    Local stores are read in place (no copy). S3 directories are downloaded once into a cache keyed
+    by the URI and the manifest's content hash, so a re-committed directory is fetched again.
+    """
+    manifest = read_manifest(store, uri)
+    if not is_s3(uri):
+        root = Path(uri[len("file://") :] if uri.startswith("file://") else uri)
+        for f in manifest["files"]:
+            p = root / f["path"]
+            if not p.is_file() or p.stat().st_size != f["bytes"]:
+                raise StoreError(f"{p} does not match the manifest of {uri}; rerun with --force")
+        return root
+    key = hashlib.sha256((uri + json.dumps(manifest["files"])).encode()).hexdigest()[:24]
+    cache_root = cache_root or Path(tempfile.gettempdir()) / "rlvr-cache"
+    dest = cache_root / key
+    if (dest / SUCCESS).is_file():
+        return dest
+    tmp = Path(tempfile.mkdtemp(dir=cache_root.mkdir(parents=True, exist_ok=True) or cache_root))
+    try:
+        for f in manifest["files"]:
+            local = tmp / f["path"]
+            store.download_file(join(uri, f["path"]), local)
+            if sha256_file(local) != f["sha256"]:
+                raise StoreError(f"{join(uri, f['path'])}: sha256 does not match its manifest")
+        (tmp / SUCCESS).write_text(json.dumps(manifest))
+        if dest.exists():
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest

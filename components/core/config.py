@@ -1,0 +1,285 @@
+"""Run configuration: one YAML per run, validated by pydantic.
+
+Every stage takes the same resolved `RunConfig`. Unknown keys and bad values are errors that name
+the key, the value and the expected form (`ConfigError`). `--set a.b=c` overrides are applied to
+the raw mapping before validation, so they are validated exactly like the file.
+
+Paths in `model` and `data` that are relative are resolved against the config file's directory;
+`run.store` that is relative is resolved against the current directory (runs land in
+`./rlvr-runs/` by default).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message says what to fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(_Strict):
+    store: str = "./rlvr-runs"
+    """Where runs live: a local path, file:// URI, or s3://bucket/prefix."""
+    run_id: str | None = None
+    """Run id; defaults to the config file's parent directory name."""
+    iterations: int = Field(2, ge=1)
+    """RL iterations (generate -> verify -> train), unrolled when the pipeline is compiled."""
+    seed: int = 0
+    """Root seed: prompt selection and sampling derive from it."""
+    s3_endpoint_url: str | None = None
+    """S3 endpoint (MinIO, moto). Unset: the standard AWS environment (AWS_ENDPOINT_URL)."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_is_a_name(cls, v: str | None) -> str | None:
+        if v is not None and (not v or "/" in v or v.startswith(".")):
+            raise ValueError("must be a plain name: no '/', not empty, not starting with '.'")
+        return v
+
+
+class PrepareSection(_Strict):
+    module: str | None = None
+    """Python module run as `python -m MODULE --out DIR` when an input is missing."""
+    out: str | None = None
+    """The directory the prepare module writes (relative to the config file)."""
+
+
+class ModelSection(_Strict):
+    base: str
+    """The base policy: an HF checkpoint directory (path or URI), copied into the run."""
+
+
+class EvalSetConfig(_Strict):
+    name: str = "heldout"
+    path: str
+    """Eval dataset (verl format Parquet), path or URI."""
+    n: int = Field(4, ge=1)
+    """Samples per prompt."""
+    max_prompts: int | None = Field(None, ge=1)
+    """Evaluate only the first max_prompts prompts (None: all)."""
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int | None = Field(None, ge=1)
+    """None: the generate section's max_new_tokens."""
+
+
+class DataSection(_Strict):
+    train: str
+    """Train dataset (verl format Parquet), path or URI."""
+    eval: list[EvalSetConfig] = Field(default_factory=list)
+    prompts_per_iteration: int = Field(64, ge=1)
+    """Prompts drawn per iteration, walking a seeded permutation of the train set epoch by epoch."""
+
+
+class GenerateSection(_Strict):
+    backend: Literal["transformers", "vllm"] = "transformers"
+    n: int = Field(8, ge=1)
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """0 means greedy."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    """0 disables top-k."""
+    max_new_tokens: int = Field(32, ge=1)
+    max_prompt_tokens: int = Field(512, ge=1)
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings; the response ends with the stop string included (one rule for all backends)."""
+    batch_size: int = Field(64, ge=1)
+    """Sequences decoded together by the transformers backend."""
+    rows_per_part: int = Field(4096, ge=1)
+    """Rows per Parquet row group / flush, which bounds memory."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """auto: float32 on CPU, bfloat16 on GPU."""
+    # vLLM-only knobs (ignored by the transformers backend).
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+
+
+class VerifySection(_Strict):
+    rewards: dict[str, str] = Field(default_factory=dict)
+    """data_source -> verifier: a built-in name ('math', 'exact') or a plugin
+    'package.module:function' / 'path/to/file.py:function' with verl's compute_score signature."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Per-sample time limit; a sample over it scores 0 and records the error."""
+    num_workers: int = Field(1, ge=0)
+    """Verifier worker processes (0: inline, no timeout enforcement; for debugging)."""
+    max_error_fraction: float = Field(0.05, ge=0.0, le=1.0)
+    """The stage fails when more than this share of samples errored or timed out."""
+
+
+class TrainSection(_Strict):
+    zero_stage: int = Field(0, ge=0, le=3)
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Cosine floor as a fraction of lr."""
+    advantage: str = "grpo"
+    """Advantage estimator, by registry name (components.train.algorithms)."""
+    advantage_options: dict[str, Any] = Field(default_factory=dict)
+    policy_loss: str = "ppo_clip"
+    policy_loss_options: dict[str, Any] = Field(default_factory=dict)
+    loss_agg: str = "token-mean"
+    loss_agg_horizon: int | None = None
+    """Constant horizon for 'seq-mean-token-sum-norm' (default: generate.max_new_tokens)."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per PPO epoch: the iteration's rollouts are split into this many."""
+    ppo_epochs: int = Field(1, ge=1)
+    micro_batch_tokens: int = Field(4096, ge=1)
+    """Token budget (prompt + response, padded) of one forward/backward micro-batch."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """auto: float32 on CPU, bfloat16 on GPU."""
+
+
+class EvaluateSection(_Strict):
+    ks: list[int] = Field(default_factory=list)
+    """Extra k values for pass@k, beyond every power of two up to n."""
+    bootstrap_resamples: int = Field(1000, ge=0)
+    seed: int = 1234
+    every: int = Field(1, ge=1)
+    """Evaluate every `every`-th checkpoint (the base and the last are always evaluated)."""
+
+
+class RunConfig(_Strict):
+    run: RunSection = Field(default_factory=RunSection)
+    prepare: PrepareSection | None = None
+    model: ModelSection
+    data: DataSection
+    generate: GenerateSection = Field(default_factory=GenerateSection)
+    verify: VerifySection = Field(default_factory=VerifySection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    evaluate: EvaluateSection = Field(default_factory=EvaluateSection)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        names = [e.name for e in self.data.eval]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.eval names must be unique, got {names}")
+        return self
+
+    @property
+    def run_id(self) -> str:
+        if not self.run.run_id:
+            raise ConfigError(
+                "run.run_id is not set; pass --run-id or set run.run_id in the config"
+            )
+        return self.run.run_id
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        return cls.model_validate_json(text)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(json.loads(self.to_json()), sort_keys=False)
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(
+                f"  {key}: unknown key (value {e['input']!r}); remove it or fix its spelling"
+            )
+        elif e["type"] == "missing":
+            lines.append(f"  {key}: required key is missing")
+        else:
+            lines.append(f"  {key}: got {e.get('input')!r}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def _parse_value(text: str) -> Any:
+    """Parse an override value as YAML, so `--set train.lr=1e-4` gives a float."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides to a raw config mapping (in place) and return it."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key.path=value")
+        key, _, value = item.partition("=")
+        parts = key.strip().split(".")
+        node = raw
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+            node = nxt
+        node[parts[-1]] = _parse_value(value)
+    return raw
+
+
+def _is_uri(s: str) -> bool:
+    return "://" in s and not s.startswith("file://")
+
+
+def _resolve(path: str, base: Path) -> str:
+    if _is_uri(path):
+        return path
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def load_config(
+    path: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    run_id: str | None = None,
+    iterations: int | None = None,
+) -> RunConfig:
+    """Read, override, validate and resolve a run config file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    apply_overrides(raw, list(overrides or []))
+    if run_id is not None:
+        raw.setdefault("run", {})["run_id"] = run_id
+    if iterations is not None:
+        raw.setdefault("run", {})["iterations"] = iterations
+    try:
+        cfg = RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e, str(path))) from None
+    base = path.resolve().parent
+    cfg.model.base = _resolve(cfg.model.base, base)
+    cfg.data.train = _resolve(cfg.data.train, base)
+    for ev in cfg.data.eval:
+        ev.path = _resolve(ev.path, base)
+    if cfg.prepare is not None and cfg.prepare.out is not None:
+        cfg.prepare.out = _resolve(cfg.prepare.out, base)
+    cfg.run.store = _resolve(cfg.run.store, Path.cwd())
+    if cfg.run.run_id is None:
+        cfg.run.run_id = base.name
+    return cfg

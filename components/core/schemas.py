@@ -1,0 +1,180 @@
+"""Typed, versioned records that cross stage boundaries (docs/contracts.md).
+
+Each record type is an Arrow schema plus a version stamped into the Parquet metadata
+(`rlvr.schema`, `rlvr.schema_version`). Every stage validates what it reads with `validate`:
+a missing or mistyped column is a `SchemaError` naming the file, the column and the fix.
+Columns beyond the contract pass through untouched.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from components.core.store import Store
+
+SCHEMA_VERSION = 1
+
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+
+# Input datasets are verl's format, unchanged; `prompt` may also be a plain string.
+DATASET_REQUIRED = {
+    "data_source": pa.string(),
+    "prompt": (pa.list_(MESSAGE), pa.string()),
+    "reward_model": None,  # a struct with ground_truth (checked below)
+}
+
+ROLLOUTS = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("sample_index", pa.int32()),
+        ("data_source", pa.string()),
+        ("ground_truth", pa.string()),
+        ("prompt", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("response", pa.string()),
+        ("response_token_ids", pa.list_(pa.int32())),
+        ("response_logprobs", pa.list_(pa.float32())),
+        ("finish_reason", pa.string()),
+        ("checkpoint", pa.string()),
+        ("extra_info", pa.string()),  # the dataset row's extra_info as JSON (nullable)
+    ]
+)
+
+SCORED = pa.schema(
+    list(ROLLOUTS)
+    + [
+        ("reward", pa.float32()),
+        ("verifier", pa.string()),
+        ("extracted_answer", pa.string()),
+        ("verify_error", pa.string()),
+    ]
+)
+
+SCHEMAS: dict[str, pa.Schema] = {"rollouts": ROLLOUTS, "scored": SCORED}
+FINISH_REASONS = ("stop", "length")
+
+
+class SchemaError(ValueError):
+    """Data that does not follow its contract; the message names the file, column and fix."""
+
+
+def stamp(schema: pa.Schema, name: str) -> pa.Schema:
+    """Attach the record name and version to a schema's metadata."""
+    return schema.with_metadata(
+        {b"rlvr.schema": name.encode(), b"rlvr.schema_version": str(SCHEMA_VERSION).encode()}
+    )
+
+
+def validate(schema: pa.Schema, name: str, source: str) -> None:
+    """Check that `schema` (as read from `source`) carries every column of record `name`."""
+    expected = SCHEMAS[name]
+    meta = schema.metadata or {}
+    version = meta.get(b"rlvr.schema_version")
+    if version is not None and int(version) > SCHEMA_VERSION:
+        raise SchemaError(
+            f"{source}: schema version {int(version)} is newer than this rlvr supports "
+            f"({SCHEMA_VERSION}); upgrade rlvr"
+        )
+    for fld in expected:
+        if fld.name not in schema.names:
+            raise SchemaError(
+                f"{source}: missing column {fld.name!r} ({fld.type}) required by the {name} "
+                f"contract (docs/contracts.md); regenerate it with the stage that writes {name}"
+            )
+        got = schema.field(fld.name).type
+        if got != fld.type:
+            raise SchemaError(
+                f"{source}: column {fld.name!r} has type {got}, the {name} contract needs "
+                f"{fld.type} (docs/contracts.md)"
+            )
+
+
+def validate_dataset(schema: pa.Schema, source: str) -> None:
+    """Check a verl-format input dataset."""
+    names = schema.names
+    for col in ("data_source", "prompt", "reward_model"):
+        if col not in names:
+            raise SchemaError(
+                f"{source}: missing column {col!r}; datasets use verl's format: data_source "
+                "(string), prompt (list of {role, content} or string), reward_model "
+                "(struct with ground_truth), extra_info (optional)"
+            )
+    if schema.field("data_source").type not in (pa.string(), pa.large_string()):
+        raise SchemaError(f"{source}: column 'data_source' must be a string")
+    ptype = schema.field("prompt").type
+    ok_prompt = ptype in (pa.string(), pa.large_string()) or (
+        pa.types.is_list(ptype)
+        and pa.types.is_struct(ptype.value_type)
+        and {"role", "content"} <= {f.name for f in ptype.value_type}
+    )
+    if not ok_prompt:
+        raise SchemaError(
+            f"{source}: column 'prompt' has type {ptype}; it must be a string or a list of "
+            "{role: string, content: string} messages"
+        )
+    rm = schema.field("reward_model").type
+    if not pa.types.is_struct(rm) or "ground_truth" not in {f.name for f in rm}:
+        raise SchemaError(
+            f"{source}: column 'reward_model' must be a struct with a 'ground_truth' field "
+            f"(got {rm}); e.g. {{'ground_truth': '42', 'style': 'rule'}}"
+        )
+
+
+def read_parquet(store: Store, uri: str) -> pa.Table:
+    return pq.read_table(io.BytesIO(store.read_bytes(uri)))
+
+
+def read_records(store: Store, uris: Iterable[str], name: str) -> pa.Table:
+    """Read and validate record files (e.g. all committed rollout parts) into one table."""
+    tables = []
+    for uri in uris:
+        t = read_parquet(store, uri)
+        validate(t.schema, name, uri)
+        tables.append(
+            t.select(
+                SCHEMAS[name].names + [c for c in t.column_names if c not in SCHEMAS[name].names]
+            )
+        )
+    if not tables:
+        return SCHEMAS[name].empty_table()
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def read_dataset(store: Store, uri: str) -> pa.Table:
+    """Read and validate a verl-format dataset."""
+    t = read_parquet(store, uri)
+    validate_dataset(t.schema, uri)
+    if t.num_rows == 0:
+        raise SchemaError(f"{uri}: the dataset has no rows")
+    return t
+
+
+def ground_truth_of(row_reward_model: dict | None, source: str, index: int) -> str:
+    gt = (row_reward_model or {}).get("ground_truth")
+    if gt is None:
+        raise SchemaError(f"{source}: row {index} has no reward_model.ground_truth")
+    return gt if isinstance(gt, str) else json.dumps(gt)
+
+
+class PartWriter:
+    """Streams records of one contract into a local Parquet file, one row group per flush."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path = path
+        self.schema = stamp(SCHEMAS[name], name)
+        self._writer = pq.ParquetWriter(path, self.schema, compression="zstd")
+        self.rows = 0
+
+    def write(self, rows: dict[str, list]) -> None:
+        batch = pa.Table.from_pydict(rows, schema=self.schema)
+        self._writer.write_table(batch)
+        self.rows += batch.num_rows
+
+    def close(self) -> None:
+        self._writer.close()

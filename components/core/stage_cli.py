@@ -1,0 +1,59 @@
+"""The thin command line every stage shares: `python -m components.<stage> CONFIG ...`.
+
+It is what a stage's container runs. It loads and validates the config, calls the stage's
+`run(config, iteration, force=...)` and prints the result as JSON. Any error in the inputs exits
+with status 2 and a message naming the file, field or column; nothing is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from components.core.config import RunConfig, load_config
+
+StageFn = Callable[..., dict[str, Any]]
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
+    )
+
+
+def run_stage(fn: StageFn, cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
+    """Call a stage, turning input errors into a clean message and exit status 2."""
+    from components.core.errors import USER_ERRORS
+
+    try:
+        return fn(cfg, **kwargs)
+    except USER_ERRORS as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+def stage_command(name: str, fn: StageFn, *, iteration_arg: bool = True) -> click.Command:
+    @click.command(name=name, help=f"Run the {name} stage of one iteration.")
+    @click.argument("config", type=click.Path(dir_okay=False))
+    @click.option("--run-id", default=None, help="Run id (default: from the config).")
+    @click.option("--iteration", "-i", type=int, default=0, show_default=True)
+    @click.option("--force", is_flag=True, help="Redo even if the output is committed.")
+    @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
+    def cmd(config: str, run_id: str | None, iteration: int, force: bool, overrides: tuple) -> None:
+        from components.core.config import ConfigError
+
+        setup_logging()
+        try:
+            cfg = load_config(config, list(overrides), run_id=run_id)
+        except ConfigError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        result = run_stage(fn, cfg, iteration=iteration, force=force)
+        click.echo(json.dumps(result, indent=2, default=str))
+
+    return cmd

@@ -1,0 +1,7 @@
+"""`python -m components.evaluate CONFIG --run-id ID --iteration C` (the evaluate image's entry)."""
+
+from components.core.stage_cli import stage_command
+from components.evaluate.stage import run
+
+if __name__ == "__main__":
+    stage_command("evaluate", run)()

@@ -1,0 +1,254 @@
+"""Evaluate stage: checkpoint c + held-out sets -> samples, pass@k metrics, plots, report.
+
+    python -m components.evaluate CONFIG --run-id ID --iteration C [--force]
+    rlvr stage evaluate CONFIG --run-id ID --iteration C
+
+Here the "iteration" is the checkpoint index (00000 is the base). For each `data.eval` set it
+samples n responses per prompt with the generate code, scores them with the verify code and
+writes, under `evals/<c>/`:
+
+    <set>/samples.parquet     scored rollouts (contract: scored)
+    <set>/metrics.json        checkpoint, n, overall, by_data_source
+    metrics.json              the first set's metrics at top level, every set under "sets"
+    pass_at_k.png, history.png, report.md
+
+Sampling seeds are the same for every checkpoint (common random numbers), so differences between
+checkpoints are not blurred by sampling noise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from components.core.checkpoint import local_checkpoint
+from components.core.commit import OutputDir, committed_files
+from components.core.config import EvalSetConfig, RunConfig
+from components.core.errors import StageError
+from components.core.layout import RunLayout, committed_indices, store_for
+from components.core.schemas import read_records, stamp
+from components.core.store import Store, join
+from components.evaluate.metrics import ProblemSamples, default_ks, summarize, summarize_by
+from components.evaluate.plots import plot_history, plot_pass_at_k
+from components.evaluate.report import render_markdown
+from components.generate.stage import (
+    dataset_uri,
+    generate_rollouts,
+    load_prompts,
+    make_backend,
+    spec_from,
+)
+from components.verify.stage import resolve_verifiers, score_table
+
+log = logging.getLogger("rlvr.evaluate")
+EVAL_SEED_ITERATION = -1  # the same sample seeds for every checkpoint
+
+
+def problems_from(table) -> list[ProblemSamples]:
+    cols = {
+        c: table.column(c).to_pylist()
+        for c in (
+            "prompt_id",
+            "sample_index",
+            "data_source",
+            "reward",
+            "extracted_answer",
+            "response_token_ids",
+        )
+    }
+    groups: dict[str, list[int]] = {}
+    for i, pid in enumerate(cols["prompt_id"]):
+        groups.setdefault(pid, []).append(i)
+    out = []
+    for pid in sorted(groups):
+        rows = sorted(groups[pid], key=lambda i: cols["sample_index"][i])
+        out.append(
+            ProblemSamples.from_rewards(
+                pid,
+                cols["data_source"][rows[0]],
+                [float(cols["reward"][i]) for i in rows],
+                [cols["extracted_answer"][i] for i in rows],
+                [len(cols["response_token_ids"][i]) for i in rows],
+            )
+        )
+    return out
+
+
+def compute_metrics(
+    table, ev: EvalSetConfig, cfg: RunConfig, checkpoint_uri: str
+) -> dict[str, Any]:
+    problems = problems_from(table)
+    ks = default_ks(ev.n, cfg.evaluate.ks)
+    opts = dict(ks=ks, bootstrap_resamples=cfg.evaluate.bootstrap_resamples, seed=cfg.evaluate.seed)
+    return {
+        "checkpoint": checkpoint_uri,
+        "eval_set": ev.name,
+        "n": ev.n,
+        "overall": summarize(problems, **opts),
+        "by_data_source": summarize_by(problems, "data_source", **opts),
+    }
+
+
+def validate_eval_sets(cfg: RunConfig) -> None:
+    if not cfg.data.eval:
+        raise StageError("data.eval is empty: add at least one eval set (name, path, n)")
+    for ev in cfg.data.eval:
+        try:
+            default_ks(ev.n, cfg.evaluate.ks)
+        except ValueError as e:
+            raise StageError(f"data.eval[{ev.name}] / evaluate.ks: {e}") from None
+
+
+def history(store: Store, layout: RunLayout, current: int, current_metrics: dict) -> list[dict]:
+    rows = []
+    for c in committed_indices(store, join(layout.root, "evals")):
+        if c == current:
+            continue
+        m = json.loads(store.read_text(join(layout.evals(c), "metrics.json")))
+        rows.append(_history_row(store, layout, c, m))
+    rows.append(_history_row(store, layout, current, current_metrics))
+    return sorted(rows, key=lambda r: r["checkpoint"])
+
+
+def _history_row(store: Store, layout: RunLayout, c: int, m: dict) -> dict:
+    ov = m["overall"]
+    n = m["n"]
+    row = {"checkpoint": c, "pass@1": ov["pass@1"], "mean@n": ov[f"mean@{n}"]}
+    if "pass@1_ci95" in ov:
+        row["pass@1_ci95"] = ov["pass@1_ci95"]
+    if c > 0:  # the train reward of the iteration that produced checkpoint c
+        try:
+            stats = json.loads(store.read_text(join(layout.train_state(c), "metrics.json")))
+            row["reward"] = stats["train/reward_mean"]
+        except Exception:  # noqa: BLE001 - reward is optional decoration of the history
+            pass
+    return row
+
+
+def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
+    """Evaluate checkpoint `iteration` on every eval set."""
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    c = iteration
+    out = OutputDir(store, layout.evals(c), "evaluate")
+    if out.is_committed() and not force:
+        log.info("evaluation of checkpoint %05d already committed; skipping", c)
+        return {"skipped": True, "uri": out.uri}
+    validate_eval_sets(cfg)
+    ckpt_uri = layout.checkpoint(c)
+    ckpt_dir = local_checkpoint(store, ckpt_uri)
+    sets = []
+    for ev in cfg.data.eval:
+        uri = dataset_uri(store, layout.eval_data(ev.name))
+        prompts = load_prompts(store, uri, ev.name)
+        if ev.max_prompts is not None:
+            prompts = prompts[: ev.max_prompts]
+        resolve_verifiers({p.data_source for p in prompts}, cfg.verify.rewards)  # before sampling
+        spec = spec_from(
+            cfg.generate,
+            cfg.evaluate.seed,
+            n=ev.n,
+            temperature=ev.temperature,
+            top_p=ev.top_p,
+            top_k=ev.top_k,
+            max_new_tokens=ev.max_new_tokens,
+        )
+        sets.append((ev, prompts, spec))
+    backend, tokenizer = make_backend(cfg.generate, ckpt_dir, cfg.evaluate.seed)
+
+    out.begin(force=True)
+    tmp = Path(tempfile.mkdtemp(prefix="rlvr-eval-"))
+    try:
+        all_metrics: dict[str, dict] = {}
+        for ev, prompts, spec in sets:
+            # Rollouts are staged in a scratch directory, scored, then written as samples.
+            scratch = OutputDir(store, join(layout.evals(c), ev.name, "_rollouts"), "evaluate")
+            scratch.begin(force=True)
+            generate_rollouts(
+                scratch,
+                backend,
+                tokenizer,
+                prompts,
+                spec,
+                iteration=EVAL_SEED_ITERATION,
+                checkpoint_uri=ckpt_uri,
+                max_prompt_tokens=cfg.generate.max_prompt_tokens,
+                rows_per_part=cfg.generate.rows_per_part,
+                desc=f"evaluate {c:05d} {ev.name}",
+            )
+            scratch.commit({})
+            table = read_records(store, committed_files(store, scratch.uri, ".parquet"), "rollouts")
+            store.delete_tree(scratch.uri)
+            scored, vstats = score_table(
+                table,
+                cfg.verify.rewards,
+                num_workers=cfg.verify.num_workers,
+                timeout_s=cfg.verify.timeout_s,
+                max_error_fraction=cfg.verify.max_error_fraction,
+            )
+            path = tmp / ev.name / "samples.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(
+                scored.replace_schema_metadata(stamp(scored.schema, "scored").metadata), path
+            )
+            out.put_file(path, f"{ev.name}/samples.parquet")
+            metrics = compute_metrics(scored, ev, cfg, ckpt_uri)
+            metrics["verify"] = {k: vstats[k] for k in ("errors", "timeouts", "error_fraction")}
+            out.put_bytes(json.dumps(metrics, indent=2).encode(), f"{ev.name}/metrics.json")
+            all_metrics[ev.name] = metrics
+
+        primary = all_metrics[cfg.data.eval[0].name]
+        top = {**primary, "checkpoint_index": c, "sets": all_metrics}
+        out.put_bytes(json.dumps(top, indent=2).encode(), "metrics.json")
+        images = _plots(store, layout, c, top, tmp, out)
+        report = render_markdown(
+            {
+                "model": ckpt_uri,
+                "checkpoint": f"{c:05d}",
+                **{k: primary[k] for k in ("overall", "by_data_source")},
+            },
+            history(store, layout, c, top),
+            images,
+        )
+        out.put_bytes(report.encode(), "report.md")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    overall = primary["overall"]
+    stats = {"checkpoint_index": c, "pass@1": overall["pass@1"], "n": primary["n"]}
+    out.commit(stats)
+    log.info("checkpoint %05d: pass@1 %.4f", c, overall["pass@1"])
+    return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
+
+
+def _plots(
+    store: Store, layout: RunLayout, c: int, top: dict, tmp: Path, out: OutputDir
+) -> dict[str, str]:
+    """pass@k against the base and the previous evaluated checkpoint; history over the run."""
+
+    def curve(m: dict) -> dict[int, float]:
+        return {
+            int(k.split("@")[1]): v
+            for k, v in m["overall"].items()
+            if k.startswith("pass@") and "_" not in k
+        }
+
+    curves = {f"this ({c:05d})": curve(top)}
+    previous = [i for i in committed_indices(store, join(layout.root, "evals")) if i < c]
+    for label, idx in (("base", 0), ("previous", previous[-1] if previous else None)):
+        if idx is None or idx == c or idx not in previous:
+            continue
+        m = json.loads(store.read_text(join(layout.evals(idx), "metrics.json")))
+        curves.setdefault(f"{label} ({idx:05d})", curve(m))
+    images = {}
+    png = plot_pass_at_k(curves, tmp / "pass_at_k.png", f"pass@k, checkpoint {c:05d}")
+    out.put_file(png, "pass_at_k.png")
+    images["pass@k"] = "pass_at_k.png"
+    png = plot_history(history(store, layout, c, top), tmp / "history.png")
+    out.put_file(png, "history.png")
+    images["history"] = "history.png"
+    return images

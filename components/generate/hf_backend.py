@@ -1,0 +1,179 @@
+"""Transformers generation backend: batched, left-padded, KV-cached, per-sample seeded.
+
+It runs its own decode loop over the model's forward (rather than `model.generate`) so that the
+three things the trainer depends on are explicit: the per-token log-probability definition
+(backends.LOGPROB_DEFINITION), per-sample random streams that do not depend on the batch, and the
+stop rules. Sampling uses inverse-CDF draws from a per-sample uniform stream: sample `s` at step
+`t` always consumes uniform `u[s, t]` from its own generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from components.generate.backends import (
+    BackendInfo,
+    PromptRequest,
+    Sample,
+    SamplingSpec,
+    cut_at_stop,
+)
+
+
+def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits outside top-k and the top-p nucleus with -inf.  # [B, V] -> [B, V]"""
+    if top_k and top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token when the mass before it already reaches top_p (the first always stays).
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return scaled
+
+
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row with the given uniforms.  # probs [B, V], u [B] -> [B]"""
+    cdf = probs.cumsum(-1)
+    tok = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    tok = tok.clamp(max=probs.shape[-1] - 1)
+    # Never pick a zero-probability token at the boundary of float round-off.
+    bad = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1) <= 0
+    if bad.any():
+        tok = torch.where(bad, probs.argmax(-1), tok)
+    return tok
+
+
+class TransformersBackend:
+    """Generation with a Hugging Face causal LM on CPU or one GPU."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 64, device: str = "cpu") -> None:
+        import transformers
+
+        if tokenizer.pad_token_id is None:
+            raise ValueError(
+                "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token) "
+                "in the checkpoint's tokenizer_config.json"
+            )
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.device = device
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.info = BackendInfo("transformers", transformers.__version__)
+
+    def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
+        # Sort by prompt length to cut padding; whole prompts per batch, so every prompt's n
+        # samples are yielded together.
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_token_ids))
+        per_batch = max(1, self.batch_size // spec.n)
+        for start in range(0, len(order), per_batch):
+            batch = [requests[i] for i in order[start : start + per_batch]]
+            yield self._generate_batch(batch, spec)
+
+    @torch.no_grad()
+    def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
+        rows = [(r, j) for r in batch for j in range(spec.n)]
+        prompts = [r.prompt_token_ids for r, _ in rows]
+        B, P, T = len(rows), max(len(p) for p in prompts), spec.max_new_tokens
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((B, P), pad, dtype=torch.long)
+        attn = torch.zeros((B, P), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attn[i, P - len(p) :] = 1
+        # One uniform per (sample, step), each sample from its own generator.
+        uniforms = torch.stack(
+            [
+                torch.rand(T, generator=torch.Generator().manual_seed(r.sample_seeds[j]))
+                for r, j in rows
+            ]
+        )
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1, :]
+        next_pos = pos[:, -1] + 1
+
+        eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=self.device)
+        tokens = torch.full((B, T), pad, dtype=torch.long)
+        logps = torch.zeros((B, T), dtype=torch.float32)
+        lengths = torch.zeros(B, dtype=torch.long)
+        finished = torch.zeros(B, dtype=torch.bool)
+        stopped = torch.zeros(B, dtype=torch.bool)
+        for t in range(T):
+            scaled = logits.float()
+            if spec.temperature > 0:
+                scaled = scaled / spec.temperature
+            logp_all = torch.log_softmax(scaled, dim=-1)
+            if spec.temperature == 0:
+                tok = scaled.argmax(-1)
+            else:
+                probs = torch.softmax(filter_logits(scaled, spec.top_k, spec.top_p), dim=-1)
+                tok = sample_inverse_cdf(probs, uniforms[:, t].to(probs.device))
+            lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            live = ~finished
+            tokens[live, t] = tok[live].cpu()
+            logps[live, t] = lp[live].cpu()
+            lengths += live.long()
+            hit_eos = torch.isin(tok, eos).cpu() & live
+            finished |= hit_eos
+            stopped |= hit_eos
+            if spec.stop:
+                for i in torch.nonzero(live & ~hit_eos).flatten().tolist():
+                    text = self.tokenizer.decode(tokens[i, : t + 1], skip_special_tokens=True)
+                    if cut_at_stop(text, spec.stop)[1]:
+                        finished[i] = True
+                        stopped[i] = True
+            if bool(finished.all()) or t == T - 1:
+                break
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=attn.device)], 1)
+            feed = torch.where(finished.to(tok.device), torch.full_like(tok, pad), tok)
+            out = self.model(
+                input_ids=feed.unsqueeze(-1),
+                attention_mask=attn,
+                position_ids=next_pos.unsqueeze(-1),
+                past_key_values=past,
+                use_cache=True,
+            )
+            past, logits = out.past_key_values, out.logits[:, -1, :]
+            next_pos = next_pos + 1
+
+        samples = []
+        for i, (req, j) in enumerate(rows):
+            n = int(lengths[i])
+            tok_ids = tokens[i, :n].tolist()
+            text = self.tokenizer.decode(tok_ids, skip_special_tokens=True)
+            if spec.stop:
+                text = cut_at_stop(text, spec.stop)[0]
+            samples.append(
+                Sample(
+                    prompt_id=req.prompt_id,
+                    sample_index=j,
+                    response=text,
+                    response_token_ids=tok_ids,
+                    response_logprobs=logps[i, :n].tolist(),
+                    finish_reason="stop" if bool(stopped[i]) else "length",
+                )
+            )
+        return samples
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list | tuple):
+        ids.update(int(e) for e in eos)
+    if not ids:
+        raise ValueError("neither the tokenizer nor generation_config defines an eos token id")
+    return ids

@@ -1,0 +1,308 @@
+"""Generate stage: prompts + policy checkpoint i -> rollouts of iteration i.
+
+    python -m components.generate CONFIG --run-id ID --iteration I [--force]
+    rlvr stage generate CONFIG --run-id ID --iteration I
+
+Reads `checkpoints/<i>` and the run's train set, samples `generate.n` responses for each of the
+iteration's `data.prompts_per_iteration` prompts, and streams them as Parquet parts into
+`iterations/<i>/rollouts/`, committed by `_SUCCESS` (docs/contracts.md). The evaluate stage reuses
+`generate_rollouts` with its own sampling settings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from components.core.checkpoint import load_policy, local_checkpoint
+from components.core.commit import OutputDir, committed_files
+from components.core.config import GenerateSection, RunConfig
+from components.core.layout import RunLayout, store_for
+from components.core.schemas import PartWriter, ground_truth_of, read_dataset
+from components.core.store import Store
+from components.generate.backends import Backend, PromptRequest, SamplingSpec, sample_seed
+
+log = logging.getLogger("rlvr.generate")
+
+
+@dataclass
+class PromptRow:
+    prompt_id: str
+    data_source: str
+    ground_truth: str
+    prompt: Any  # list of {role, content} or a string
+    extra_info: str | None  # JSON
+
+
+def dataset_uri(store: Store, committed_dir: str) -> str:
+    files = committed_files(store, committed_dir, ".parquet")
+    if len(files) != 1:
+        raise ValueError(f"{committed_dir} must hold exactly one Parquet file, found {len(files)}")
+    return files[0]
+
+
+def load_prompts(
+    store: Store, uri: str, prefix: str, indices: list[int] | None = None
+) -> list[PromptRow]:
+    """Rows of a verl-format dataset as PromptRows; prompt_id is `<prefix>-<row index>`."""
+    table = read_dataset(store, uri)
+    if indices is not None:
+        table = table.take(indices)
+    else:
+        indices = list(range(table.num_rows))
+    cols = {c: table.column(c).to_pylist() for c in ("data_source", "prompt", "reward_model")}
+    extra = table.column("extra_info").to_pylist() if "extra_info" in table.column_names else None
+    rows = []
+    for k, idx in enumerate(indices):
+        rows.append(
+            PromptRow(
+                prompt_id=f"{prefix}-{idx:07d}",
+                data_source=cols["data_source"][k],
+                ground_truth=ground_truth_of(cols["reward_model"][k], uri, idx),
+                prompt=cols["prompt"][k],
+                extra_info=json.dumps(extra[k], default=str) if extra and extra[k] else None,
+            )
+        )
+    return rows
+
+
+def select_indices(num_rows: int, count: int, seed: int, iteration: int) -> list[int]:
+    """Iteration i's prompts: positions [i*count, (i+1)*count) of a seeded permutation stream,
+    reshuffled every epoch, so every prompt is seen once per epoch."""
+    if count > num_rows:
+        raise ValueError(
+            f"data.prompts_per_iteration={count} exceeds the {num_rows} rows of the train set; "
+            "lower it or use a larger train set"
+        )
+    out: list[int] = []
+    position = iteration * count  # position in the endless stream of epoch permutations
+    while len(out) < count:
+        epoch, offset = divmod(position, num_rows)
+        perm = np.random.default_rng([seed, epoch]).permutation(num_rows)
+        for x in perm[offset : offset + count - len(out)]:
+            position += 1
+            if int(x) not in out:  # an iteration straddling two epochs never repeats a prompt
+                out.append(int(x))
+    return out
+
+
+def render_prompt(tokenizer, prompt: Any) -> tuple[str, list[int]]:
+    """The exact text fed to the model and its token ids."""
+    if isinstance(prompt, str):
+        text = prompt
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        return text, list(ids)
+    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = "\n".join(m["content"] for m in messages)
+    return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def spec_from(gen: GenerateSection, seed: int, **override: Any) -> SamplingSpec:
+    values = dict(
+        n=gen.n,
+        temperature=gen.temperature,
+        top_p=gen.top_p,
+        top_k=gen.top_k,
+        max_new_tokens=gen.max_new_tokens,
+        stop=tuple(gen.stop),
+        seed=seed,
+    )
+    values.update({k: v for k, v in override.items() if v is not None})
+    return SamplingSpec(**values)
+
+
+def device_and_dtype(name: str):
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "auto":
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    else:
+        dtype = getattr(torch, name)
+    return device, dtype
+
+
+def make_backend(gen: GenerateSection, ckpt_dir: Path, seed: int) -> tuple[Backend, Any]:
+    """The configured backend and its tokenizer."""
+    if gen.backend == "vllm":
+        from components.generate.vllm_backend import VLLMBackend
+
+        b = VLLMBackend(
+            str(ckpt_dir),
+            tensor_parallel_size=gen.tensor_parallel_size,
+            gpu_memory_utilization=gen.gpu_memory_utilization,
+            max_model_len=gen.max_model_len,
+            enable_prefix_caching=gen.enable_prefix_caching,
+            dtype=gen.dtype,
+            seed=seed,
+        )
+        return b, b.tokenizer
+    from components.generate.hf_backend import TransformersBackend
+
+    device, dtype = device_and_dtype(gen.dtype)
+    model, tokenizer = load_policy(ckpt_dir, dtype=dtype, device=device)
+    return TransformersBackend(
+        model, tokenizer, batch_size=gen.batch_size, device=device
+    ), tokenizer
+
+
+def generate_rollouts(
+    out: OutputDir,
+    backend: Backend,
+    tokenizer,
+    prompts: list[PromptRow],
+    spec: SamplingSpec,
+    *,
+    iteration: int,
+    checkpoint_uri: str,
+    max_prompt_tokens: int,
+    rows_per_part: int,
+    desc: str = "generate",
+) -> dict[str, Any]:
+    """Sample, stream Parquet parts into `out` and return the stats (does not commit)."""
+    if not prompts:
+        raise ValueError("the prompt set is empty; check data.train / data.eval and the filters")
+    by_id: dict[str, PromptRow] = {}
+    texts: dict[str, tuple[str, list[int]]] = {}
+    requests: list[PromptRequest] = []
+    skipped: list[str] = []
+    for p in prompts:
+        text, ids = render_prompt(tokenizer, p.prompt)
+        if len(ids) > max_prompt_tokens:
+            log.warning(
+                "skipping prompt %s: %d tokens > generate.max_prompt_tokens=%d",
+                p.prompt_id,
+                len(ids),
+                max_prompt_tokens,
+            )
+            skipped.append(p.prompt_id)
+            continue
+        by_id[p.prompt_id], texts[p.prompt_id] = p, (text, ids)
+        seeds = [sample_seed(spec.seed, iteration, p.prompt_id, j) for j in range(spec.n)]
+        requests.append(PromptRequest(p.prompt_id, ids, seeds))
+
+    tmp = Path(tempfile.mkdtemp(prefix="rlvr-gen-"))
+    buf: dict[str, list] = {}
+    parts = 0
+    resp_lens: list[int] = []
+    truncated = 0
+
+    def flush() -> None:
+        nonlocal parts, buf
+        if not buf or not buf["prompt_id"]:
+            return
+        path = tmp / f"part-{parts:05d}.parquet"
+        w = PartWriter(path, "rollouts")
+        w.write(buf)
+        w.close()
+        out.put_file(path, path.name)
+        path.unlink()
+        parts += 1
+        buf = {}
+
+    t0 = time.perf_counter()
+    try:
+        with tqdm(total=len(requests), desc=desc, unit="prompt", dynamic_ncols=True) as bar:
+            for batch in backend.generate(requests, spec):
+                for s in batch:
+                    row = by_id[s.prompt_id]
+                    text, ids = texts[s.prompt_id]
+                    values = {
+                        "prompt_id": s.prompt_id,
+                        "sample_index": s.sample_index,
+                        "data_source": row.data_source,
+                        "ground_truth": row.ground_truth,
+                        "prompt": text,
+                        "prompt_token_ids": ids,
+                        "response": s.response,
+                        "response_token_ids": s.response_token_ids,
+                        "response_logprobs": s.response_logprobs,
+                        "finish_reason": s.finish_reason,
+                        "checkpoint": checkpoint_uri,
+                        "extra_info": row.extra_info,
+                    }
+                    for k, v in values.items():
+                        buf.setdefault(k, []).append(v)
+                    resp_lens.append(len(s.response_token_ids))
+                    truncated += s.finish_reason == "length"
+                    if len(buf["prompt_id"]) >= rows_per_part:
+                        flush()
+                bar.update(len({s.prompt_id for s in batch}))
+                elapsed = time.perf_counter() - t0
+                bar.set_postfix(tok_s=f"{sum(resp_lens) / max(elapsed, 1e-9):.0f}")
+            flush()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    elapsed = time.perf_counter() - t0
+    n_samples = len(resp_lens)
+    return {
+        "prompts": len(requests),
+        "samples": n_samples,
+        "skipped_prompts": len(skipped),
+        "skipped_prompt_ids": skipped[:100],
+        "parts": parts,
+        "response_length_mean": float(np.mean(resp_lens)) if resp_lens else 0.0,
+        "response_length_max": int(max(resp_lens)) if resp_lens else 0,
+        "truncated_fraction": truncated / n_samples if n_samples else 0.0,
+        "response_tokens": int(sum(resp_lens)),
+        "tokens_per_s": sum(resp_lens) / elapsed if elapsed > 0 else 0.0,
+        "seconds": elapsed,
+        "backend": backend.info.name,
+        "backend_version": backend.info.version,
+        "logprob_definition": backend.info.logprob_definition,
+        "sampling": {
+            "n": spec.n,
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "top_k": spec.top_k,
+            "max_new_tokens": spec.max_new_tokens,
+            "stop": list(spec.stop),
+            "seed": spec.seed,
+        },
+    }
+
+
+def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
+    """Generate the rollouts of one iteration. Returns the manifest (or the existing one)."""
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    out = OutputDir(store, layout.rollouts(iteration), "generate")
+    if out.is_committed() and not force:
+        log.info("rollouts of iteration %d already committed; skipping", iteration)
+        return {"skipped": True, "uri": out.uri}
+    # Every input is checked before the output directory is touched.
+    ckpt_uri = layout.checkpoint(iteration)
+    ckpt_dir = local_checkpoint(store, ckpt_uri)
+    spec = spec_from(cfg.generate, cfg.run.seed)
+    train_uri = dataset_uri(store, layout.train_data)
+    num_rows = read_dataset(store, train_uri).num_rows
+    indices = select_indices(num_rows, cfg.data.prompts_per_iteration, cfg.run.seed, iteration)
+    prompts = load_prompts(store, train_uri, "train", indices)
+    backend, tokenizer = make_backend(cfg.generate, ckpt_dir, cfg.run.seed)
+    out.begin(force=True)
+    stats = generate_rollouts(
+        out,
+        backend,
+        tokenizer,
+        prompts,
+        spec,
+        iteration=iteration,
+        checkpoint_uri=ckpt_uri,
+        max_prompt_tokens=cfg.generate.max_prompt_tokens,
+        rows_per_part=cfg.generate.rows_per_part,
+        desc=f"generate {iteration:05d}",
+    )
+    stats["iteration"] = iteration
+    manifest = out.commit(stats)
+    return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}

@@ -1,0 +1,100 @@
+"""vLLM generation backend, written against vLLM's documented offline API (`vllm.LLM`,
+`SamplingParams`, `TokensPrompt`). GPU only: vllm has no CPU wheel, so on CPU machines the stage
+uses the transformers backend and this module's tests skip.
+
+All n samples of a prompt go in one request, so vLLM shares the prompt's KV prefix. The request
+seed derives from (run seed, iteration, prompt_id) via the first sample's seed. `logprobs=0` asks
+vLLM for the sampled token's log-probability; `logprobs_mode="processed_logprobs"` (vLLM >= 0.10)
+makes it the temperature-scaled value the trainer recomputes. Where top-k/top-p truncate, vLLM
+reports post-truncation values, so the manifest records the vLLM definition and the trainer
+compares definitions before it trusts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from components.generate.backends import (
+    BackendInfo,
+    PromptRequest,
+    Sample,
+    SamplingSpec,
+    cut_at_stop,
+)
+
+VLLM_LOGPROB_DEFINITION = "vllm processed_logprobs (temperature-scaled, after top-k/top-p)"
+
+
+class VLLMBackend:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        dtype: str = "auto",
+        seed: int = 0,
+    ) -> None:
+        import vllm
+
+        kwargs = dict(
+            model=model_path,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching,
+            dtype=dtype,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+        )
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        self.llm = vllm.LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.info = BackendInfo("vllm", vllm.__version__, VLLM_LOGPROB_DEFINITION)
+
+    def sampling_params(self, spec: SamplingSpec, seed: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=spec.n,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k if spec.top_k > 0 else -1,
+            max_tokens=spec.max_new_tokens,
+            stop=list(spec.stop) or None,
+            include_stop_str_in_output=True,
+            seed=seed,
+            logprobs=0,
+        )
+
+    def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
+        from vllm.inputs import TokensPrompt
+
+        chunk = 256  # prompts per generate call: bounded memory, streaming parts
+        for start in range(0, len(requests), chunk):
+            batch = requests[start : start + chunk]
+            prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in batch]
+            params = [self.sampling_params(spec, r.sample_seeds[0]) for r in batch]
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            samples = []
+            for req, out in zip(batch, outputs, strict=True):
+                for j, comp in enumerate(out.outputs):
+                    token_ids = list(comp.token_ids)
+                    lps = [
+                        float(step[tok].logprob)
+                        for step, tok in zip(comp.logprobs or [], token_ids, strict=False)
+                    ]
+                    text = cut_at_stop(comp.text, spec.stop)[0] if spec.stop else comp.text
+                    samples.append(
+                        Sample(
+                            prompt_id=req.prompt_id,
+                            sample_index=j,
+                            response=text,
+                            response_token_ids=token_ids,
+                            response_logprobs=lps,
+                            finish_reason="length" if comp.finish_reason == "length" else "stop",
+                        )
+                    )
+            yield samples

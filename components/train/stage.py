@@ -1,0 +1,417 @@
+"""Train stage: scored rollouts of iteration i + checkpoint i -> checkpoint i+1 (DeepSpeed).
+
+    python -m components.train CONFIG --run-id ID --iteration I [--force]
+    rlvr stage train CONFIG --run-id ID --iteration I
+
+Read in this order: setup (inputs validated, DeepSpeed engine, train state restored) -> old
+logprobs (once, before any update) -> `ppo_epochs` x `mini_batches` optimizer steps -> save
+(train state first, checkpoint last: the checkpoint's `_SUCCESS` commits the iteration).
+
+Exactness: a mini-batch's loss is normalized by its GLOBAL token and sequence counts (summed over
+micro-batches and data-parallel ranks), never per micro-batch, so one update's gradient does not
+depend on the micro-batch size or the world size. DeepSpeed's own gradient-accumulation scaling is
+off (`backward(scale_wrt_gas=False)`) and the accumulation boundary is set by hand. The LR is a
+pure function of the global step over the whole run (batching.learning_rate).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from components.core.checkpoint import load_policy, local_checkpoint, write_checkpoint
+from components.core.commit import OutputDir, committed_files, materialize, read_manifest
+from components.core.config import RunConfig, TrainSection
+from components.core.errors import StageError
+from components.core.layout import RunLayout, store_for
+from components.core.schemas import read_records
+from components.train import algorithms as algos
+from components.train import state as train_state
+from components.train.batching import (
+    MicroBatch,
+    Rollouts,
+    collate,
+    learning_rate,
+    plan_micro_batches,
+    shard_rows,
+)
+
+log = logging.getLogger("rlvr.train")
+
+
+def check_algorithm_names(t: TrainSection) -> None:
+    """Resolve every configured algorithm name up front (bad names list the valid ones)."""
+    try:
+        algos.get_advantage_fn(t.advantage)
+        algos.get_policy_loss_fn(t.policy_loss)
+        algos.LOSS_AGGREGATIONS.get(t.loss_agg)
+    except (KeyError, ValueError) as e:
+        raise StageError(f"train config: {e.args[0] if e.args else e}") from None
+
+
+def steps_per_iteration(t: TrainSection) -> int:
+    return t.ppo_epochs * t.mini_batches
+
+
+def init_distributed(device: str) -> tuple[int, int]:
+    """Initialise torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPU)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # a single process started without a launcher
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            os.environ.update(
+                RANK="0",
+                LOCAL_RANK="0",
+                WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+        deepspeed.init_distributed(
+            dist_backend="nccl" if device == "cuda" else "gloo", verbose=False
+        )
+    return dist.get_rank(), dist.get_world_size()
+
+
+def deepspeed_config(t: TrainSection, world: int, dtype: torch.dtype) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world,
+        "gradient_clipping": t.grad_clip,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": t.lr,
+                "betas": list(t.betas),
+                "eps": t.eps,
+                "weight_decay": t.weight_decay,
+                "torch_adam": True,
+            },
+        },
+        "zero_optimization": {"stage": t.zero_stage},
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def sequence_logprobs(
+    model, mb: MicroBatch, temperature: float, device: str, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced log-probabilities of the response tokens.  # -> [b, L]
+
+    Same definition as generation: log_softmax(logits / temperature) of each sampled token.
+    """
+    out = model(
+        input_ids=mb.input_ids.to(device),
+        attention_mask=mb.attention_mask.to(device),
+        use_cache=False,
+    )
+    idx = mb.response_index.to(device)
+    logits = out.logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1]))
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    lp = algos.logprobs_from_logits(logits, mb.response_tokens.to(device))
+    ent = algos.entropy_from_logits(logits.detach()) if with_entropy else None
+    return lp, ent
+
+
+def _all_reduce_sum(x: float) -> float:
+    import torch.distributed as dist
+
+    t = torch.tensor([x], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return float(t[0])
+
+
+def train_iteration(
+    engine,
+    ro: Rollouts,
+    t: TrainSection,
+    *,
+    temperature: float,
+    horizon: int,
+    start_step: int,
+    total_steps: int,
+    seed: int,
+    iteration: int,
+    pad_id: int,
+    device: str,
+    rank: int = 0,
+    world: int = 1,
+) -> tuple[int, dict[str, float]]:
+    """One iteration's updates. Returns the new global step and the metrics."""
+    model = engine.module
+    n = len(ro)
+    lengths = ro.lengths()
+    rows_all = list(range(n))
+    mask_all = [len(r) > 0 for r in ro.response_tokens]
+
+    # Advantages over the whole iteration batch.
+    L = max(max((len(r) for r in ro.response_tokens), default=1), 1)
+    resp_mask = torch.zeros((n, L), dtype=torch.bool)
+    for i, r in enumerate(ro.response_tokens):
+        resp_mask[i, : len(r)] = True
+    group_ids = ro.group_ids()
+    rewards = torch.tensor(ro.rewards, dtype=torch.float32)
+    adv_fn = algos.get_advantage_fn(t.advantage)
+    advantages = adv_fn(rewards, group_ids, resp_mask, **t.advantage_options)  # [N, L]
+    keep = algos.zero_variance_group_mask(rewards, group_ids)
+    zero_var_groups = len(set(group_ids[~keep].tolist()))
+
+    # Old logprobs, once, with the weights before any update.
+    old_lp = torch.zeros((n, L), dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        for rows in plan_micro_batches(lengths, rows_all, t.micro_batch_tokens):
+            mb = collate(ro, rows, pad_id)
+            lp, _ = sequence_logprobs(model, mb, temperature, device)
+            old_lp[rows, : lp.shape[1]] = lp.float().cpu()
+    model.train()
+
+    loss_fn = algos.get_policy_loss_fn(t.policy_loss)
+    rng = np.random.default_rng([seed, iteration])
+    sums: dict[str, float] = {}
+    real_tokens = padded_tokens = 0
+    step = start_step
+    grad_norms: list[float] = []
+    t0 = time.perf_counter()
+    bar = tqdm(
+        total=steps_per_iteration(t), desc=f"train {iteration:05d}", unit="step", disable=rank != 0
+    )
+    for _epoch in range(t.ppo_epochs):
+        perm = rng.permutation(n).tolist()
+        for mini in np.array_split(np.asarray(perm, dtype=np.int64), t.mini_batches):
+            mini_rows = [int(r) for r in mini if mask_all[int(r)]]
+            num_tokens = sum(len(ro.response_tokens[r]) for r in mini_rows)
+            num_seqs = len(mini_rows)
+            my_rows = shard_rows(mini_rows, rank, world)
+            plan = plan_micro_batches(lengths, my_rows, t.micro_batch_tokens) if my_rows else []
+            lr = learning_rate(
+                step,
+                base_lr=t.lr,
+                warmup_steps=t.warmup_steps,
+                total_steps=total_steps,
+                schedule=t.lr_schedule,
+                min_lr_ratio=t.min_lr_ratio,
+            )
+            for group in engine.optimizer.param_groups:
+                group["lr"] = lr
+            if not plan:  # nothing to learn from on this rank: a zero-loss pass keeps ranks in step
+                plan = [[]]
+            for k, rows in enumerate(plan):
+                engine.set_gradient_accumulation_boundary(k == len(plan) - 1)
+                if rows:
+                    mb = collate(ro, rows, pad_id)
+                    lp, ent = sequence_logprobs(model, mb, temperature, device, with_entropy=True)
+                    m = mb.response_mask.to(device)
+                    Lb = lp.shape[1]
+                    old = old_lp[rows, :Lb].to(device)
+                    adv = advantages[rows, :Lb].to(device)
+                    pg, metrics = loss_fn(lp, old, adv, m, **t.policy_loss_options)
+                    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, horizon=horizon)
+                    loss = algos.aggregate_loss(pg, m, t.loss_agg, **agg)
+                    # DeepSpeed averages gradients over ranks; the loss is already a global sum.
+                    engine.backward(loss * world, scale_wrt_gas=False)
+                    with torch.no_grad():
+                        tok = dict(num_tokens=num_tokens)
+                        for key, val in metrics.items():
+                            sums[f"train/{key}"] = sums.get(f"train/{key}", 0.0) + float(
+                                algos.aggregate_loss(val.float(), m, "token-mean", **tok)
+                            )
+                        sums["train/entropy"] = sums.get("train/entropy", 0.0) + float(
+                            algos.aggregate_loss(ent, m, "token-mean", **tok)
+                        )
+                        sums["train/pg_loss"] = sums.get("train/pg_loss", 0.0) + float(loss)
+                    real_tokens += mb.real_tokens
+                    padded_tokens += mb.padded_tokens
+                else:
+                    zero = sum(p.sum() for p in model.parameters()) * 0.0
+                    engine.backward(zero, scale_wrt_gas=False)
+            pre_clip_norm = _grad_norm(engine)
+            engine.step()
+            gn = engine.get_global_grad_norm() if pre_clip_norm is None else pre_clip_norm
+            grad_norms.append(float(gn) if gn is not None else float("nan"))
+            step += 1
+            bar.update(1)
+    bar.close()
+    elapsed = time.perf_counter() - t0
+    n_updates = steps_per_iteration(t)
+    metrics_out = {k: _all_reduce_sum(v) / n_updates for k, v in sums.items()}
+    metrics_out["train/loss"] = metrics_out.get("train/pg_loss", 0.0)
+    valid_adv = advantages[resp_mask]
+    metrics_out.update(
+        {
+            "train/grad_norm": float(np.nanmean(grad_norms)) if grad_norms else 0.0,
+            "train/lr": lr,
+            "train/reward_mean": float(rewards.mean()),
+            "train/adv_mean": float(valid_adv.mean()) if valid_adv.numel() else 0.0,
+            "train/adv_std": float(valid_adv.std()) if valid_adv.numel() > 1 else 0.0,
+            "train/zero_var_groups": float(zero_var_groups),
+            "train/tokens_per_s": _all_reduce_sum(real_tokens) / elapsed if elapsed > 0 else 0.0,
+            "train/padding_waste": 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0,
+            "train/steps": float(n_updates),
+            "train/global_step": float(step),
+        }
+    )
+    return step, metrics_out
+
+
+def _grad_norm(engine) -> float | None:
+    """Pre-clip global grad norm under ZeRO-0 (DeepSpeed reports it itself for ZeRO >= 1)."""
+    if engine.zero_optimization_stage() != 0:
+        return None
+    grads = [p.grad.detach().float() for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    return float(norm)  # gradients are already averaged over ranks at the boundary
+
+
+def full_state_dict(engine) -> dict[str, torch.Tensor]:
+    """The whole model's weights on CPU, gathered from ZeRO-3 partitions when needed."""
+    import deepspeed
+
+    model = engine.module
+    if engine.zero_optimization_stage() == 3:
+        params = list(model.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
+    """Take one iteration's policy update. Returns the checkpoint manifest stats (or the skip)."""
+    import deepspeed
+
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    t = cfg.train
+    ckpt_out = OutputDir(store, layout.checkpoint(iteration + 1), "train")
+    state_out = OutputDir(store, layout.train_state(iteration + 1), "train")
+    if ckpt_out.is_committed() and state_out.is_committed() and not force:
+        log.info("checkpoint %05d already committed; skipping", iteration + 1)
+        return {"skipped": True, "uri": ckpt_out.uri}
+
+    # --- setup: every input is checked before anything is written ---
+    check_algorithm_names(t)
+    scored_parts = committed_files(store, layout.scored(iteration), ".parquet")
+    table = read_records(store, scored_parts, "scored")
+    if table.num_rows == 0:
+        raise StageError(f"{layout.scored(iteration)} holds no scored rollouts")
+    ro = Rollouts.from_table(table, layout.scored(iteration))
+    gen_stats = read_manifest(store, layout.rollouts(iteration))["stats"]
+    temperature = float(gen_stats.get("sampling", {}).get("temperature", cfg.generate.temperature))
+    ckpt_dir = local_checkpoint(store, layout.checkpoint(iteration))
+    prev_state = None
+    if iteration > 0:
+        sdir = materialize(store, layout.train_state(iteration))
+        prev_state = (
+            load_file(str(sdir / "optimizer.safetensors")),
+            json.loads((sdir / "state.json").read_text()),
+            layout.train_state(iteration),
+        )
+
+    from components.generate.stage import device_and_dtype
+
+    device, dtype = device_and_dtype(t.dtype)
+    torch.manual_seed(cfg.run.seed + iteration)
+    model, tokenizer = load_policy(ckpt_dir, dtype=dtype, device=device)
+    model.config.use_cache = False
+    rank, world = init_distributed(device)
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=deepspeed_config(t, world, dtype),
+    )
+    start_step = 0
+    if prev_state is not None:
+        start_step = train_state.restore(engine, *prev_state)
+    expected = iteration * steps_per_iteration(t)
+    if start_step != expected:
+        raise StageError(
+            f"train state of iteration {iteration} is at step {start_step}, expected {expected} "
+            "(train.ppo_epochs x train.mini_batches changed mid-run?); start a new run"
+        )
+
+    # --- train ---
+    total_steps = cfg.run.iterations * steps_per_iteration(t)
+    horizon = t.loss_agg_horizon or cfg.generate.max_new_tokens
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    step, metrics = train_iteration(
+        engine,
+        ro,
+        t,
+        temperature=temperature,
+        horizon=horizon,
+        start_step=start_step,
+        total_steps=total_steps,
+        seed=cfg.run.seed,
+        iteration=iteration,
+        pad_id=pad_id,
+        device=device,
+        rank=rank,
+        world=world,
+    )
+    metrics["iteration"] = iteration
+
+    # --- save: train state first, the checkpoint's _SUCCESS last ---
+    tensors, meta = train_state.collect(engine, step, {"iteration": iteration + 1})
+    weights = full_state_dict(engine)
+    if rank == 0:
+        state_out.begin(force=True)
+        ckpt_out.begin(force=True)
+        tmp = Path(tempfile.mkdtemp(prefix="rlvr-state-"))
+        try:
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
+            state_out.put_file(tmp / "optimizer.safetensors", "optimizer.safetensors")
+            state_out.put_bytes(train_state.dumps(meta), "state.json")
+            state_out.put_bytes(json.dumps(metrics, indent=2).encode(), "metrics.json")
+            state_out.commit(metrics)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        engine.module.config.use_cache = True
+        _write_hf(engine.module, tokenizer, weights, ckpt_out, metrics)
+    log.info(
+        "iteration %d: loss %.4f reward %.3f grad_norm %.3f tokens/s %.0f",
+        iteration,
+        metrics.get("train/loss", 0.0),
+        metrics["train/reward_mean"],
+        metrics["train/grad_norm"],
+        metrics["train/tokens_per_s"],
+    )
+    return {"skipped": False, "uri": ckpt_out.uri, "stats": metrics}
+
+
+def _write_hf(
+    model, tokenizer, weights: dict[str, torch.Tensor], out: OutputDir, stats: dict
+) -> None:
+    """Write the gathered weights as a standard HF checkpoint (no merger step needed to load)."""
+
+    class _Saver:
+        """Adapter so write_checkpoint saves `weights` rather than the (maybe partitioned) module."""
+
+        def __init__(self) -> None:
+            self.generation_config = getattr(model, "generation_config", None)
+
+        def save_pretrained(self, path, **kwargs):
+            model.save_pretrained(path, state_dict=weights, **kwargs)
+
+    write_checkpoint(_Saver(), tokenizer, out, stats)

@@ -1,0 +1,346 @@
+"""Bounded-time batch scoring for the verify stage.
+
+``score_batch`` runs a verifier (built-in name such as ``"math"`` / ``"exact"`` or a
+plugin spec, see ``components.verify.rewards``) over many samples in a pebble process
+pool with a per-sample deadline. A sample whose verifier raises, crashes its worker or
+overruns the deadline gets reward 0.0 and an error string; the batch always completes and
+results come back in input order.
+
+How the deadline works with chunking: items go to the workers in chunks (to amortize
+IPC), but each item keeps its own deadline. Every chunk owns two float64 slots in a small
+memory-mapped file in which the worker records which item it is running and since when.
+The parent polls those slots; when an item has run longer than ``timeout_s`` the parent
+cancels the chunk (pebble terminates that worker and starts a fresh one), records a
+timeout for that item only and resubmits the chunk's other items. An item that finishes
+but took longer than ``timeout_s`` is also reported as timed out, so the outcome does not
+depend on how samples were grouped. As a backstop each chunk also carries a pebble timeout
+of ``timeout_s * len(chunk) + grace``; a chunk that fails in a way that cannot be pinned
+on one item is rerun one item per task.
+
+IPC: with the ``fork`` start method (the Linux default up to Python 3.13) the workers are
+forked after the batch is stored in a module-level table, so a chunk is sent as a list of
+indices and the samples themselves are never pickled. Other start methods pickle them.
+
+With ``num_workers=0`` everything runs inline in the calling process (handy under a
+debugger): no pool and no timeout enforcement at all, so a hanging verifier hangs the
+caller.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import mmap
+import multiprocessing
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from components.verify.rewards import canonical_spec, resolve_verifier
+
+__all__ = ["ScoreItem", "ScoreResult", "score_batch"]
+
+
+class ScoreItem(NamedTuple):
+    """One sample to score.
+
+    ``verifier`` is a built-in name (``"math"``, ``"exact"``) or a plugin spec
+    (``"package.module:function"`` / ``"path/to/file.py:function"``).
+    """
+
+    verifier: str
+    data_source: str
+    solution_str: str
+    ground_truth: str
+    extra_info: dict[str, Any] | None = None
+
+
+class ScoreResult(NamedTuple):
+    """Outcome of one sample: ``reward`` is 0.0 whenever ``error`` is set."""
+
+    reward: float
+    extracted_answer: str | None = None
+    error: str | None = None
+    timed_out: bool = False
+
+
+# (reward, extracted_answer, error, timed_out)
+_Outcome = tuple[float, "str | None", "str | None", bool]
+
+# Batches visible to forked workers, by batch id (parent side: filled before the pool
+# forks; worker side: the copy inherited at fork time).
+_FORK_BATCHES: dict[int, list[ScoreItem]] = {}
+_FORK_LOCK = threading.Lock()
+_BATCH_IDS = itertools.count()
+
+# Worker-side view of the progress file: per chunk id, [start time | -1 | 0, position].
+_PROGRESS: memoryview | None = None
+
+
+def _timeout_message(timeout_s: float) -> str:
+    return f"timeout after {timeout_s}s"
+
+
+def _error_message(exc: BaseException) -> str:
+    text = str(exc)
+    exitcode = getattr(exc, "exitcode", None)  # pebble.ProcessExpired
+    if exitcode is not None:
+        text = f"{text} (exit code {exitcode})"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _call_verifier(fn: Any, item: ScoreItem) -> _Outcome:
+    try:
+        out = fn(item.data_source, item.solution_str, item.ground_truth, item.extra_info)
+        if not isinstance(out, dict) or "score" not in out:
+            raise TypeError(f"verifier returned {type(out).__name__}, expected a dict with 'score'")
+        reward = float(out["score"])
+        if not math.isfinite(reward):
+            raise ValueError(f"verifier returned a non-finite score {out['score']!r}")
+        extracted = out.get("extracted_answer")
+        return reward, None if extracted is None else str(extracted), None, False
+    except (Exception, SystemExit) as exc:
+        return 0.0, None, _error_message(exc), False
+
+
+def _score_item(item: ScoreItem, timeout_s: float | None, progress: Any, slot: int) -> _Outcome:
+    """Score one item; ``progress[slot]`` holds its start time while it runs."""
+    try:
+        fn = resolve_verifier(item.verifier)
+    except (Exception, SystemExit) as exc:
+        return 0.0, None, _error_message(exc), False
+    start = time.monotonic()
+    if progress is not None:
+        progress[slot] = start
+    outcome = _call_verifier(fn, item)
+    if progress is not None:
+        progress[slot] = -1.0
+    if timeout_s is not None and time.monotonic() - start > timeout_s:
+        return 0.0, None, _timeout_message(timeout_s), True
+    return outcome
+
+
+def _init_worker(path: str, nbytes: int) -> None:
+    global _PROGRESS
+    fd = os.open(path, os.O_RDWR)
+    try:
+        mm = mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+    _PROGRESS = memoryview(mm).cast("d")
+
+
+def _run_chunk(
+    chunk_id: int,
+    batch_id: int | None,
+    payload: list[int] | list[ScoreItem],
+    timeout_s: float,
+) -> list[_Outcome]:
+    """Worker entry point: score a chunk, given as indices into an inherited batch
+    (``batch_id`` set) or as the items themselves."""
+    items: Sequence[ScoreItem]
+    if batch_id is not None:
+        batch = _FORK_BATCHES[batch_id]
+        items = [batch[i] for i in payload]  # type: ignore[index]
+    else:
+        items = payload  # type: ignore[assignment]
+    progress = _PROGRESS
+    base = 2 * chunk_id
+    outcomes: list[_Outcome] = []
+    for pos, item in enumerate(items):
+        if progress is not None:
+            progress[base + 1] = float(pos)
+        outcomes.append(_score_item(item, timeout_s, progress, base))
+    return outcomes
+
+
+@dataclass(slots=True)
+class _Chunk:
+    chunk_id: int
+    indices: list[int]
+
+
+def _auto_chunk_size(n: int, num_workers: int) -> int:
+    # about 4 chunks per worker for load balance, capped to keep the resubmission cost of
+    # a killed chunk small
+    return max(1, min(128, math.ceil(n / (num_workers * 4))))
+
+
+def _progress_dir() -> str | None:
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        return shm
+    return None
+
+
+def score_batch(
+    items: Sequence[ScoreItem],
+    *,
+    num_workers: int,
+    timeout_s: float,
+    chunk_size: int | None = None,
+) -> list[ScoreResult]:
+    """Score ``items`` with a per-sample deadline; results are in input order.
+
+    Each distinct verifier spec is resolved in the calling process first, so a malformed
+    spec or a plugin that cannot be imported raises ``ValueError`` before any work starts.
+    After that nothing raises: a verifier that raises gives ``reward=0.0`` and
+    ``error="ValueError: ..."``, one that runs longer than ``timeout_s`` gives
+    ``reward=0.0``, ``timed_out=True`` and ``error="timeout after 2.0s"``.
+
+    ``num_workers=0`` runs inline without a pool and without enforcing ``timeout_s``.
+    ``chunk_size`` (items per task sent to a worker) defaults to an automatic choice.
+    """
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if not items:
+        return []
+    specs: dict[str, str] = {}
+    for item in items:
+        if item.verifier not in specs:
+            canon = canonical_spec(item.verifier)
+            resolve_verifier(canon)  # raises ValueError for a bad spec
+            specs[item.verifier] = canon
+    batch = [
+        item if specs[item.verifier] == item.verifier
+        else item._replace(verifier=specs[item.verifier])
+        for item in items
+    ]  # fmt: skip
+    if num_workers == 0:
+        return [ScoreResult(*_score_item(item, None, None, 0)) for item in batch]
+    if "math" in specs.values():
+        # import sympy once here so that forked workers inherit it instead of each paying
+        # about a second on their first symbolic comparison
+        from components.verify.math import warm_up
+
+        warm_up()
+    size = chunk_size or _auto_chunk_size(len(batch), num_workers)
+    return _score_pool(batch, num_workers=num_workers, timeout_s=timeout_s, chunk_size=size)
+
+
+def _score_pool(
+    batch: list[ScoreItem], *, num_workers: int, timeout_s: float, chunk_size: int
+) -> list[ScoreResult]:
+    import pebble
+
+    n = len(batch)
+    first = [list(range(i, min(i + chunk_size, n))) for i in range(0, n, chunk_size)]
+    # chunk ids: the first chunks, at most one resubmission per resolved failure, and at
+    # most one single-item rerun per item
+    max_ids = len(first) + 2 * n + 1
+    nbytes = 16 * max_ids
+    fd, path = tempfile.mkstemp(prefix="rlvr-verify-", suffix=".progress", dir=_progress_dir())
+    try:
+        os.ftruncate(fd, nbytes)
+        mm = mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+    progress = memoryview(mm).cast("d")
+    results: list[_Outcome | None] = [None] * n
+    ids = itertools.count()
+    grace = max(1.0, timeout_s)
+    poll_s = min(0.05, max(0.002, timeout_s / 10))
+    timeout_outcome: _Outcome = (0.0, None, _timeout_message(timeout_s), True)
+
+    batch_id: int | None = None
+    if multiprocessing.get_start_method() == "fork":
+        batch_id = next(_BATCH_IDS)
+        with _FORK_LOCK:
+            _FORK_BATCHES[batch_id] = batch
+    pool = pebble.ProcessPool(
+        max_workers=num_workers, initializer=_init_worker, initargs=(path, nbytes)
+    )
+    pending: dict[Any, _Chunk] = {}
+
+    def submit(indices: list[int]) -> None:
+        cid = next(ids)
+        progress[2 * cid] = 0.0
+        payload = indices if batch_id is not None else [batch[i] for i in indices]
+        future = pool.schedule(
+            _run_chunk,
+            args=(cid, batch_id, payload, timeout_s),
+            timeout=timeout_s * len(indices) + grace,
+        )
+        pending[future] = _Chunk(cid, indices)
+
+    def fail_chunk(chunk: _Chunk, outcome: _Outcome) -> None:
+        """A chunk failed as a whole: blame the running item if known, else split."""
+        if len(chunk.indices) == 1:
+            results[chunk.indices[0]] = outcome
+            return
+        start = progress[2 * chunk.chunk_id]
+        if start > 0:
+            pos = int(progress[2 * chunk.chunk_id + 1])
+            results[chunk.indices[pos]] = outcome
+            rest = chunk.indices[:pos] + chunk.indices[pos + 1 :]
+            if rest:
+                submit(rest)
+        else:
+            for i in chunk.indices:
+                submit([i])
+
+    clean = False
+    try:
+        for indices in first:
+            submit(indices)
+        while pending:
+            done, _ = wait(list(pending), timeout=poll_s, return_when=FIRST_COMPLETED)
+            for future in done:
+                chunk = pending.pop(future)
+                try:
+                    outcomes = future.result()
+                except CancelledError:
+                    continue
+                except FutureTimeoutError:
+                    fail_chunk(chunk, timeout_outcome)
+                    continue
+                except Exception as exc:  # worker crash, pickling error, ...
+                    fail_chunk(chunk, (0.0, None, _error_message(exc), False))
+                    continue
+                for i, outcome in zip(chunk.indices, outcomes, strict=True):
+                    results[i] = outcome
+            # watchdog: kill chunks whose current item overran its deadline
+            now = time.monotonic()
+            for future, chunk in list(pending.items()):
+                base = 2 * chunk.chunk_id
+                start = progress[base]
+                if start <= 0 or now - start <= timeout_s:
+                    continue
+                pos = int(progress[base + 1])
+                if progress[base] != start or not future.cancel():
+                    continue  # moved on meanwhile, or just finished
+                del pending[future]
+                results[chunk.indices[pos]] = timeout_outcome
+                rest = chunk.indices[:pos] + chunk.indices[pos + 1 :]
+                if rest:
+                    submit(rest)
+        clean = True
+    finally:
+        if clean:
+            pool.close()
+        else:
+            pool.stop()
+        pool.join()
+        if batch_id is not None:
+            with _FORK_LOCK:
+                _FORK_BATCHES.pop(batch_id, None)
+        progress.release()
+        mm.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    missing = [i for i, o in enumerate(results) if o is None]
+    if missing:  # pragma: no cover - every path above fills its items
+        raise RuntimeError(f"internal error: no result for items {missing[:10]}")
+    return [ScoreResult(*o) for o in results if o is not None]
