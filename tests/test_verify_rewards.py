@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from components.verify.executor import ScoreItem, ScoreResult, score_batch
+from components.verify.math import compute_score
 from components.verify.rewards import (
     VERIFIERS,
     exact_match_score,
@@ -16,7 +17,6 @@ from components.verify.rewards import (
     load_plugin,
     resolve_verifier,
 )
-from components.verify.math import compute_score
 
 PLUGIN_SOURCE = textwrap.dedent(
     """

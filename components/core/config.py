@@ -157,6 +157,22 @@ class EvaluateSection(_Strict):
     """Evaluate every `every`-th checkpoint (the base and the last are always evaluated)."""
 
 
+DEFAULT_IMAGE_REPO = "ghcr.io/rlvr-project"
+DEFAULT_IMAGE_TAG = "0.1.0"
+
+
+class ClusterSection(_Strict):
+    """Where stages run on Kubernetes (ignored by the local runner)."""
+
+    image_repo: str = DEFAULT_IMAGE_REPO
+    image_tag: str = DEFAULT_IMAGE_TAG
+    images: dict[str, str] = Field(default_factory=dict)
+    """Per-stage image overrides (generate, verify, train, evaluate); default REPO/rlvr-STAGE:TAG."""
+
+    def image(self, stage: str) -> str:
+        return self.images.get(stage, f"{self.image_repo}/rlvr-{stage}:{self.image_tag}")
+
+
 class RunConfig(_Strict):
     run: RunSection = Field(default_factory=RunSection)
     prepare: PrepareSection | None = None
@@ -166,6 +182,7 @@ class RunConfig(_Strict):
     verify: VerifySection = Field(default_factory=VerifySection)
     train: TrainSection = Field(default_factory=TrainSection)
     evaluate: EvaluateSection = Field(default_factory=EvaluateSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
@@ -282,4 +299,12 @@ def load_config(
     cfg.run.store = _resolve(cfg.run.store, Path.cwd())
     if cfg.run.run_id is None:
         cfg.run.run_id = base.name
+    return cfg
+
+
+def from_pipeline(config_json: str, run_id: str = "") -> RunConfig:
+    """The config a pipeline component received (its run id may be a separate parameter)."""
+    cfg = RunConfig.from_json(config_json)
+    if run_id:
+        cfg.run.run_id = run_id
     return cfg

@@ -145,17 +145,27 @@ KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estim
 
 
 def get_advantage_fn(name: str) -> Callable[..., Tensor]:
-    """Advantage estimator ``fn(rewards, group_ids, response_mask, **options) -> [B, L]``."""
+    """Advantage estimator ``fn(rewards, group_ids, response_mask, **options) -> [B, L]``.
+
+    verl: ``get_adv_estimator_fn``. Raises UnknownNameError listing the valid names.
+    """
     return ADVANTAGES.get(name)
 
 
 def get_policy_loss_fn(name: str) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
-    """Policy loss ``fn(logprobs, old_logprobs, advantages, response_mask, **options)``."""
+    """Policy loss ``fn(logprobs, old_logprobs, advantages, response_mask, **options)``.
+
+    Returns ``(loss [B, L], {metric: [B, L]})``, see ``POLICY_LOSS_METRICS``.
+    verl: ``get_policy_loss_fn``. Raises UnknownNameError listing the valid names.
+    """
     return POLICY_LOSSES.get(name)
 
 
 def get_kl_fn(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """Per-token KL estimator ``fn(logprobs, ref_logprobs) -> [B, L]`` (unmasked)."""
+    """Per-token KL estimator ``fn(logprobs, ref_logprobs) -> [B, L]`` (unmasked).
+
+    verl: the ``kl_penalty`` name dispatch. Raises UnknownNameError listing the valid names.
+    """
     return KL_ESTIMATORS.get(name)
 
 
@@ -184,7 +194,7 @@ def _check_unit_interval(name: str, value: float, *, closed_high: bool = True) -
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Sum of ``values`` where ``mask`` is True.
 
-    Formula: ``sum_{mask} values`` (over ``dim`` or all elements).
+    Formula: ``sum_{mask} values`` (over ``dim`` or all elements). Paper: none (utility).
     Shapes: values [B, L], mask [B, L] bool -> scalar, or [B] with ``dim=-1``.
     verl: ``verl.utils.torch_functional.masked_sum``. Departure: masked-out entries are
     selected away with ``torch.where`` rather than multiplied by 0, so NaN/inf in padding
@@ -197,7 +207,7 @@ def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``values`` over the entries where ``mask`` is True.
 
-    Formula: ``sum_{mask} values / max(count(mask), 1)``.
+    Formula: ``sum_{mask} values / max(count(mask), 1)``. Paper: none (utility).
     Shapes: values [B, L], mask [B, L] bool -> scalar, or [B] with ``dim=-1``.
     verl: ``verl.utils.torch_functional.masked_mean``. Departure: verl divides by
     ``count + 1e-8``; here the count is floored at 1 (exact for non-empty masks, 0 for empty).
@@ -214,6 +224,7 @@ def masked_whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True) -> T
         n = count(mask);  mu = sum_{mask} v / n;  var = sum_{mask} (v - mu)^2 / (n - 1)
         out = (v - mu) * rsqrt(var + 1e-8)       (+ mu again if shift_mean is False)
 
+    Paper: none (utility; REINFORCE++ arXiv:2501.03262 whitens advantages with it).
     Statistics are computed over *whatever tensors are passed in* (the train stage passes the
     whole iteration's batch). Shapes: values [B, L], mask [B, L] bool -> [B, L]; entries where
     the mask is False are transformed too (callers mask them), as in verl.
@@ -299,6 +310,7 @@ def outcome_to_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
     """Place each outcome reward on its sequence's last valid token.
 
     Formula: ``R[i, t] = r_i if t == last_valid(i) else 0``; an all-masked row gets zeros.
+    Paper: none (outcome-reward convention of RLVR).
     Shapes: rewards [B], response_mask [B, L] bool -> [B, L].
     verl: the reward managers write the score at ``valid_response_length - 1``; here "last
     valid" is the last True position, so non-contiguous masks are handled too.
@@ -311,6 +323,8 @@ def outcome_to_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
 
 def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
     """Reward-to-go ``G_t = sum_{k >= t} gamma^(k - t) R_k`` over valid tokens.
+
+    Paper: REINFORCE (Williams 1992); as used by REINFORCE++, arXiv:2501.03262.
 
     Shapes: token_rewards [B, L], response_mask [B, L] bool -> [B, L] (zero where masked).
     verl: the return loop in ``compute_reinforce_plus_plus_outcome_advantage``. Rewards at
@@ -909,7 +923,10 @@ def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 @KL_ESTIMATORS.register("abs")
 def kl_abs(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """``|logprobs - ref_logprobs|``. verl: ``abs``. Shapes: [B, L], [B, L] -> [B, L]."""
+    """``|logprobs - ref_logprobs|``. Paper: none.
+
+    verl: ``abs``. Shapes: [B, L], [B, L] -> [B, L].
+    """
     return (logprobs - ref_logprobs).abs()
 
 
@@ -947,6 +964,8 @@ def _straight_through_k2(value: Tensor, logprobs: Tensor, ref_logprobs: Tensor) 
 def kl_k1_plus(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """Value of k1, gradient of k2: ``k2 - sg(k2) + sg(k1)``. verl: ``k1+``.
 
+    Source: Schulman (2020 blog) for k1/k2; the straight-through combination is verl's.
+
     Shapes: [B, L], [B, L] -> [B, L].
     """
     return _straight_through_k2(kl_k1(logprobs, ref_logprobs), logprobs, ref_logprobs)
@@ -955,6 +974,8 @@ def kl_k1_plus(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 @KL_ESTIMATORS.register("k3+")
 def kl_k3_plus(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """Value of k3, gradient of k2: ``k2 - sg(k2) + sg(k3)``. verl: ``k3+``.
+
+    Source: Schulman (2020 blog) for k3/k2; the straight-through combination is verl's.
 
     Shapes: [B, L], [B, L] -> [B, L].
     """
@@ -972,7 +993,8 @@ def kl_estimate(
 
     Kinds: ``k1``/``kl`` = d, ``abs`` = |d|, ``k2``/``mse`` = d^2 / 2, ``k3``/``low_var_kl`` =
     exp(-d) + d - 1 (clamped as verl), ``k1+``/``k3+`` = value of k1/k3 with the gradient of k2;
-    where ``d = logprobs - ref_logprobs``.
+    where ``d = logprobs - ref_logprobs``. Source: Schulman, "Approximating KL Divergence"
+    (2020 blog); k3 as the GRPO KL loss, arXiv:2402.03300.
     verl: ``kl_penalty(logprob, ref_logprob, kl_penalty)``.
     Shapes: logprobs [B, L], ref_logprobs [B, L] (, response_mask [B, L] bool) -> [B, L];
     zero where the mask is False if a mask is given, unmasked otherwise.
@@ -985,7 +1007,8 @@ def kl_in_reward(rewards: Tensor, kl: Tensor, response_mask: Tensor, coef: float
     """Fold a KL penalty into token-level rewards ("use_kl_in_reward" mode).
 
     Formula: ``R[i, t] = r_i * [t == last_valid(i)] - coef * kl[i, t]`` on valid tokens, 0
-    elsewhere. ``kl`` is detached (rewards carry no gradient). Feed the result to
+    elsewhere. ``kl`` is detached (rewards carry no gradient). Paper: InstructGPT-style
+    per-token KL reward, arXiv:2203.02155. Feed the result to
     ``reinforce_plus_plus`` (token-level returns) or to any estimator (which then uses the
     masked token sum as the sequence score, as verl does).
     verl: ``apply_kl_penalty`` (``token_level_rewards = token_level_scores - beta * kld``), with a
@@ -1019,6 +1042,7 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int | None = 1024) -> Ten
     Formula: ``H = logsumexp(z) - sum_v softmax(z)_v * z_v``.
     Rows (B*L positions) are processed ``chunk_size`` at a time to bound the temporary memory;
     fp16/bf16 logits are upcast to float32 per chunk (the result is float32 then).
+    Paper: none (entropy metric / bonus; the forking-token paper arXiv:2506.01939 ranks by it).
     verl: ``verl.utils.torch_functional.entropy_from_logits``. Gradients flow (entropy bonus).
     Shapes: logits [B, L, V] -> [B, L].
     """
@@ -1043,7 +1067,7 @@ def logprobs_from_logits(
     Formula: ``log p(y_t) = z_{t, y_t} - logsumexp_v z_{t, v}`` (gather, then subtract).
     Only the logsumexp per row is kept, never a [B, L, V] log_softmax; rows are chunked by
     ``chunk_size``; fp16/bf16 logits are upcast to float32 per chunk (result float32).
-    ``tokens`` must be valid vocabulary ids everywhere (padding included).
+    ``tokens`` must be valid vocabulary ids everywhere (padding included). Paper: none.
     verl: ``verl.utils.torch_functional.logprobs_from_logits`` (``_v2`` variant).
     Shapes: logits [B, L, V], tokens [B, L] int64 -> [B, L].
     """

@@ -66,6 +66,7 @@ _PHRASE_RE = re.compile(
 )
 _GSM8K_RE = re.compile(r"####[ \t]*([^\n]*)")
 _SENTENCE_END_RE = re.compile(r"\.(?:\s|$)")
+_TOKEN_RE = re.compile(r"[^\s$]+")
 
 
 def _balanced_group(text: str, open_idx: int, limit: int | None = None) -> str | None:
@@ -107,12 +108,11 @@ def _last_command_arg(text: str, command: str) -> str | None:
                 return content.strip()
             limit = idx
         elif k > j and k < len(text):
-            # "\boxed 5": the argument is the next token
-            m = re.match(r"[^\s$]+", text[k:])
+            # "\boxed 5": the argument is the next token ("\boxedx" / "\fboxsep" are
+            # other commands and are skipped)
+            m = _TOKEN_RE.match(text, k)
             if m:
-                return m.group(0).strip()
-        elif j < len(text) and text[j].isalpha():
-            pass  # a longer command name such as \fboxsep
+                return m.group(0)
         end = idx
 
 
@@ -197,8 +197,8 @@ _SQRT_SHORT_RE = re.compile(r"\\sqrt(\d|[a-zA-Z](?![a-zA-Z]))")
 # A trailing unit: words after a value, optionally with a power (cm^2) or a rate (km/h).
 _UNIT_WORD = r"[a-zA-Z]+\.?(?:\s*\^\s*\{?\d\}?)?"
 _UNIT_TAIL_RE = re.compile(
-    rf"^(?P<val>.*?(?:[\d}}\)]|\\[a-zA-Z]+))(?P<sep>\s*)(?P<unit>{_UNIT_WORD}(?:\s*(?:/|per\s)\s*{_UNIT_WORD}|"
-    rf"\s+{_UNIT_WORD})*)$"
+    rf"^(?P<val>.*?(?:[\d}}\)]|\\[a-zA-Z]+))(?P<sep>\s*)"
+    rf"(?P<unit>{_UNIT_WORD}(?:\s*(?:/|per\s)\s*{_UNIT_WORD}|\s+{_UNIT_WORD})*)$"
 )
 # Words that are never units (they carry meaning or are math).
 _NOT_UNITS = frozenset(
@@ -209,7 +209,7 @@ _NOT_UNITS = frozenset(
 )
 # Units recognised even when written without a space ("5cm").
 _KNOWN_UNITS = frozenset(
-    """cm mm km m kg g mg lb lbs oz ft in inch inches feet foot yd yard yards mi mile miles
+    """cm mm km m kg g mg lb lbs oz ft inch inches feet foot yd yard yards mi mile miles
     s sec secs second seconds min mins minute minutes h hr hrs hour hours day days week weeks
     month months year years yr yrs cent cents dollar dollars l ml liter liters litre litres
     mph kph kmh units unit sq square cubic degree degrees deg percent meters meter metres
@@ -218,7 +218,7 @@ _KNOWN_UNITS = frozenset(
 )
 
 
-def _strip_units(s: str, *, spaced_from_text: bool = False) -> str:
+def _strip_units(s: str) -> str:
     """Drop trailing unit words (``5 cm``, ``12 square feet``, ``10 km/h``)."""
     for _ in range(3):
         m = _UNIT_TAIL_RE.match(s)
@@ -375,7 +375,6 @@ def _numbers_equal(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> bool:
 
 _SIMPLE_LHS_RE = re.compile(r"(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?[a-zA-Z0-9]+\}?)?(?:\([a-z]\))?")
 _CHOICE_RE = re.compile(r"\(?([A-E])\)?")
-_OPEN = {"(": ")", "[": "]", "\\{": "\\}", "{": "}"}
 
 
 def _split_top(s: str, sep: str) -> list[str]:
@@ -748,17 +747,34 @@ def _latex_to_plain(s: str) -> str | None:
     return plain
 
 
+def _has_power_tower(plain: str) -> bool:
+    """True for ``a**(b**c)`` or ``a**b**c``: an exponent that itself contains a power."""
+    for m in re.finditer(r"\*\*\s*", plain):
+        j = m.end()
+        if j < len(plain) and plain[j] == "(":
+            k = _matching_close(plain, j)
+            if k < 0 or "**" in plain[j:k]:
+                return True
+            j = k + 1
+        else:
+            tok = re.match(r"[-+]?[\w.]*", plain[j:])
+            j += tok.end() if tok else 0
+        if plain[j:].lstrip().startswith("**"):
+            return True
+    return False
+
+
 def _too_expensive(plain: str) -> bool:
     """Reject inputs that could make sympy evaluate something enormous."""
     if len(plain) > _MAX_SYMPY_LEN:
         return True
     # power towers and huge exponents / factorials
-    if plain.count("**") > 6:
+    if plain.count("**") > 12:
         return True
     for m in re.finditer(r"\*\*\s*\(?\s*(\d+)", plain):
         if int(m.group(1)) > 4096:
             return True
-    if re.search(r"\*\*[^+\-]*\*\*", plain):
+    if _has_power_tower(plain):
         return True
     for m in re.finditer(r"(\d+)\s*\)?\s*!", plain):
         if int(m.group(1)) > 500:
@@ -913,9 +929,12 @@ def _equivalent_normalized(pred: str, gt: str) -> bool:
         mp = _CHOICE_RE.fullmatch(pred)
         if mp:
             return mp.group(1) == mg.group(1)
-    # plain words: case-insensitive
-    if _WORD_RE.fullmatch(gt) and len(gt) > 1:
-        return pred.lower() == gt.lower()
+    # plain words ("Monday", "no solution"): case-insensitive; a real word never needs sympy
+    if _WORD_RE.fullmatch(gt):
+        if pred.lower() == gt.lower():
+            return True
+        if len(gt) >= 3 and gt not in _FUNCS and gt not in _GREEK:
+            return False
     # numbers
     gn = _to_number(gt)
     pn = _to_number(pred)
@@ -936,9 +955,6 @@ def _equivalent_normalized(pred: str, gt: str) -> bool:
             return _element_equal(pred, gs[1][0])
         if ps is not None and ps[0] == "set" and len(ps[1]) == 1:
             return _element_equal(ps[1][0], gt)
-        return False
-    # two different plain numbers never need sympy
-    if gn is not None and _SIMPLE_NUMBER_RE.fullmatch(pred):
         return False
     return _sympy_equal(pred, gt)
 

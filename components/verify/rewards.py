@@ -41,8 +41,7 @@ __all__ = [
 Verifier = Callable[..., dict[str, Any]]
 
 _SPEC_HELP = (
-    "use a built-in name ({names}) or a plugin spec 'package.module:function' or "
-    "'path/to/file.py:function'"
+    "valid names: {names}; or a plugin spec 'package.module:function' / 'path/to/file.py:function'"
 )
 
 
@@ -80,10 +79,7 @@ def get_verifier(name: str) -> Verifier:
         return VERIFIERS[name]
     if ":" in name:
         return load_plugin(name)
-    raise ValueError(
-        f"unknown verifier {name!r}; valid names: {_valid_names()} "
-        "(or a plugin spec 'package.module:function' / 'path/to/file.py:function')"
-    )
+    raise ValueError(f"unknown verifier {name!r}; {_SPEC_HELP.format(names=_valid_names())}")
 
 
 def _as_finite_score(value: Any, spec: str) -> float:
@@ -140,7 +136,8 @@ def _split_spec(spec: str) -> tuple[str, str]:
     target, sep, func = spec.rpartition(":")
     if not sep or not target or not func or not func.isidentifier():
         raise ValueError(
-            f"invalid verifier spec {spec!r}: {_SPEC_HELP.format(names=_valid_names())}"
+            f"invalid verifier spec {spec!r}: expected 'package.module:function' or "
+            f"'path/to/file.py:function' ({_SPEC_HELP.format(names=_valid_names())})"
         )
     return target, func
 

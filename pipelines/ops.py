@@ -1,0 +1,115 @@
+"""KFP components: one lightweight Python component per stage.
+
+(No `from __future__ import annotations` here: KFP reads the real annotation objects.)
+
+Each component body only imports its stage module and calls `run(config, iteration)`; stage code
+never imports kfp. The component's `base_image` is that stage's image, which the KFP local runner
+ignores, so the same pipeline serves the cluster and the laptop. Components are built by
+`make_ops(images)` so the images come from config at compile time.
+
+Everything crosses the boundary as parameters (the resolved config as JSON, the iteration) and
+URIs inside the object store; the JSON string a component returns is its result summary.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kfp import dsl
+from kfp.dsl import Markdown, Metrics, Output
+
+
+def init_stage(config_json: str, run_id: str) -> str:
+    """Copy the base checkpoint and the datasets into the run."""
+    import json
+
+    from components.core import run_setup
+    from components.core.config import from_pipeline
+
+    cfg = from_pipeline(config_json, run_id)
+    return json.dumps(run_setup.run(cfg), default=str)
+
+
+def generate_stage(config_json: str, run_id: str, iteration: int) -> str:
+    """Sample rollouts of one iteration with checkpoint `iteration`."""
+    import json
+
+    from components.core.config import from_pipeline
+    from components.generate.stage import run
+
+    cfg = from_pipeline(config_json, run_id)
+    return json.dumps(run(cfg, iteration), default=str)
+
+
+def verify_stage(config_json: str, run_id: str, iteration: int) -> str:
+    """Score the rollouts of one iteration."""
+    import json
+
+    from components.core.config import from_pipeline
+    from components.verify.stage import run
+
+    cfg = from_pipeline(config_json, run_id)
+    return json.dumps(run(cfg, iteration), default=str)
+
+
+def train_stage(config_json: str, run_id: str, iteration: int) -> str:
+    """Take the policy update of one iteration: checkpoint i -> i+1."""
+    import json
+
+    from components.core.config import from_pipeline
+    from components.train.stage import run
+
+    cfg = from_pipeline(config_json, run_id)
+    return json.dumps(run(cfg, iteration), default=str)
+
+
+def evaluate_stage(
+    config_json: str,
+    run_id: str,
+    checkpoint: int,
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+) -> str:
+    """Evaluate one checkpoint; the KFP UI shows its metrics and report."""
+    import json
+
+    from components.core.config import from_pipeline
+    from components.core.layout import RunLayout, store_for
+    from components.core.store import join
+    from components.evaluate.stage import run
+
+    cfg = from_pipeline(config_json, run_id)
+    result = run(cfg, checkpoint)
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    top = json.loads(store.read_text(join(layout.evals(checkpoint), "metrics.json")))
+    for name, m in top["sets"].items():
+        for key, value in m["overall"].items():
+            if isinstance(value, int | float):
+                metrics.log_metric(f"eval/{name}/{key}", float(value))
+    with open(report.path, "w") as f:
+        f.write(store.read_text(join(layout.evals(checkpoint), "report.md")))
+    return json.dumps({k: v for k, v in result.items() if k != "metrics"}, default=str)
+
+
+STAGE_FUNCS: dict[str, Callable] = {
+    "init": init_stage,
+    "generate": generate_stage,
+    "verify": verify_stage,
+    "train": train_stage,
+    "evaluate": evaluate_stage,
+}
+
+
+@dataclass(frozen=True)
+class Ops:
+    init: Callable
+    generate: Callable
+    verify: Callable
+    train: Callable
+    evaluate: Callable
+
+
+def make_ops(images: dict[str, str]) -> Ops:
+    """KFP components for every stage, each on its stage's image (init runs on the train image)."""
+    image_of = {"init": images["train"], **images}
+    built = {name: dsl.component(base_image=image_of[name])(fn) for name, fn in STAGE_FUNCS.items()}
+    return Ops(**built)
