@@ -33,11 +33,12 @@ import math
 import mmap
 import multiprocessing
 import os
+import queue
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
+from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -126,8 +127,14 @@ def _score_item(item: ScoreItem, timeout_s: float | None, progress: Any, slot: i
     return outcome
 
 
-def _init_worker(path: str, nbytes: int) -> None:
+def _init_worker(path: str, nbytes: int, warm_math: bool) -> None:
     global _PROGRESS
+    if warm_math:
+        # a no-op under fork (inherited); under spawn it keeps the sympy import out of the
+        # first sample's deadline
+        from components.verify.math import warm_up
+
+        warm_up()
     fd = os.open(path, os.O_RDWR)
     try:
         mm = mmap.mmap(fd, nbytes)
@@ -218,18 +225,26 @@ def score_batch(
     ]  # fmt: skip
     if num_workers == 0:
         return [ScoreResult(*_score_item(item, None, None, 0)) for item in batch]
-    if "math" in specs.values():
+    warm_math = "math" in specs.values()
+    if warm_math:
         # import sympy once here so that forked workers inherit it instead of each paying
         # about a second on their first symbolic comparison
         from components.verify.math import warm_up
 
         warm_up()
     size = chunk_size or _auto_chunk_size(len(batch), num_workers)
-    return _score_pool(batch, num_workers=num_workers, timeout_s=timeout_s, chunk_size=size)
+    return _score_pool(
+        batch, num_workers=num_workers, timeout_s=timeout_s, chunk_size=size, warm_math=warm_math
+    )
 
 
 def _score_pool(
-    batch: list[ScoreItem], *, num_workers: int, timeout_s: float, chunk_size: int
+    batch: list[ScoreItem],
+    *,
+    num_workers: int,
+    timeout_s: float,
+    chunk_size: int,
+    warm_math: bool,
 ) -> list[ScoreResult]:
     import pebble
 
@@ -258,9 +273,10 @@ def _score_pool(
         with _FORK_LOCK:
             _FORK_BATCHES[batch_id] = batch
     pool = pebble.ProcessPool(
-        max_workers=num_workers, initializer=_init_worker, initargs=(path, nbytes)
+        max_workers=num_workers, initializer=_init_worker, initargs=(path, nbytes, warm_math)
     )
     pending: dict[Any, _Chunk] = {}
+    done_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def submit(indices: list[int]) -> None:
         cid = next(ids)
@@ -272,6 +288,7 @@ def _score_pool(
             timeout=timeout_s * len(indices) + grace,
         )
         pending[future] = _Chunk(cid, indices)
+        future.add_done_callback(done_queue.put)
 
     def fail_chunk(chunk: _Chunk, outcome: _Outcome) -> None:
         """A chunk failed as a whole: blame the running item if known, else split."""
@@ -293,24 +310,32 @@ def _score_pool(
     try:
         for indices in first:
             submit(indices)
+        last_scan = time.monotonic()
         while pending:
-            done, _ = wait(list(pending), timeout=poll_s, return_when=FIRST_COMPLETED)
-            for future in done:
-                chunk = pending.pop(future)
+            try:
+                future = done_queue.get(timeout=poll_s)
+            except queue.Empty:
+                future = None
+            chunk = pending.pop(future, None) if future is not None else None
+            if chunk is not None:
                 try:
                     outcomes = future.result()
                 except CancelledError:
-                    continue
+                    outcomes = None  # killed by the watchdog below, already handled
                 except FutureTimeoutError:
+                    outcomes = None
                     fail_chunk(chunk, timeout_outcome)
-                    continue
                 except Exception as exc:  # worker crash, pickling error, ...
+                    outcomes = None
                     fail_chunk(chunk, (0.0, None, _error_message(exc), False))
-                    continue
-                for i, outcome in zip(chunk.indices, outcomes, strict=True):
-                    results[i] = outcome
-            # watchdog: kill chunks whose current item overran its deadline
+                if outcomes is not None:
+                    for i, outcome in zip(chunk.indices, outcomes, strict=True):
+                        results[i] = outcome
             now = time.monotonic()
+            if now - last_scan < poll_s:
+                continue
+            last_scan = now
+            # watchdog: kill chunks whose current item overran its deadline
             for future, chunk in list(pending.items()):
                 base = 2 * chunk.chunk_id
                 start = progress[base]
@@ -326,14 +351,17 @@ def _score_pool(
                     submit(rest)
         clean = True
     finally:
-        if clean:
-            pool.close()
-        else:
-            pool.stop()
-        pool.join()
         if batch_id is not None:
             with _FORK_LOCK:
                 _FORK_BATCHES.pop(batch_id, None)
+        if clean:
+            # every task is done: let the pool wind down (pebble's join takes up to one
+            # 0.1 s management tick) off the caller's critical path
+            pool.close()
+            threading.Thread(target=pool.join, name="rlvr-verify-pool-join", daemon=True).start()
+        else:
+            pool.stop()
+            pool.join()
         progress.release()
         mm.close()
         try:

@@ -1,0 +1,142 @@
+"""The object store on a local directory and on S3 (moto server, real HTTP), and the _SUCCESS
+commit protocol that makes outputs atomic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from components.core.commit import (
+    SUCCESS,
+    NotCommittedError,
+    OutputDir,
+    committed_files,
+    materialize,
+    read_manifest,
+)
+from components.core.store import LocalStore, S3Store, StoreError, get_store, join
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_root(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(), str(tmp_path / "store")
+    bucket = request.getfixturevalue("s3_bucket")
+    return S3Store(), f"s3://{bucket}/prefix"
+
+
+def test_bytes_roundtrip_list_and_delete(store_root, tmp_path):
+    store, root = store_root
+    store.write_bytes(join(root, "a/b.txt"), b"hello")
+    store.write_text(join(root, "a/c/d.json"), "{}")
+    local = tmp_path / "up.bin"
+    local.write_bytes(b"\x00\x01" * 1000)
+    store.upload_file(local, join(root, "a/up.bin"))
+    assert store.read_bytes(join(root, "a/b.txt")) == b"hello"
+    assert store.list_files(join(root, "a")) == ["b.txt", "c/d.json", "up.bin"]
+    assert store.list_dirs(join(root, "a")) == ["c"]
+    assert store.exists(join(root, "a/b.txt")) and not store.exists(join(root, "a/zz"))
+    down = tmp_path / "down.bin"
+    store.download_file(join(root, "a/up.bin"), down)
+    assert down.read_bytes() == local.read_bytes()
+    store.delete_tree(join(root, "a"))
+    assert store.list_files(join(root, "a")) == []
+
+
+def test_missing_object_names_the_uri(store_root):
+    store, root = store_root
+    with pytest.raises(StoreError, match="nope"):
+        store.read_bytes(join(root, "nope"))
+
+
+def test_commit_protocol(store_root, tmp_path):
+    store, root = store_root
+    uri = join(root, "out")
+    out = OutputDir(store, uri, "test")
+    assert out.begin() is True
+    out.put_bytes(b"x" * 10, "one.bin")
+    with pytest.raises(NotCommittedError, match="not committed"):
+        read_manifest(store, uri)  # written but not committed: readers refuse it
+    manifest = out.commit({"rows": 3})
+    assert manifest["files"] == [
+        {"path": "one.bin", "bytes": 10, "sha256": manifest["files"][0]["sha256"]}
+    ]
+    assert read_manifest(store, uri)["stats"] == {"rows": 3}
+    assert committed_files(store, uri, ".bin") == [join(uri, "one.bin")]
+    # Idempotent: a committed directory is not redone without force.
+    assert OutputDir(store, uri, "test").begin() is False
+    # Force clears everything, _SUCCESS first.
+    again = OutputDir(store, uri, "test")
+    assert again.begin(force=True) is True
+    assert store.list_files(uri) == []
+
+
+def test_materialize_checks_the_manifest(store_root, tmp_path):
+    store, root = store_root
+    uri = join(root, "ckpt")
+    out = OutputDir(store, uri, "test")
+    out.begin()
+    out.put_bytes(b"weights", "w.bin")
+    out.commit()
+    local = materialize(store, uri, cache_root=tmp_path / "cache")
+    assert (local / "w.bin").read_bytes() == b"weights"
+    # Tamper with the object behind the manifest's back: readers notice.
+    store.write_bytes(join(uri, "w.bin"), b"tampered!")
+    with pytest.raises(StoreError, match="manifest"):
+        materialize(store, uri, cache_root=tmp_path / "cache2")
+
+
+def test_unsupported_scheme():
+    with pytest.raises(StoreError, match="unsupported URI scheme"):
+        get_store("gs://bucket/x")
+
+
+@pytest.mark.slow
+def test_killed_stage_leaves_nothing_trusted(workspace, cfg):
+    """A generate stage SIGKILLed after its first part leaves no _SUCCESS; a rerun replaces it."""
+    from components.core import run_setup
+    from components.core.layout import RunLayout
+    from components.core.store import LocalStore
+
+    run_setup.run(cfg)
+    layout = RunLayout.of(cfg)
+    rollouts = Path(layout.rollouts(0))
+    args = [
+        sys.executable, "-m", "components.generate", str(workspace), "-i", "0",
+        "--set", "generate.rows_per_part=4", "--set", "generate.batch_size=4",
+        "--set", "generate.max_new_tokens=64",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(rollouts.glob("part-*.parquet")):
+            assert proc.poll() is None, "stage ended before it could be killed"
+            time.sleep(0.05)
+        assert list(rollouts.glob("part-*.parquet")), "no part was written in time"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    store = LocalStore()
+    assert not (rollouts / SUCCESS).exists()
+    with pytest.raises(NotCommittedError):
+        committed_files(store, str(rollouts), ".parquet")
+    # The next stage refuses the partial output, with a message that says what to run.
+    from components.verify.stage import run as verify
+
+    with pytest.raises(NotCommittedError, match="run that stage first"):
+        verify(cfg, 0)
+    # A rerun replaces the partial output and commits.
+    from components.generate.stage import run as generate
+
+    result = generate(cfg, 0)
+    manifest = json.loads((rollouts / SUCCESS).read_text())
+    listed = sorted(f["path"] for f in manifest["files"])
+    assert listed == sorted(p.name for p in rollouts.glob("part-*.parquet"))
+    assert result["stats"]["samples"] == cfg.data.prompts_per_iteration * cfg.generate.n
