@@ -58,7 +58,9 @@ def test_newer_schema_version_is_refused():
     [
         (pa.table({"prompt": ["1+1="], "reward_model": [{"ground_truth": "2"}]}), "'data_source'"),
         (
-            pa.table({"data_source": ["a"], "prompt": [1], "reward_model": [{"ground_truth": "2"}]}),
+            pa.table(
+                {"data_source": ["a"], "prompt": [1], "reward_model": [{"ground_truth": "2"}]}
+            ),
             "'prompt' has type int64",
         ),
         (

@@ -168,7 +168,6 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         for ev, prompts, spec in sets:
             # Rollouts are staged in a scratch directory, scored, then written as samples.
             scratch = OutputDir(store, join(layout.evals(c), ev.name, "_rollouts"), "evaluate")
-            scratch.begin(force=True)
             generate_rollouts(
                 scratch,
                 backend,

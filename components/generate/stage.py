@@ -26,6 +26,7 @@ from tqdm import tqdm
 from components.core.checkpoint import load_policy, local_checkpoint
 from components.core.commit import OutputDir, committed_files
 from components.core.config import GenerateSection, RunConfig
+from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
 from components.core.store import Store
@@ -171,7 +172,9 @@ def generate_rollouts(
     rows_per_part: int,
     desc: str = "generate",
 ) -> dict[str, Any]:
-    """Sample, stream Parquet parts into `out` and return the stats (does not commit)."""
+    """Sample, stream Parquet parts into `out` and return the stats (does not commit).
+
+    `out` is cleared only once the prompts are rendered and checked."""
     if not prompts:
         raise ValueError("the prompt set is empty; check data.train / data.eval and the filters")
     by_id: dict[str, PromptRow] = {}
@@ -193,6 +196,12 @@ def generate_rollouts(
         seeds = [sample_seed(spec.seed, iteration, p.prompt_id, j) for j in range(spec.n)]
         requests.append(PromptRequest(p.prompt_id, ids, seeds))
 
+    if not requests:
+        raise StageError(
+            f"all {len(prompts)} prompts are longer than generate.max_prompt_tokens="
+            f"{max_prompt_tokens}; raise it"
+        )
+    out.begin(force=True)  # inputs are good: clear any partial output, then stream
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-gen-"))
     buf: dict[str, list] = {}
     parts = 0
@@ -290,7 +299,6 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     indices = select_indices(num_rows, cfg.data.prompts_per_iteration, cfg.run.seed, iteration)
     prompts = load_prompts(store, train_uri, "train", indices)
     backend, tokenizer = make_backend(cfg.generate, ckpt_dir, cfg.run.seed)
-    out.begin(force=True)
     stats = generate_rollouts(
         out,
         backend,

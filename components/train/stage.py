@@ -142,6 +142,62 @@ def _all_reduce_sum(x: float) -> float:
     return float(t[0])
 
 
+def accumulate_mini_batch(
+    engine,
+    ro: Rollouts,
+    plan: list[list[int]],
+    old_lp: torch.Tensor,
+    advantages: torch.Tensor,
+    t: TrainSection,
+    *,
+    num_tokens: int,
+    num_seqs: int,
+    horizon: int,
+    temperature: float,
+    pad_id: int,
+    device: str,
+    world: int = 1,
+) -> tuple[dict[str, float], int, int]:
+    """Forward/backward every micro-batch of one mini-batch; gradients accumulate, no step.
+
+    `num_tokens` / `num_seqs` are the GLOBAL counts of the whole mini-batch (all ranks), so the
+    accumulated gradient equals the full mini-batch's, whatever the micro-batch plan.
+    Returns (metric sums, real tokens, padded tokens).
+    """
+    model = engine.module
+    loss_fn = algos.get_policy_loss_fn(t.policy_loss)
+    sums: dict[str, float] = {}
+    real_tokens = padded_tokens = 0
+    plan = plan or [[]]  # nothing on this rank: a zero-loss pass keeps ranks in step
+    for k, rows in enumerate(plan):
+        engine.set_gradient_accumulation_boundary(k == len(plan) - 1)
+        if not rows:
+            engine.backward(sum(p.sum() for p in model.parameters()) * 0.0, scale_wrt_gas=False)
+            continue
+        mb = collate(ro, rows, pad_id)
+        lp, ent = sequence_logprobs(model, mb, temperature, device, with_entropy=True)
+        m = mb.response_mask.to(device)
+        Lb = lp.shape[1]
+        pg, metrics = loss_fn(
+            lp, old_lp[rows, :Lb].to(device), advantages[rows, :Lb].to(device), m,
+            **t.policy_loss_options,
+        )  # fmt: skip
+        loss = algos.aggregate_loss(
+            pg, m, t.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, horizon=horizon
+        )
+        # DeepSpeed averages gradients over ranks; the loss is already a global sum.
+        engine.backward(loss * world, scale_wrt_gas=False)
+        with torch.no_grad():
+            metrics = {**metrics, "entropy": ent}
+            for key, val in metrics.items():
+                v = algos.aggregate_loss(val.float(), m, "token-mean", num_tokens=num_tokens)
+                sums[f"train/{key}"] = sums.get(f"train/{key}", 0.0) + float(v)
+            sums["train/pg_loss"] = sums.get("train/pg_loss", 0.0) + float(loss)
+        real_tokens += mb.real_tokens
+        padded_tokens += mb.padded_tokens
+    return sums, real_tokens, padded_tokens
+
+
 def train_iteration(
     engine,
     ro: Rollouts,
@@ -187,7 +243,6 @@ def train_iteration(
             old_lp[rows, : lp.shape[1]] = lp.float().cpu()
     model.train()
 
-    loss_fn = algos.get_policy_loss_fn(t.policy_loss)
     rng = np.random.default_rng([seed, iteration])
     sums: dict[str, float] = {}
     real_tokens = padded_tokens = 0
@@ -215,37 +270,25 @@ def train_iteration(
             )
             for group in engine.optimizer.param_groups:
                 group["lr"] = lr
-            if not plan:  # nothing to learn from on this rank: a zero-loss pass keeps ranks in step
-                plan = [[]]
-            for k, rows in enumerate(plan):
-                engine.set_gradient_accumulation_boundary(k == len(plan) - 1)
-                if rows:
-                    mb = collate(ro, rows, pad_id)
-                    lp, ent = sequence_logprobs(model, mb, temperature, device, with_entropy=True)
-                    m = mb.response_mask.to(device)
-                    Lb = lp.shape[1]
-                    old = old_lp[rows, :Lb].to(device)
-                    adv = advantages[rows, :Lb].to(device)
-                    pg, metrics = loss_fn(lp, old, adv, m, **t.policy_loss_options)
-                    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, horizon=horizon)
-                    loss = algos.aggregate_loss(pg, m, t.loss_agg, **agg)
-                    # DeepSpeed averages gradients over ranks; the loss is already a global sum.
-                    engine.backward(loss * world, scale_wrt_gas=False)
-                    with torch.no_grad():
-                        tok = dict(num_tokens=num_tokens)
-                        for key, val in metrics.items():
-                            sums[f"train/{key}"] = sums.get(f"train/{key}", 0.0) + float(
-                                algos.aggregate_loss(val.float(), m, "token-mean", **tok)
-                            )
-                        sums["train/entropy"] = sums.get("train/entropy", 0.0) + float(
-                            algos.aggregate_loss(ent, m, "token-mean", **tok)
-                        )
-                        sums["train/pg_loss"] = sums.get("train/pg_loss", 0.0) + float(loss)
-                    real_tokens += mb.real_tokens
-                    padded_tokens += mb.padded_tokens
-                else:
-                    zero = sum(p.sum() for p in model.parameters()) * 0.0
-                    engine.backward(zero, scale_wrt_gas=False)
+            part, real, padded = accumulate_mini_batch(
+                engine,
+                ro,
+                plan,
+                old_lp,
+                advantages,
+                t,
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
+                horizon=horizon,
+                temperature=temperature,
+                pad_id=pad_id,
+                device=device,
+                world=world,
+            )
+            for key, val in part.items():
+                sums[key] = sums.get(key, 0.0) + val
+            real_tokens += real
+            padded_tokens += padded
             pre_clip_norm = _grad_norm(engine)
             engine.step()
             gn = engine.get_global_grad_norm() if pre_clip_norm is None else pre_clip_norm
@@ -287,15 +330,30 @@ def _grad_norm(engine) -> float | None:
 
 
 def full_state_dict(engine) -> dict[str, torch.Tensor]:
-    """The whole model's weights on CPU, gathered from ZeRO-3 partitions when needed."""
+    """The whole model's weights on CPU, gathered from ZeRO-3 partitions when needed.
+
+    Tied weights (e.g. lm_head = embed_tokens) appear once, under their first name, as
+    save_pretrained expects."""
+    import contextlib
+
     import deepspeed
 
     model = engine.module
-    if engine.zero_optimization_stage() == 3:
-        params = list(model.parameters())
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    gather = (
+        deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+        if engine.zero_optimization_stage() == 3
+        else contextlib.nullcontext()
+    )
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    with gather:
+        for name, value in model.state_dict(keep_vars=False).items():
+            ptr = value.data_ptr()
+            if ptr in seen:
+                continue
+            seen.add(ptr)
+            out[name] = value.detach().cpu().clone()
+    return out
 
 
 def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:

@@ -210,6 +210,7 @@ def score_batch(
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    items = list(items)
     if not items:
         return []
     specs: dict[str, str] = {}

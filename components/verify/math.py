@@ -175,6 +175,7 @@ _TEXT_CMD_RE = re.compile(
 _LEFT_RIGHT_RE = re.compile(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big)(?![a-zA-Z])")
 _DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degree(?![a-zA-Z])")
 _THIN_THOUSANDS_RE = re.compile(r"(\d)\\[,;:! ](?=\d{3}(?!\d))")
+_COMMA_BANG_RE = re.compile(r"(?<=\d),\s*\\!\s*(?=\d{3})")
 _SPACING_RE = re.compile(r"(?<!\\)\\[,;: ]|\\q?quad(?![a-zA-Z])|~")
 _THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _SPACE_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
@@ -268,7 +269,7 @@ def normalize_answer(s: str) -> str:
     s = s.replace("\\displaystyle", " ")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _LEFT_RIGHT_RE.sub("", s)
-    s = s.replace("{,}", ",")
+    s = _COMMA_BANG_RE.sub(",", s.replace("{,}", ","))  # MATH writes 11,\! 111
     s = _THIN_THOUSANDS_RE.sub(r"\1", s)
     s = s.replace("\\!", "")
     s = _SPACING_RE.sub(" ", s)

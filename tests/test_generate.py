@@ -1,0 +1,182 @@
+"""Generate: the transformers backend's logprobs, seeding and stop rules, and the stage."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from components.core.checkpoint import load_policy
+from components.core.commit import read_manifest
+from components.core.store import LocalStore
+from components.generate.backends import PromptRequest, SamplingSpec, cut_at_stop, sample_seed
+from components.generate.hf_backend import TransformersBackend, filter_logits, sample_inverse_cdf
+from components.generate.stage import select_indices
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_assets):
+    return load_policy(tiny_assets / "base")
+
+
+def requests(tok, n, count=6):
+    out = []
+    for i in range(count):
+        ids = tok(f"{i}+{3 * i}=", add_special_tokens=False)["input_ids"]
+        out.append(PromptRequest(f"p{i}", ids, [sample_seed(0, 0, f"p{i}", j) for j in range(n)]))
+    return out
+
+
+def collect(backend, reqs, spec):
+    return {(s.prompt_id, s.sample_index): s for b in backend.generate(reqs, spec) for s in b}
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5)])
+def test_logprobs_match_teacher_forcing(policy, temperature, top_p, top_k):
+    """response_logprobs = log_softmax(logits/T) of the sampled token, before truncation."""
+    model, tok = policy
+    spec = SamplingSpec(n=3, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=10)
+    reqs = requests(tok, 3)
+    out = collect(TransformersBackend(model, tok, batch_size=8), reqs, spec)
+    worst = 0.0
+    for r in reqs:
+        for j in range(3):
+            s = out[(r.prompt_id, j)]
+            ids = torch.tensor([r.prompt_token_ids + s.response_token_ids])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(r.prompt_token_ids) - 1 : -1] / temperature
+            lp = torch.log_softmax(logits, -1).gather(
+                -1, torch.tensor(s.response_token_ids)[:, None]
+            )
+            worst = max(
+                worst, (lp.squeeze(-1) - torch.tensor(s.response_logprobs)).abs().max().item()
+            )
+    assert worst < 1e-4
+
+
+def test_samples_do_not_depend_on_batching(policy):
+    model, tok = policy
+    spec = SamplingSpec(n=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
+    reqs = requests(tok, 4)
+    big = collect(TransformersBackend(model, tok, batch_size=64), reqs, spec)
+    small = collect(TransformersBackend(model, tok, batch_size=4), reqs[2:], spec)
+    assert all(big[k].response_token_ids == v.response_token_ids for k, v in small.items())
+    # Different sample seeds give different samples.
+    assert len({tuple(s.response_token_ids) for s in big.values()}) > len(reqs)
+
+
+def test_greedy_is_argmax(policy):
+    model, tok = policy
+    spec = SamplingSpec(n=2, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=5)
+    r = requests(tok, 2, count=1)[0]
+    out = collect(TransformersBackend(model, tok), [r], spec)
+    assert out[("p0", 0)].response_token_ids == out[("p0", 1)].response_token_ids
+    ids = list(r.prompt_token_ids)
+    for t in out[("p0", 0)].response_token_ids:
+        with torch.no_grad():
+            assert int(model(torch.tensor([ids])).logits[0, -1].argmax()) == t
+        ids.append(t)
+
+
+def test_stop_strings_and_eos(policy):
+    model, tok = policy
+    reqs = requests(tok, 4)
+    spec = SamplingSpec(n=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12)
+    free = collect(TransformersBackend(model, tok), reqs, spec)
+    # Pick a character that appears mid-response in some sample and stop on it.
+    s0 = next(s for s in free.values() if len(s.response) >= 3)
+    stop = s0.response[1]
+    out = collect(
+        TransformersBackend(model, tok), reqs, SamplingSpec(**{**spec.__dict__, "stop": (stop,)})
+    )
+    for key, s in out.items():
+        if stop in free[key].response:
+            assert s.finish_reason == "stop" and s.response.endswith(stop)
+            assert s.response == free[key].response[: free[key].response.index(stop) + 1]
+        assert len(s.response_token_ids) == len(s.response_logprobs)
+    for s in free.values():
+        if s.finish_reason == "stop":  # ended at EOS: kept in token ids, not in text
+            assert s.response_token_ids[-1] == tok.eos_token_id
+        else:
+            assert len(s.response_token_ids) == spec.max_new_tokens
+
+
+def test_filter_and_sampling_helpers():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    assert torch.isinf(filter_logits(logits, 2, 1.0)[0, 2:]).all()
+    p = torch.softmax(logits, -1)[0]
+    # top_p=0.8: 0.644 < 0.8 so the second token (cumulative 0.881) is kept, the rest dropped.
+    kept = ~torch.isinf(filter_logits(logits, 0, 0.8)[0])
+    assert kept.tolist() == [True, True, False, False] and p[0] < 0.8 < p[0] + p[1]
+    probs = torch.tensor([[0.25, 0.25, 0.5, 0.0]] * 3)
+    assert sample_inverse_cdf(probs, torch.tensor([0.1, 0.3, 0.99])).tolist() == [0, 1, 2]
+    assert cut_at_stop("abc</a>def", ("</a>", "d")) == ("abc</a>", True)
+
+
+def test_sampling_spec_rejects_bad_options():
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        SamplingSpec(n=0, temperature=1, top_p=1, top_k=0, max_new_tokens=1)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingSpec(n=1, temperature=-1, top_p=1, top_k=0, max_new_tokens=1)
+
+
+def test_select_indices_walks_epochs_without_repeats():
+    seen = [select_indices(10, 4, seed=3, iteration=i) for i in range(5)]
+    assert all(len(set(s)) == 4 for s in seen)
+    assert sorted(seen[0] + seen[1] + select_indices(10, 2, 3, 4)[:0] + seen[2][:2]) == list(
+        range(10)
+    )
+    assert select_indices(10, 4, 3, 1) == seen[1]  # deterministic
+    with pytest.raises(ValueError, match="prompts_per_iteration"):
+        select_indices(3, 4, 0, 0)
+
+
+def test_stage_writes_rollouts_contract(cfg):
+    from components.core import run_setup
+    from components.core.layout import RunLayout
+    from components.generate.stage import run
+
+    run_setup.run(cfg)
+    result = run(cfg, 0)
+    stats = result["stats"]
+    assert stats["samples"] == 6 * 4 and stats["prompts"] == 6 and stats["skipped_prompts"] == 0
+    assert (
+        stats["backend"] == "transformers" and "before top-k/top-p" in stats["logprob_definition"]
+    )
+    uri = RunLayout.of(cfg).rollouts(0)
+    table = pq.read_table(f"{uri}/part-00000.parquet")
+    assert table.schema.metadata[b"rlvr.schema"] == b"rollouts"
+    rows = table.to_pylist()
+    assert {(r["prompt_id"], r["sample_index"]) for r in rows} == {
+        (p, j) for p in {r["prompt_id"] for r in rows} for j in range(4)
+    }
+    for r in rows:
+        assert len(r["response_token_ids"]) == len(r["response_logprobs"])
+        assert r["checkpoint"].endswith("checkpoints/00000") and r["finish_reason"] in (
+            "stop",
+            "length",
+        )
+    assert run(cfg, 0)["skipped"] is True  # idempotent
+    assert read_manifest(LocalStore(), uri)["stats"]["iteration"] == 0
+
+
+def test_long_prompts_are_skipped_and_counted(cfg, caplog):
+    from components.core import run_setup
+    from components.generate.stage import run
+
+    cfg.generate.max_prompt_tokens = 3
+    run_setup.run(cfg)
+    with pytest.raises(ValueError, match="all 6 prompts are longer than"):
+        run(cfg, 0)  # every prompt is longer than 3 tokens: nothing to generate
+    cfg.generate.max_prompt_tokens = 5
+    stats = run(cfg, 0, force=True)["stats"]
+    assert stats["skipped_prompts"] + stats["prompts"] == 6
+    assert stats["skipped_prompts"] > 0 and "skipping prompt train-" in caplog.text
+
+
+def test_missing_checkpoint_fails_before_work(cfg):
+    from components.core.commit import NotCommittedError
+    from components.generate.stage import run
+
+    with pytest.raises(NotCommittedError, match="checkpoints/00000 is not committed"):
+        run(cfg, 0)

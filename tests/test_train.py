@@ -1,0 +1,206 @@
+"""Train stage: one DeepSpeed update per iteration, exact under micro-batching, continuous across
+stage invocations, and strict about its inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from components.core import run_setup
+from components.core.commit import OutputDir, committed_files
+from components.core.config import load_config
+from components.core.layout import RunLayout, store_for
+from components.core.schemas import read_records
+from components.core.store import LocalStore
+from components.generate.stage import run as generate
+from components.train import stage as train
+from components.train.batching import Rollouts, learning_rate, plan_micro_batches
+from components.verify.stage import run as verify
+from tests.conftest import write_config
+
+PLUGIN = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """A deterministic, varied reward so an untrained policy still gets a gradient."""
+    return (sum(map(ord, solution_str)) % 5) / 4.0
+'''
+
+
+@pytest.fixture
+def train_cfg(tmp_path, tiny_assets):
+    plugin = tmp_path / "reward_plugin.py"
+    plugin.write_text(PLUGIN)
+    path = write_config(
+        tmp_path,
+        tiny_assets,
+        verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
+        train={
+            "lr": 1e-3,
+            "micro_batch_tokens": 4096,
+            "mini_batches": 2,
+            "warmup_steps": 1,
+            "lr_schedule": "cosine",
+        },
+    )
+    return load_config(path)
+
+
+def rollouts_of(cfg, i: int) -> Rollouts:
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    table = read_records(store, committed_files(store, layout.scored(i), ".parquet"), "scored")
+    return Rollouts.from_table(table, "test")
+
+
+def weights(cfg, c: int) -> dict[str, torch.Tensor]:
+    return load_file(f"{RunLayout.of(cfg).checkpoint(c)}/model.safetensors")
+
+
+def test_learning_rate_schedule_hand_values():
+    kw = dict(base_lr=1.0, warmup_steps=2, total_steps=6, schedule="cosine", min_lr_ratio=0.0)
+    # warmup: (s+1)/2 -> 0.5, 1.0; cosine over the 4 remaining steps: progress 0, .25, .5, .75
+    got = [learning_rate(s, **kw) for s in range(6)]
+    want = [
+        0.5,
+        1.0,
+        1.0,
+        0.5 * (1 + math.cos(math.pi / 4)),
+        0.5,
+        0.5 * (1 + math.cos(3 * math.pi / 4)),
+    ]
+    assert got == pytest.approx(want, abs=1e-12)
+    assert learning_rate(9, **{**kw, "schedule": "constant"}) == 1.0
+
+
+def test_micro_batch_plan_respects_budget_and_sorts():
+    lengths = [5, 9, 3, 9, 4]
+    plan = plan_micro_batches(lengths, [0, 1, 2, 3, 4], token_budget=18)
+    assert plan == [[1, 3], [0, 4, 2]]  # 2x9=18 fits; 3x5=15 fits
+    assert plan_micro_batches(lengths, [1], token_budget=4) == [[1]]  # an over-long row alone
+
+
+def test_stage_continuity_and_micro_batch_invariance(train_cfg):
+    """Two iterations as two stage invocations == one engine taking the updates back to back;
+    and one mini-batch's gradient is the same for micro-batches of 1 row, a few rows, and all."""
+    cfg = train_cfg
+    run_setup.run(cfg)
+    for i in range(2):
+        generate(cfg, i)
+        verify(cfg, i)
+        result = train.run(cfg, i)
+        assert result["skipped"] is False
+    stats = result["stats"]
+    for key in ("train/loss", "train/clipfrac_low", "train/grad_norm", "train/tokens_per_s"):
+        assert key in stats and math.isfinite(stats[key])
+    assert stats["train/global_step"] == 4.0 and stats["train/grad_norm"] > 0
+    state = json.loads(Path(RunLayout.of(cfg).train_state(2), "state.json").read_text())
+    assert state["step"] == 4
+    assert train.run(cfg, 1)["skipped"] is True
+
+    # Reference: one process, one engine, the same rollouts, two iterations back to back.
+    import deepspeed
+
+    from components.core.checkpoint import load_policy
+
+    model, tok = load_policy(Path(RunLayout.of(cfg).checkpoint(0)))
+    train.init_distributed("cpu")
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=list(model.parameters()),
+        config=train.deepspeed_config(cfg.train, 1, torch.float32),
+    )  # fmt: skip
+    step = 0
+    for i in range(2):
+        torch.manual_seed(cfg.run.seed + i)
+        step, _ = train.train_iteration(
+            engine, rollouts_of(cfg, i), cfg.train, temperature=1.0, horizon=6, start_step=step,
+            total_steps=4, seed=cfg.run.seed, iteration=i, pad_id=tok.pad_token_id, device="cpu",
+        )  # fmt: skip
+    got = weights(cfg, 2)
+    base = weights(cfg, 0)
+    for name, ref in engine.module.state_dict().items():
+        if name in got:
+            assert not torch.equal(got[name], base[name]) or name.endswith("bias")
+            torch.testing.assert_close(got[name], ref, rtol=0, atol=1e-6, msg=name)
+
+    # Micro-batch invariance of one mini-batch's gradient.
+    ro = rollouts_of(cfg, 0)
+    n, L = len(ro), max(len(r) for r in ro.response_tokens)
+    mask = torch.zeros((n, L), dtype=torch.bool)
+    for i, r in enumerate(ro.response_tokens):
+        mask[i, : len(r)] = True
+    from components.train import algorithms as algos
+
+    adv = algos.get_advantage_fn("grpo")(
+        torch.tensor(ro.rewards, dtype=torch.float32), ro.group_ids(), mask
+    )
+    old = torch.zeros((n, L))
+    rows = list(range(n))
+    num_tokens = int(mask.sum())
+    grads = {}
+    for budget in (1, 64, 10**6):
+        engine.zero_grad()
+        for p in engine.module.parameters():
+            p.grad = None
+        plan = plan_micro_batches(ro.lengths(), rows, budget)
+        train.accumulate_mini_batch(
+            engine, ro, plan, old, adv, cfg.train, num_tokens=num_tokens, num_seqs=n, horizon=6,
+            temperature=1.0, pad_id=tok.pad_token_id, device="cpu",
+        )  # fmt: skip
+        grads[budget] = torch.cat([p.grad.flatten() for p in engine.module.parameters()])
+    assert len(plan_micro_batches(ro.lengths(), rows, 1)) == n  # really one row per micro-batch
+    assert grads[10**6].abs().sum() > 0
+    for budget in (1, 64):
+        rel = (grads[budget] - grads[10**6]).norm() / grads[10**6].norm()
+        assert rel < 1e-5, (budget, float(rel))
+
+
+def _commit_scored(cfg, table: pa.Table) -> None:
+    import pyarrow.parquet as pq
+
+    layout = RunLayout.of(cfg)
+    out = OutputDir(LocalStore(), layout.scored(0), "verify")
+    out.begin(force=True)
+    path = Path(layout.root) / "bad.parquet"
+    pq.write_table(table, path)
+    out.put_file(path, "part-00000.parquet")
+    out.commit({})
+
+
+@pytest.mark.parametrize("corruption", ["nan_reward", "length_mismatch"])
+def test_bad_rollouts_fail_before_any_update(train_cfg, corruption):
+    cfg = train_cfg
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    layout = RunLayout.of(cfg)
+    table = read_records(
+        LocalStore(), committed_files(LocalStore(), layout.scored(0), ".parquet"), "scored"
+    )
+    if corruption == "nan_reward":
+        rewards = table.column("reward").to_pylist()
+        rewards[2] = float("nan")
+        table = table.set_column(
+            table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float32())
+        )
+        message = "non-finite"
+    else:
+        lps = table.column("response_logprobs").to_pylist()
+        lps[1] = lps[1] + [0.0]
+        idx = table.schema.get_field_index("response_logprobs")
+        table = table.set_column(idx, "response_logprobs", pa.array(lps, pa.list_(pa.float32())))
+        message = "row 1: response_token_ids has"
+    _commit_scored(cfg, table)
+    with pytest.raises(ValueError, match=message):
+        train.run(cfg, 0)
+    assert not Path(layout.checkpoint(1)).exists() and not Path(layout.train_state(1)).exists()
+
+
+def test_unknown_algorithm_lists_valid_names(train_cfg):
+    cfg = train_cfg
+    cfg.train.advantage = "gpro"
+    with pytest.raises(ValueError, match="gpro.*grpo"):
+        train.run(cfg, 0)
