@@ -1,0 +1,90 @@
+"""Verify and evaluate stages on a tiny model, and their bad-input behaviour."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from components.core import run_setup
+from components.core.layout import RunLayout
+from components.core.schemas import SCORED
+from components.evaluate.stage import run as evaluate
+from components.generate.stage import run as generate
+from components.verify.stage import resolve_verifiers
+from components.verify.stage import run as verify
+
+
+def test_verify_scores_with_the_contract(cfg):
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    result = verify(cfg, 0)
+    stats = result["stats"]
+    assert stats["samples"] == 24 and stats["error_fraction"] == 0.0
+    table = pq.read_table(f"{RunLayout.of(cfg).scored(0)}/part-00000.parquet")
+    assert table.schema.names[: len(SCORED)] == SCORED.names
+    assert table.schema.metadata[b"rlvr.schema"] == b"scored"
+    rows = table.to_pylist()
+    assert {r["verifier"] for r in rows} == {"math"}
+    # Rewards are what the math verifier says for each response, recomputed here.
+    from components.verify.math import compute_score
+
+    for r in rows:
+        assert r["reward"] == compute_score(r["response"], r["ground_truth"])["score"]
+    assert verify(cfg, 0)["skipped"] is True
+
+
+def test_unknown_data_source_lists_registered_ones(cfg):
+    with pytest.raises(ValueError) as e:
+        resolve_verifiers({"arithmetic", "mystery"}, {"arithmetic": "math"})
+    msg = str(e.value)
+    assert "['mystery']" in msg and "'arithmetic'" in msg and "openai/gsm8k" in msg
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    cfg.verify.rewards = {}
+    with pytest.raises(ValueError, match="no verifier registered for data_source \\['arithmetic'\\]"):
+        verify(cfg, 0)
+    assert not Path(RunLayout.of(cfg).scored(0)).exists()  # nothing committed
+
+
+def test_broken_verifier_fails_the_stage(cfg, tmp_path):
+    plugin = tmp_path / "broken.py"
+    plugin.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    raise RuntimeError('boom')\n")
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    cfg.verify.rewards = {"arithmetic": f"{plugin}:compute_score"}
+    with pytest.raises(ValueError, match="24/24 samples errored.*boom"):
+        verify(cfg, 0)
+    assert not Path(RunLayout.of(cfg).scored(0), "_SUCCESS").exists()
+
+
+def test_evaluate_writes_metrics_plots_and_report(cfg):
+    run_setup.run(cfg)
+    result = evaluate(cfg, 0)
+    root = Path(RunLayout.of(cfg).evals(0))
+    for name in ("metrics.json", "heldout/metrics.json", "heldout/samples.parquet",
+                 "pass_at_k.png", "history.png", "report.md", "_SUCCESS"):  # fmt: skip
+        assert (root / name).is_file(), name
+    m = json.loads((root / "metrics.json").read_text())
+    assert m["checkpoint"].endswith("checkpoints/00000") and m["n"] == 4
+    assert set(m["overall"]) >= {"pass@1", "pass@2", "pass@4", "mean@4"}
+    assert set(m["by_data_source"]) == {"arithmetic"}
+    samples = pq.read_table(root / "heldout" / "samples.parquet")
+    assert samples.num_rows == 12 * 4
+    # pass@1 is the mean reward for binary rewards; recompute it from the samples.
+    rewards = samples.column("reward").to_pylist()
+    assert m["overall"]["pass@1"] == pytest.approx(sum(r > 0.5 for r in rewards) / len(rewards))
+    assert (root / "pass_at_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "pass@1" in (root / "report.md").read_text()
+    assert result["stats"]["pass@1"] == m["overall"]["pass@1"]
+
+
+def test_evaluate_rejects_k_above_n_before_sampling(cfg):
+    run_setup.run(cfg)
+    cfg.evaluate.ks = [8]
+    with pytest.raises(ValueError, match="evaluate.ks"):
+        evaluate(cfg, 0)
+    assert not Path(RunLayout.of(cfg).evals(0)).exists()
