@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -31,7 +30,9 @@ def test_compile_unrolls_iterations_with_stage_images(workspace, tmp_path):
     assert {"init", "evaluate-00000", "evaluate-00003"} <= set(names)
     executors = ir["deploymentSpec"]["executors"]
     images = {e["container"]["image"] for e in executors.values()}
-    assert images == {f"ghcr.io/rlvr-project/rlvr-{s}:v9" for s in ("generate", "verify", "train", "evaluate")}
+    assert images == {
+        f"ghcr.io/rlvr-project/rlvr-{s}:v9" for s in ("generate", "verify", "train", "evaluate")
+    }
     for e in executors.values():
         assert "components." in " ".join(e["container"]["command"])  # bodies import the stages
     # Every task waits for the previous stage of its iteration.

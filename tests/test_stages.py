@@ -44,15 +44,19 @@ def test_unknown_data_source_lists_registered_ones(cfg):
     run_setup.run(cfg)
     generate(cfg, 0)
     cfg.verify.rewards = {}
-    with pytest.raises(ValueError, match="no verifier registered for data_source \\['arithmetic'\\]"):
+    with pytest.raises(
+        ValueError, match="no verifier registered for data_source \\['arithmetic'\\]"
+    ):
         verify(cfg, 0)
     assert not Path(RunLayout.of(cfg).scored(0)).exists()  # nothing committed
 
 
 def test_broken_verifier_fails_the_stage(cfg, tmp_path):
     plugin = tmp_path / "broken.py"
-    plugin.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    raise RuntimeError('boom')\n")
+    plugin.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    raise RuntimeError('boom')\n"
+    )
     run_setup.run(cfg)
     generate(cfg, 0)
     cfg.verify.rewards = {"arithmetic": f"{plugin}:compute_score"}
@@ -88,3 +92,27 @@ def test_evaluate_rejects_k_above_n_before_sampling(cfg):
     with pytest.raises(ValueError, match="evaluate.ks"):
         evaluate(cfg, 0)
     assert not Path(RunLayout.of(cfg).evals(0)).exists()
+
+
+def test_reruns_skip_only_when_inputs_are_unchanged(cfg):
+    """A committed output is reused only if computed from the same inputs and config section."""
+    from components.core.commit import OutputDir
+    from components.core.store import LocalStore
+
+    run_setup.run(cfg)
+    first = generate(cfg, 0)
+    assert first["skipped"] is False and generate(cfg, 0)["skipped"] is True
+    verify(cfg, 0)
+    assert verify(cfg, 0)["skipped"] is True
+    # A changed generate setting makes the rollouts stale: they are redone...
+    cfg.generate.temperature = 0.5
+    assert generate(cfg, 0)["skipped"] is False
+    # ...and verify, whose input changed content, redoes too.
+    assert verify(cfg, 0)["skipped"] is False
+    # A re-committed upstream with identical content does not invalidate downstream.
+    layout = RunLayout.of(cfg)
+    out = OutputDir(LocalStore(), layout.rollouts(0), "generate")
+    manifest = json.loads(Path(layout.rollouts(0), "_SUCCESS").read_text())
+    manifest["committed_at"] = "2000-01-01T00:00:00Z"
+    Path(layout.rollouts(0), "_SUCCESS").write_text(json.dumps(manifest))
+    assert out.is_committed() and verify(cfg, 0)["skipped"] is True

@@ -59,7 +59,11 @@ def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
 
 
 def write_checkpoint(
-    model, tokenizer, out: OutputDir, stats: dict[str, Any] | None = None
+    model,
+    tokenizer,
+    out: OutputDir,
+    stats: dict[str, Any] | None = None,
+    inputs: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Save model + tokenizer as an HF directory into `out` and commit it."""
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-ckpt-"))
@@ -70,7 +74,7 @@ def write_checkpoint(
             model.generation_config.save_pretrained(tmp)
         check_hf_dir(tmp, str(out.uri))
         out.put_tree(tmp)
-        return out.commit(stats)
+        return out.commit(stats, inputs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

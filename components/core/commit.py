@@ -6,9 +6,15 @@ Protocol (docs/contracts.md, "Commit protocol"):
    stage has nothing to do (idempotent rerun). Otherwise it removes `_SUCCESS` first, then
    whatever a crashed earlier attempt left, so partial output is replaced, never mixed.
 2. The stage writes its files through `put_file` / `put_bytes`, which record bytes and sha256.
-3. `commit(stats)` writes `_SUCCESS` last: JSON listing every file with its bytes and sha256 plus
-   the stage's stats. Readers (`read_manifest`, `committed_files`, `materialize`) refuse a directory
-   without it and check what they fetch against it.
+3. `commit(stats, inputs)` writes `_SUCCESS` last: JSON listing every file with its bytes and
+   sha256, the stage's stats, and the content digests of the inputs it was computed from.
+   Readers (`read_manifest`, `committed_files`, `materialize`) refuse a directory without it and
+   check what they fetch against it.
+
+Lineage: `lineage(store, uris, config)` digests each input directory's file list (not its
+timestamps or stats) plus the stage's config section. `up_to_date(inputs)` is true only when the
+committed output was computed from exactly those inputs, so a rerun after an upstream stage was
+redone with different results recomputes, and a rerun with nothing changed skips.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ class OutputDir:
     def is_committed(self) -> bool:
         return self.store.exists(join(self.uri, SUCCESS))
 
+    def up_to_date(self, inputs: dict[str, str]) -> bool:
+        """Committed, and computed from exactly these inputs."""
+        if not self.is_committed():
+            return False
+        return read_manifest(self.store, self.uri).get("inputs") == inputs
+
     def begin(self, force: bool = False) -> bool:
         """Prepare to write. False means: already committed, nothing to do."""
         if self.is_committed() and not force:
@@ -80,12 +92,15 @@ class OutputDir:
             if p.is_file():
                 self.put_file(p, p.relative_to(local_dir).as_posix())
 
-    def commit(self, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    def commit(
+        self, stats: dict[str, Any] | None = None, inputs: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         manifest = {
             "manifest_version": MANIFEST_VERSION,
             "stage": self.stage,
             "committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "files": [{"path": k, **v} for k, v in sorted(self.files.items())],
+            "inputs": inputs or {},
             "stats": stats or {},
         }
         self.store.write_text(join(self.uri, SUCCESS), json.dumps(manifest, indent=2))
@@ -101,6 +116,24 @@ def read_manifest(store: Store, uri: str) -> dict[str, Any]:
             "run that stage first"
         )
     return json.loads(store.read_text(success))
+
+
+def content_digest(store: Store, uri: str) -> str:
+    """Digest of a committed directory's content (its files' paths and sha256s)."""
+    files = read_manifest(store, uri)["files"]
+    text = json.dumps([(f["path"], f["sha256"]) for f in files])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def lineage(store: Store, uris: list[str], config: Any = None) -> dict[str, str]:
+    """Input digests recorded in a manifest: one per input directory, plus the config section."""
+    out = {uri: content_digest(store, uri) for uri in uris}
+    if config is not None:
+        dumped = (
+            config.model_dump_json() if hasattr(config, "model_dump_json") else json.dumps(config)
+        )
+        out["config"] = hashlib.sha256(dumped.encode()).hexdigest()[:16]
+    return out
 
 
 def committed_files(store: Store, uri: str, suffix: str = "") -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from components.core.checkpoint import local_checkpoint
-from components.core.commit import OutputDir, committed_files
+from components.core.commit import OutputDir, committed_files, lineage
 from components.core.config import EvalSetConfig, RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
@@ -136,10 +136,20 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     store, layout = store_for(cfg), RunLayout.of(cfg)
     c = iteration
     out = OutputDir(store, layout.evals(c), "evaluate")
-    if out.is_committed() and not force:
+    validate_eval_sets(cfg)
+    inputs = lineage(
+        store,
+        [layout.checkpoint(c), *(layout.eval_data(e.name) for e in cfg.data.eval)],
+        {
+            "eval": [e.model_dump(mode="json") for e in cfg.data.eval],
+            "evaluate": cfg.evaluate.model_dump(mode="json"),
+            "generate": cfg.generate.model_dump(mode="json"),
+            "verify": cfg.verify.model_dump(mode="json"),
+        },
+    )
+    if out.up_to_date(inputs) and not force:
         log.info("evaluation of checkpoint %05d already committed; skipping", c)
         return {"skipped": True, "uri": out.uri}
-    validate_eval_sets(cfg)
     ckpt_uri = layout.checkpoint(c)
     ckpt_dir = local_checkpoint(store, ckpt_uri)
     sets = []
@@ -219,7 +229,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         shutil.rmtree(tmp, ignore_errors=True)
     overall = primary["overall"]
     stats = {"checkpoint_index": c, "pass@1": overall["pass@1"], "n": primary["n"]}
-    out.commit(stats)
+    out.commit(stats, inputs)
     log.info("checkpoint %05d: pass@1 %.4f", c, overall["pass@1"])
     return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
 

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from components.core.checkpoint import load_policy, local_checkpoint
-from components.core.commit import OutputDir, committed_files
+from components.core.commit import OutputDir, committed_files, lineage
 from components.core.config import GenerateSection, RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
@@ -287,11 +287,20 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     """Generate the rollouts of one iteration. Returns the manifest (or the existing one)."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
     out = OutputDir(store, layout.rollouts(iteration), "generate")
-    if out.is_committed() and not force:
+    ckpt_uri = layout.checkpoint(iteration)
+    inputs = lineage(
+        store,
+        [ckpt_uri, layout.train_data],
+        {
+            "generate": cfg.generate.model_dump(mode="json"),
+            "prompts_per_iteration": cfg.data.prompts_per_iteration,
+            "seed": cfg.run.seed,
+        },
+    )
+    if out.up_to_date(inputs) and not force:
         log.info("rollouts of iteration %d already committed; skipping", iteration)
         return {"skipped": True, "uri": out.uri}
     # Every input is checked before the output directory is touched.
-    ckpt_uri = layout.checkpoint(iteration)
     ckpt_dir = local_checkpoint(store, ckpt_uri)
     spec = spec_from(cfg.generate, cfg.run.seed)
     train_uri = dataset_uri(store, layout.train_data)
@@ -312,5 +321,5 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         desc=f"generate {iteration:05d}",
     )
     stats["iteration"] = iteration
-    manifest = out.commit(stats)
+    manifest = out.commit(stats, inputs)
     return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}

@@ -32,7 +32,13 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from components.core.checkpoint import load_policy, local_checkpoint, write_checkpoint
-from components.core.commit import OutputDir, committed_files, materialize, read_manifest
+from components.core.commit import (
+    OutputDir,
+    committed_files,
+    lineage,
+    materialize,
+    read_manifest,
+)
 from components.core.config import RunConfig, TrainSection
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
@@ -364,12 +370,24 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     t = cfg.train
     ckpt_out = OutputDir(store, layout.checkpoint(iteration + 1), "train")
     state_out = OutputDir(store, layout.train_state(iteration + 1), "train")
-    if ckpt_out.is_committed() and state_out.is_committed() and not force:
+    check_algorithm_names(t)
+    sources = [layout.scored(iteration), layout.checkpoint(iteration)]
+    if iteration > 0:
+        sources.append(layout.train_state(iteration))
+    inputs = lineage(
+        store,
+        sources,
+        {
+            "train": t.model_dump(mode="json"),
+            "iterations": cfg.run.iterations,
+            "seed": cfg.run.seed,
+        },
+    )
+    if ckpt_out.up_to_date(inputs) and state_out.up_to_date(inputs) and not force:
         log.info("checkpoint %05d already committed; skipping", iteration + 1)
         return {"skipped": True, "uri": ckpt_out.uri}
 
     # --- setup: every input is checked before anything is written ---
-    check_algorithm_names(t)
     scored_parts = committed_files(store, layout.scored(iteration), ".parquet")
     table = read_records(store, scored_parts, "scored")
     if table.num_rows == 0:
@@ -442,11 +460,11 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
             state_out.put_file(tmp / "optimizer.safetensors", "optimizer.safetensors")
             state_out.put_bytes(train_state.dumps(meta), "state.json")
             state_out.put_bytes(json.dumps(metrics, indent=2).encode(), "metrics.json")
-            state_out.commit(metrics)
+            state_out.commit(metrics, inputs)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         engine.module.config.use_cache = True
-        _write_hf(engine.module, tokenizer, weights, ckpt_out, metrics)
+        _write_hf(engine.module, tokenizer, weights, ckpt_out, metrics, inputs)
     log.info(
         "iteration %d: loss %.4f reward %.3f grad_norm %.3f tokens/s %.0f",
         iteration,
@@ -459,7 +477,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
 
 
 def _write_hf(
-    model, tokenizer, weights: dict[str, torch.Tensor], out: OutputDir, stats: dict
+    model, tokenizer, weights: dict[str, torch.Tensor], out: OutputDir, stats: dict, inputs: dict
 ) -> None:
     """Write the gathered weights as a standard HF checkpoint (no merger step needed to load)."""
 
@@ -472,4 +490,4 @@ def _write_hf(
         def save_pretrained(self, path, **kwargs):
             model.save_pretrained(path, state_dict=weights, **kwargs)
 
-    write_checkpoint(_Saver(), tokenizer, out, stats)
+    write_checkpoint(_Saver(), tokenizer, out, stats, inputs)

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from components.core.commit import OutputDir, committed_files
+from components.core.commit import OutputDir, committed_files, lineage
 from components.core.config import RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
@@ -123,7 +123,8 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     """Score the rollouts of one iteration. Returns the manifest stats (or the skip)."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
     out = OutputDir(store, layout.scored(iteration), "verify")
-    if out.is_committed() and not force:
+    inputs = lineage(store, [layout.rollouts(iteration)], cfg.verify)
+    if out.up_to_date(inputs) and not force:
         log.info("scored rollouts of iteration %d already committed; skipping", iteration)
         return {"skipped": True, "uri": out.uri}
     parts = committed_files(store, layout.rollouts(iteration), ".parquet")
@@ -148,7 +149,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     stats["iteration"] = iteration
-    manifest = out.commit(stats)
+    manifest = out.commit(stats, inputs)
     log.info(
         "iteration %d: reward mean %.4f over %d samples",
         iteration,
