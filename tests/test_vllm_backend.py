@@ -1,0 +1,43 @@
+"""vLLM backend: runs only where vllm is importable (a GPU node); skipped with a reason elsewhere."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from components.generate.backends import SamplingSpec
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vllm is not installed (CUDA-only wheel); the transformers backend covers CPU",
+)
+
+
+def test_sampling_params_follow_the_spec():
+    from components.generate.vllm_backend import VLLMBackend
+
+    spec = SamplingSpec(n=4, temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=16, stop=("\n",))
+    params = VLLMBackend.sampling_params(object.__new__(VLLMBackend), spec, seed=7)
+    assert params.n == 4 and params.temperature == 0.7 and params.top_p == 0.9
+    assert params.top_k in (-1, 0) and params.max_tokens == 16 and params.seed == 7
+    assert params.logprobs == 0 and list(params.stop) == ["\n"]
+
+
+@pytest.mark.gpu
+def test_generates_with_logprobs_on_gpu(tiny_assets):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from components.generate.backends import PromptRequest
+    from components.generate.vllm_backend import VLLMBackend
+
+    backend = VLLMBackend(str(tiny_assets / "base"), gpu_memory_utilization=0.3, dtype="float32")
+    ids = backend.tokenizer("1+2=", add_special_tokens=False)["input_ids"]
+    spec = SamplingSpec(n=3, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
+    samples = [s for b in backend.generate([PromptRequest("p", ids, [1, 2, 3])], spec) for s in b]
+    assert len(samples) == 3
+    for s in samples:
+        assert len(s.response_logprobs) == len(s.response_token_ids) > 0
+        assert s.finish_reason in ("stop", "length")
