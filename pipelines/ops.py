@@ -109,7 +109,7 @@ class Ops:
 
 
 def make_ops(images: dict[str, str]) -> Ops:
-    """KFP components for every stage, each on its stage's image (init runs on the train image)."""
+    """KFP components for every stage, each on its stage's image (`images` has one per stage)."""
     image_of = {"init": images["train"], **images}
     built = {name: dsl.component(base_image=image_of[name])(fn) for name, fn in STAGE_FUNCS.items()}
     return Ops(**built)

@@ -12,6 +12,7 @@ from kfp import dsl
 
 from components.core.config import RunConfig
 from pipelines.ops import make_ops
+from pipelines.placement import place
 
 STAGES = ("generate", "verify", "train", "evaluate")
 
@@ -25,35 +26,47 @@ def eval_checkpoints(cfg: RunConfig) -> list[int]:
     return sorted({0, last, *range(every, last + 1, every)})
 
 
-def _plain(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    # Stages are idempotent against the object store; KFP's cache would only hide reruns.
-    task.set_caching_options(False)
-    return task
+def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable:
+    """The pipeline function for this config (iterations and images fixed at compile time).
 
-
-def build_train_pipeline(cfg: RunConfig) -> Callable:
-    """The pipeline function for this config (iterations and images fixed at compile time)."""
-    ops = make_ops({s: cfg.cluster.image(s) for s in STAGES})
+    `for_cluster=False` leaves out the Kubernetes placement (the local runner has no use for it).
+    """
+    ops = make_ops({s: cfg.cluster.image(s) for s in ("init", *STAGES)})
     iterations = cfg.run.iterations
     evaluated = set(eval_checkpoints(cfg))
 
+    def _placed(stage: str):
+        def apply(task: dsl.PipelineTask) -> dsl.PipelineTask:
+            if for_cluster:
+                return place(task, stage, cfg.cluster)
+            return task.set_caching_options(False)
+
+        return apply
+
     @dsl.pipeline(name="rlvr-train", description="RLVR: generate -> verify -> train, evaluate")
     def rlvr_train(config_json: str = cfg.to_json(), run_id: str = cfg.run_id) -> None:
-        init = _plain(ops.init(config_json=config_json, run_id=run_id)).set_display_name("init")
+        init = _placed("init")(ops.init(config_json=config_json, run_id=run_id))
+        init.set_display_name("init")
         if 0 in evaluated:
-            _plain(ops.evaluate(config_json=config_json, run_id=run_id, checkpoint=0)).after(
-                init
-            ).set_display_name("evaluate-00000")
+            ev0 = _placed("evaluate")(
+                ops.evaluate(config_json=config_json, run_id=run_id, checkpoint=0)
+            )
+            ev0.after(init).set_display_name("evaluate-00000")
         prev = init
         for i in range(iterations):
-            gen = _plain(ops.generate(config_json=config_json, run_id=run_id, iteration=i))
+            gen = _placed("generate")(
+                ops.generate(config_json=config_json, run_id=run_id, iteration=i)
+            )
             gen.after(prev).set_display_name(f"generate-{i:05d}")
-            ver = _plain(ops.verify(config_json=config_json, run_id=run_id, iteration=i))
+            ver = _placed("verify")(ops.verify(config_json=config_json, run_id=run_id, iteration=i))
             ver.after(gen).set_display_name(f"verify-{i:05d}")
-            trn = _plain(ops.train(config_json=config_json, run_id=run_id, iteration=i))
+            trn = _placed("train")(ops.train(config_json=config_json, run_id=run_id, iteration=i))
             trn.after(ver).set_display_name(f"train-{i:05d}")
             if i + 1 in evaluated:
-                ev = _plain(ops.evaluate(config_json=config_json, run_id=run_id, checkpoint=i + 1))
+                # Runs beside generate of iteration i+1 where resources allow: both follow train i.
+                ev = _placed("evaluate")(
+                    ops.evaluate(config_json=config_json, run_id=run_id, checkpoint=i + 1)
+                )
                 ev.after(trn).set_display_name(f"evaluate-{i + 1:05d}")
             prev = trn
 
@@ -72,5 +85,5 @@ def run_local(cfg: RunConfig, pipeline_root: str) -> None:
     from kfp import local
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=pipeline_root)
-    pipeline = build_train_pipeline(cfg)
+    pipeline = build_train_pipeline(cfg, for_cluster=False)
     pipeline(config_json=cfg.to_json(), run_id=cfg.run_id)

@@ -21,7 +21,7 @@ def test_compile_unrolls_iterations_with_stage_images(workspace, tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    ir = yaml.safe_load(out.read_text())
+    ir, platform = yaml.safe_load_all(out.read_text())
     tasks = ir["root"]["dag"]["tasks"]
     names = sorted(t["taskInfo"]["name"] for t in tasks.values())
     for i in range(3):
@@ -40,6 +40,53 @@ def test_compile_unrolls_iterations_with_stage_images(workspace, tmp_path):
     deps = lambda n: {tasks[d]["taskInfo"]["name"] for d in by_name[n].get("dependentTasks", [])}  # noqa: E731
     assert deps("verify-00001") == {"generate-00001"} and deps("generate-00001") == {"train-00000"}
     assert deps("evaluate-00003") == {"train-00002"}
+    # evaluate of checkpoint i+1 and generate of iteration i+1 both wait only for train i, so
+    # they can run side by side.
+    assert deps("generate-00002") == {"train-00001"} == deps("evaluate-00002")
+
+
+def test_compiled_placement_from_config(workspace, tmp_path, monkeypatch):
+    """GPU requests only on GPU stages, node pools, tolerations, /dev/shm, retries, timeouts,
+    secret env by reference with no secret value, and caching off everywhere."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "super-secret-value-123")
+    out = tmp_path / "pipeline.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "compile", str(workspace), "-o", str(out),
+         "--set", "cluster.stages.train.accelerator_count=8", "--set", "cluster.stages.verify.retries=5"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "super-secret-value-123" not in text and "testing" not in text
+    ir, platform = yaml.safe_load_all(text)
+    tasks = ir["root"]["dag"]["tasks"]
+    executors = ir["deploymentSpec"]["executors"]
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for task in tasks.values():
+        name = task["taskInfo"]["name"]
+        stage = name.split("-")[0]
+        assert task["cachingOptions"].get("enableCache", False) is False, name
+        exe = task["componentRef"]["name"].replace("comp-", "exec-")
+        resources = executors[exe]["container"].get("resources", {})
+        accel = resources.get("accelerator", {})
+        spec = k8s[exe]
+        if stage in ("generate", "train", "evaluate"):
+            want = 8 if stage == "train" else 1
+            assert accel["resourceType"] == "nvidia.com/gpu" and int(accel["resourceCount"]) == want
+            assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+            assert spec["emptyDirMounts"][0]["mountPath"] == "/dev/shm"
+            pool = "generate" if stage == "evaluate" else stage
+            assert spec["nodeSelector"]["labels"] == {"rlvr.io/pool": pool}
+        else:
+            assert not accel, name
+            assert "tolerations" not in spec and "emptyDirMounts" not in spec
+        if stage == "verify":
+            assert spec["nodeSelector"]["labels"] == {"rlvr.io/pool": "verify"}
+            assert task["retryPolicy"]["maxRetryCount"] == 5
+        assert int(spec["activeDeadlineSeconds"]) > 0
+        env = {e["envVar"] for e in spec["secretAsEnv"][0]["keyToEnv"]}
+        assert spec["secretAsEnv"][0]["secretName"] == "rlvr-object-store"
+        assert env == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 
 def test_eval_checkpoints_every(workspace):

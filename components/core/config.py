@@ -159,18 +159,115 @@ class EvaluateSection(_Strict):
 
 DEFAULT_IMAGE_REPO = "ghcr.io/rlvr-project"
 DEFAULT_IMAGE_TAG = "0.1.0"
+GPU_STAGES = ("generate", "train", "evaluate")
+
+
+class Toleration(_Strict):
+    key: str
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class StagePlacement(_Strict):
+    """Where and how one stage's pods run on the cluster."""
+
+    image: str | None = None
+    """Full image reference; default: <image_repo>/rlvr-<stage>:<image_tag>."""
+    cpu_request: str | None = None
+    cpu_limit: str | None = None
+    memory_request: str | None = None
+    memory_limit: str | None = None
+    accelerator_type: str | None = None
+    """e.g. nvidia.com/gpu; None: a CPU stage, no accelerator requested."""
+    accelerator_count: int = Field(0, ge=0)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    shm_size: str | None = None
+    """Size of the in-memory emptyDir mounted at /dev/shm (NCCL needs it on GPU stages)."""
+    retries: int = Field(2, ge=0)
+    backoff_duration: str = "30s"
+    backoff_factor: float = Field(2.0, ge=1.0)
+    backoff_max_duration: str = "600s"
+    timeout_s: int | None = Field(None, ge=1)
+    """Pod activeDeadlineSeconds; None: no limit."""
+
+    @model_validator(mode="after")
+    def _accelerator_pairs(self) -> StagePlacement:
+        if (self.accelerator_type is None) != (self.accelerator_count == 0):
+            raise ValueError("accelerator_type and accelerator_count > 0 go together")
+        return self
+
+
+def _gpu_stage(pool: str, cpu: str, memory: str, timeout_s: int) -> StagePlacement:
+    return StagePlacement(
+        cpu_request=cpu,
+        memory_request=memory,
+        memory_limit=memory,
+        accelerator_type="nvidia.com/gpu",
+        accelerator_count=1,
+        node_selector={"rlvr.io/pool": pool},
+        tolerations=[Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+        shm_size="16Gi",
+        timeout_s=timeout_s,
+    )
+
+
+def _default_stages() -> dict[str, StagePlacement]:
+    return {
+        "generate": _gpu_stage("generate", "8", "64Gi", 6 * 3600),
+        "train": _gpu_stage("train", "8", "128Gi", 12 * 3600),
+        "evaluate": _gpu_stage("generate", "8", "64Gi", 6 * 3600),
+        "verify": StagePlacement(
+            cpu_request="8",
+            cpu_limit="16",
+            memory_request="16Gi",
+            memory_limit="32Gi",
+            node_selector={"rlvr.io/pool": "verify"},
+            timeout_s=2 * 3600,
+        ),
+        "init": StagePlacement(cpu_request="1", memory_request="4Gi", timeout_s=3600),
+    }
 
 
 class ClusterSection(_Strict):
-    """Where stages run on Kubernetes (ignored by the local runner)."""
+    """Where stages run on Kubernetes (the local runner ignores all of it)."""
 
     image_repo: str = DEFAULT_IMAGE_REPO
     image_tag: str = DEFAULT_IMAGE_TAG
     images: dict[str, str] = Field(default_factory=dict)
     """Per-stage image overrides (generate, verify, train, evaluate); default REPO/rlvr-STAGE:TAG."""
+    stages: dict[str, StagePlacement] = Field(default_factory=_default_stages)
+    """Per-stage resources, accelerators, node pools, retries and timeouts."""
+    object_store_secret: str | None = "rlvr-object-store"
+    """Kubernetes Secret whose AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY become the stages' env."""
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _merge_with_defaults(cls, v: Any) -> Any:
+        """A stage's settings in config override its defaults key by key (a deep merge), so
+        `--set cluster.stages.train.accelerator_count=8` keeps the train pool's selectors."""
+        if not isinstance(v, dict):
+            return v
+        unknown = sorted(set(v) - {"init", "generate", "verify", "train", "evaluate"})
+        if unknown:
+            raise ValueError(
+                f"unknown stage(s) {unknown}; valid: init, generate, verify, train, evaluate"
+            )
+        merged = {k: d.model_dump() for k, d in _default_stages().items()}
+        for stage, values in v.items():
+            values = (
+                values.model_dump(exclude_unset=True) if isinstance(values, BaseModel) else values
+            )
+            merged[stage] = {**merged[stage], **(values or {})}
+        return merged
 
     def image(self, stage: str) -> str:
-        return self.images.get(stage, f"{self.image_repo}/rlvr-{stage}:{self.image_tag}")
+        placement = self.stages.get(stage)
+        if placement is not None and placement.image:
+            return placement.image
+        base = "train" if stage == "init" else stage
+        return self.images.get(base, f"{self.image_repo}/rlvr-{base}:{self.image_tag}")
 
 
 class RunConfig(_Strict):

@@ -1,0 +1,58 @@
+"""Kubernetes placement for pipeline tasks, all from config (`cluster.stages.<stage>`).
+
+The pipeline functions only wire tasks; this module adds, per stage: the image, CPU/memory
+requests and limits, the accelerator type and count, node selectors and tolerations for its node
+pool, an in-memory emptyDir at /dev/shm (NCCL), retries with backoff, a timeout, object-store
+credentials from a Kubernetes Secret (by reference: no secret value ever enters the compiled
+YAML), and caching off (stages are idempotent against the object store; KFP's cache could only
+return a stale result).
+"""
+
+from kfp import dsl, kubernetes
+
+from components.core.config import ClusterSection
+
+SECRET_KEYS = {
+    "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
+}
+
+
+def place(task: dsl.PipelineTask, stage: str, cluster: ClusterSection) -> dsl.PipelineTask:
+    p = cluster.stages[stage]
+    task.set_caching_options(False)
+    if p.cpu_request:
+        task.set_cpu_request(p.cpu_request)
+    if p.cpu_limit:
+        task.set_cpu_limit(p.cpu_limit)
+    if p.memory_request:
+        task.set_memory_request(p.memory_request)
+    if p.memory_limit:
+        task.set_memory_limit(p.memory_limit)
+    if p.accelerator_type:
+        task.set_accelerator_type(p.accelerator_type)
+        task.set_accelerator_limit(p.accelerator_count)
+    for key, value in sorted(p.node_selector.items()):
+        kubernetes.add_node_selector(task, label_key=key, label_value=value)
+    for t in p.tolerations:
+        kubernetes.add_toleration(
+            task, key=t.key, operator=t.operator, value=t.value, effect=t.effect
+        )
+    if p.shm_size:
+        kubernetes.empty_dir_mount(
+            task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=p.shm_size
+        )
+    if p.retries:
+        task.set_retry(
+            num_retries=p.retries,
+            backoff_duration=p.backoff_duration,
+            backoff_factor=p.backoff_factor,
+            backoff_max_duration=p.backoff_max_duration,
+        )
+    if p.timeout_s:
+        kubernetes.set_timeout(task, p.timeout_s)
+    if cluster.object_store_secret:
+        kubernetes.use_secret_as_env(
+            task, secret_name=cluster.object_store_secret, secret_key_to_env=SECRET_KEYS
+        )
+    return task
