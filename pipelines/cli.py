@@ -2,7 +2,11 @@
 
     rlvr run CONFIG [--run-id ID] [--iterations N] [--set k=v ...]   whole pipeline on kfp.local
     rlvr stage NAME CONFIG --run-id ID --iteration I [--force]       one stage of one iteration
-    rlvr compile CONFIG -o pipeline.yaml                             KFP v2 IR YAML for a cluster
+    rlvr compile CONFIG -o pipeline.yaml [--pipeline train|eval|stage]   KFP v2 IR YAML
+    rlvr submit CONFIG --host URL [--pipeline ...] [--stage S -i I]  run on a KFP cluster
+    rlvr schedule CONFIG --host URL --cron "0 0 */6 * * *"          recurring evaluation
+    rlvr runs --host URL                                             list cluster runs
+    rlvr eval CONFIG (--checkpoint URI | --run-id ID [--watch])      evaluate locally
     rlvr report RUN_DIR                                              table of every evaluation
 
 `run` prepares the example inputs if the config names a `prepare` module and an input is missing,
@@ -173,20 +177,162 @@ def stage(
     click.echo(json.dumps(result, indent=2, default=str))
 
 
-@main.command(name="compile", help="Compile the training pipeline to KFP v2 IR YAML.")
+def _pipeline_options(f):
+    f = click.option("--pipeline", type=click.Choice(["train", "eval", "stage"]), default="train",
+                     show_default=True, help="Which pipeline.")(f)  # fmt: skip
+    f = click.option(
+        "--stage", "stage_name", default=None, help="With --pipeline stage: the stage."
+    )(f)
+    f = click.option("--iteration", "-i", type=int, default=0, show_default=True,
+                     help="With --pipeline stage: the iteration (evaluate: checkpoint).")(f)  # fmt: skip
+    f = click.option("--run-id", default=None)(f)
+    f = click.option("--iterations", type=int, default=None)(f)
+    f = click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")(
+        f
+    )
+    return f
+
+
+def _build(cfg: RunConfig, pipeline: str, stage_name: str | None, iteration: int):
+    from pipelines.cluster import build
+
+    if stage_name and pipeline == "train":
+        pipeline = "stage"
+    try:
+        return build(cfg, pipeline, stage=stage_name, iteration=iteration)
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+@main.command(name="compile", help="Compile a pipeline to KFP v2 IR YAML.")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
-@click.option("--run-id", default=None)
-@click.option("--iterations", type=int, default=None)
-@click.option("--set", "overrides", multiple=True)
+@_pipeline_options
 def compile_cmd(
-    config: str, output: str, run_id: str | None, iterations: int | None, overrides: tuple
+    config, output, pipeline, stage_name, iteration, run_id, iterations, overrides
 ) -> None:
-    from pipelines.train import compile_pipeline
+    from pipelines.cluster import compile_to
 
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
-    compile_pipeline(cfg, output)
+    compile_to(_build(cfg, pipeline, stage_name, iteration), output)
     click.echo(output)
+
+
+def _cluster_options(f):
+    f = click.option(
+        "--host", required=True, help="KFP API endpoint, e.g. https://kfp.example.com"
+    )(f)
+    f = click.option("--experiment", default="rlvr", show_default=True)(f)
+    f = click.option("--namespace", default=None, help="Kubeflow profile namespace (multi-user).")(
+        f
+    )
+    f = click.option("--token", envvar="KFP_TOKEN", default=None,
+                     help="Existing bearer token (else kfp.Client's defaults, e.g. in-cluster SA).")(f)  # fmt: skip
+    return f
+
+
+def _arguments(cfg: RunConfig, pipeline: str, checkpoint: str | None) -> dict:
+    args = {"config_json": cfg.to_json(), "run_id": cfg.run_id}
+    if pipeline == "eval":
+        args["checkpoint"] = checkpoint or "latest"
+    return args
+
+
+@main.command(
+    help="Compile and submit a pipeline run to a KFP cluster; prints the run id and link."
+)
+@click.argument("config", type=click.Path(dir_okay=False))
+@_cluster_options
+@_pipeline_options
+@click.option("--checkpoint", default=None, help="With --pipeline eval: an index or 'latest'.")
+def submit(config, host, experiment, namespace, token, pipeline, stage_name, iteration, run_id,
+           iterations, overrides, checkpoint) -> None:  # fmt: skip
+    from pipelines.cluster import submit as do_submit
+
+    cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
+    fn = _build(cfg, pipeline, stage_name, iteration)
+    kind = "stage" if stage_name else pipeline
+    name = f"{cfg.run_id}-{kind}" + (f"-{stage_name}-{iteration:05d}" if stage_name else "")
+    result = do_submit(
+        cfg, fn, host=host, experiment=experiment, namespace=namespace, token=token,
+        arguments=_arguments(cfg, kind, checkpoint), run_name=name,
+    )  # fmt: skip
+    click.echo(f"run id: {result.run_id}")
+    click.echo(f"link:   {result.url}")
+
+
+@main.command(
+    help="Create a recurring evaluation run (KFP six-field cron, one at a time, no catch-up)."
+)
+@click.argument("config", type=click.Path(dir_okay=False))
+@_cluster_options
+@click.option("--cron", required=True, help="Six-field cron with seconds, e.g. '0 0 */6 * * *'.")
+@click.option("--run-id", default=None)
+@click.option("--set", "overrides", multiple=True)
+def schedule(config, host, experiment, namespace, token, cron, run_id, overrides) -> None:
+    from pipelines.cluster import schedule as do_schedule
+    from pipelines.evaluation import build_eval_pipeline
+
+    cfg = _load(config, overrides, run_id=run_id)
+    try:
+        rr = do_schedule(
+            cfg, build_eval_pipeline(cfg), host=host, cron=cron, experiment=experiment,
+            namespace=namespace, token=token, arguments=_arguments(cfg, "eval", "latest"),
+            job_name=f"{cfg.run_id}-eval-latest",
+        )  # fmt: skip
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    click.echo(f"recurring run id: {rr}")
+
+
+@main.command(help="List recent runs on a KFP cluster.")
+@_cluster_options
+@click.option("--limit", type=int, default=20, show_default=True)
+def runs(host, experiment, namespace, token, limit) -> None:
+    from pipelines.cluster import list_runs
+
+    table = Table(title=f"runs on {host}")
+    for col in ("run id", "name", "state", "created"):
+        table.add_column(col)
+    for r in list_runs(host=host, namespace=namespace, token=token, page_size=limit):
+        table.add_row(r.run_id, r.display_name, str(r.state), str(r.created_at))
+    Console().print(table)
+
+
+@main.command(
+    name="eval", help="Evaluate a checkpoint locally: an HF dir / URI, or a run's checkpoints."
+)
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--checkpoint", default=None, help="HF checkpoint dir or URI to evaluate.")
+@click.option("--run-id", default=None, help="Evaluate the checkpoints of this run.")
+@click.option("--watch", is_flag=True, help="Keep evaluating each new committed checkpoint.")
+@click.option("--poll-s", type=float, default=30.0, show_default=True)
+@click.option("--timeout-s", type=float, default=None, help="Stop watching after this long.")
+@click.option("--force", is_flag=True)
+@click.option("--set", "overrides", multiple=True)
+def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overrides) -> None:
+    from components.evaluate.stage import evaluate_external, watch_run
+
+    setup_logging()
+    if bool(checkpoint) == bool(run_id):
+        click.echo("error: give exactly one of --checkpoint URI or --run-id ID", err=True)
+        sys.exit(2)
+    cfg = _load(config, overrides, run_id=run_id)
+    if checkpoint:
+        result = run_stage(evaluate_external, cfg, checkpoint=checkpoint, force=force)
+        Console().print(eval_table(result["root"]))
+        return
+    if watch:
+        run_stage(watch_run, cfg, poll_s=poll_s, timeout_s=timeout_s, force=force)
+    else:
+        from components.evaluate.stage import resolve_checkpoint
+        from components.evaluate.stage import run as evaluate
+
+        c = run_stage(resolve_checkpoint, cfg, spec="latest")
+        run_stage(evaluate, cfg, iteration=c, force=force)
+    Console().print(eval_table(cfg))
 
 
 @main.command(help="Print the evaluation table of a run directory (local path or s3:// URI).")

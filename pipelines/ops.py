@@ -18,7 +18,7 @@ from kfp import dsl
 from kfp.dsl import Markdown, Metrics, Output
 
 
-def init_stage(config_json: str, run_id: str) -> str:
+def init_stage(config_json: str, run_id: str, force: bool = False) -> str:
     """Copy the base checkpoint and the datasets into the run."""
     import json
 
@@ -26,10 +26,10 @@ def init_stage(config_json: str, run_id: str) -> str:
     from components.core.config import from_pipeline
 
     cfg = from_pipeline(config_json, run_id)
-    return json.dumps(run_setup.run(cfg), default=str)
+    return json.dumps(run_setup.run(cfg, force=force), default=str)
 
 
-def generate_stage(config_json: str, run_id: str, iteration: int) -> str:
+def generate_stage(config_json: str, run_id: str, iteration: int, force: bool = False) -> str:
     """Sample rollouts of one iteration with checkpoint `iteration`."""
     import json
 
@@ -37,10 +37,10 @@ def generate_stage(config_json: str, run_id: str, iteration: int) -> str:
     from components.generate.stage import run
 
     cfg = from_pipeline(config_json, run_id)
-    return json.dumps(run(cfg, iteration), default=str)
+    return json.dumps(run(cfg, iteration, force=force), default=str)
 
 
-def verify_stage(config_json: str, run_id: str, iteration: int) -> str:
+def verify_stage(config_json: str, run_id: str, iteration: int, force: bool = False) -> str:
     """Score the rollouts of one iteration."""
     import json
 
@@ -48,10 +48,10 @@ def verify_stage(config_json: str, run_id: str, iteration: int) -> str:
     from components.verify.stage import run
 
     cfg = from_pipeline(config_json, run_id)
-    return json.dumps(run(cfg, iteration), default=str)
+    return json.dumps(run(cfg, iteration, force=force), default=str)
 
 
-def train_stage(config_json: str, run_id: str, iteration: int) -> str:
+def train_stage(config_json: str, run_id: str, iteration: int, force: bool = False) -> str:
     """Take the policy update of one iteration: checkpoint i -> i+1."""
     import json
 
@@ -59,7 +59,7 @@ def train_stage(config_json: str, run_id: str, iteration: int) -> str:
     from components.train.stage import run
 
     cfg = from_pipeline(config_json, run_id)
-    return json.dumps(run(cfg, iteration), default=str)
+    return json.dumps(run(cfg, iteration, force=force), default=str)
 
 
 def evaluate_stage(
@@ -68,6 +68,7 @@ def evaluate_stage(
     checkpoint: int,
     metrics: Output[Metrics],
     report: Output[Markdown],
+    force: bool = False,
 ) -> str:
     """Evaluate one checkpoint; the KFP UI shows its metrics and report."""
     import json
@@ -78,7 +79,7 @@ def evaluate_stage(
     from components.evaluate.stage import run
 
     cfg = from_pipeline(config_json, run_id)
-    result = run(cfg, checkpoint)
+    result = run(cfg, checkpoint, force=force)
     store, layout = store_for(cfg), RunLayout.of(cfg)
     top = json.loads(store.read_text(join(layout.evals(checkpoint), "metrics.json")))
     for name, m in top["sets"].items():
@@ -90,12 +91,21 @@ def evaluate_stage(
     return json.dumps({k: v for k, v in result.items() if k != "metrics"}, default=str)
 
 
+def resolve_stage(config_json: str, run_id: str, checkpoint: str) -> int:
+    """The checkpoint index to evaluate: "latest" (the newest committed, resolved now) or an index."""
+    from components.core.config import from_pipeline
+    from components.evaluate.stage import resolve_checkpoint
+
+    return resolve_checkpoint(from_pipeline(config_json, run_id), checkpoint)
+
+
 STAGE_FUNCS: dict[str, Callable] = {
     "init": init_stage,
     "generate": generate_stage,
     "verify": verify_stage,
     "train": train_stage,
     "evaluate": evaluate_stage,
+    "resolve": resolve_stage,
 }
 
 
@@ -106,10 +116,11 @@ class Ops:
     verify: Callable
     train: Callable
     evaluate: Callable
+    resolve: Callable
 
 
 def make_ops(images: dict[str, str]) -> Ops:
     """KFP components for every stage, each on its stage's image (`images` has one per stage)."""
-    image_of = {"init": images["train"], **images}
+    image_of = {"resolve": images["evaluate"], **images}  # resolve is a lookup beside evaluate
     built = {name: dsl.component(base_image=image_of[name])(fn) for name, fn in STAGE_FUNCS.items()}
     return Ops(**built)

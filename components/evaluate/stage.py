@@ -131,6 +131,23 @@ def _history_row(store: Store, layout: RunLayout, c: int, m: dict) -> dict:
     return row
 
 
+def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
+    """A checkpoint index from "latest" (the newest committed checkpoint of the run) or a number."""
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    committed = committed_indices(store, join(layout.root, "checkpoints"))
+    if str(spec) == "latest":
+        if not committed:
+            raise StageError(f"run {layout.root} has no committed checkpoint yet")
+        return committed[-1]
+    try:
+        c = int(spec)
+    except ValueError:
+        raise StageError(f"checkpoint must be 'latest' or an index, got {spec!r}") from None
+    if c not in committed:
+        raise StageError(f"checkpoint {c:05d} of {layout.root} is not committed; have {committed}")
+    return c
+
+
 def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
     """Evaluate checkpoint `iteration` on every eval set."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
@@ -261,3 +278,49 @@ def _plots(
     out.put_file(png, "history.png")
     images["history"] = "history.png"
     return images
+
+
+def evaluate_external(cfg: RunConfig, checkpoint: str, *, force: bool = False) -> dict[str, Any]:
+    """Evaluate any HF checkpoint directory or store URI, outside an RL run.
+
+    It becomes checkpoint 00000 of a run named `eval-<digest of the URI>` in the same store (the
+    checkpoint and eval sets are copied in, as for any run), so results are kept and an unchanged
+    checkpoint is not evaluated twice.
+    """
+    import hashlib
+
+    from components.core import run_setup
+
+    cfg = cfg.model_copy(deep=True)
+    cfg.model.base = checkpoint
+    cfg.run.run_id = "eval-" + hashlib.sha256(checkpoint.encode()).hexdigest()[:12]
+    run_setup.run(cfg, force=True)  # re-import: a changed checkpoint gets a new content digest
+    result = run(cfg, 0, force=force)
+    return {**result, "root": RunLayout.of(cfg).root, "run_id": cfg.run_id}
+
+
+def watch_run(
+    cfg: RunConfig, *, poll_s: float = 30.0, timeout_s: float | None = None, force: bool = False
+) -> dict[str, Any]:
+    """Evaluate each committed checkpoint of a run as it lands (the local recurring evaluation).
+
+    Returns once the run's last checkpoint (run.iterations) is evaluated, or after timeout_s.
+    """
+    import time
+
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    start = time.monotonic()
+    done: set[int] = set()
+    while True:
+        for c in committed_indices(store, join(layout.root, "checkpoints")):
+            if c not in done:
+                run(cfg, c, force=force)
+                done.add(c)
+        if cfg.run.iterations in done:
+            return {"evaluated": sorted(done)}
+        if timeout_s is not None and time.monotonic() - start >= timeout_s:
+            return {"evaluated": sorted(done), "timed_out": True}
+        log.info(
+            "watching %s: evaluated %s; next poll in %.0f s", layout.root, sorted(done), poll_s
+        )
+        time.sleep(poll_s)

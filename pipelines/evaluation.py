@@ -1,0 +1,76 @@
+"""The KFP evaluation pipeline and the single-stage pipeline.
+
+- `rlvr-eval`: evaluate one checkpoint of a run: an index, or "latest", resolved when the
+  pipeline runs, so a recurring run (`rlvr schedule`) always evaluates whatever is newest. An
+  evaluation that already exists for that checkpoint is not redone (unless `force`).
+- `rlvr-stage`: rerun one named stage of one iteration on the cluster
+  (`rlvr submit CONFIG --stage verify --iteration 3`).
+"""
+
+from collections.abc import Callable
+
+from kfp import dsl
+
+from components.core.config import RunConfig
+from pipelines.ops import make_ops
+from pipelines.placement import place
+from pipelines.train import STAGES
+
+
+def _ops(cfg: RunConfig):
+    return make_ops({s: cfg.cluster.image(s) for s in ("init", *STAGES)})
+
+
+def _apply(task: dsl.PipelineTask, stage: str, cfg: RunConfig, for_cluster: bool):
+    return place(task, stage, cfg.cluster) if for_cluster else task.set_caching_options(False)
+
+
+def build_eval_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable:
+    ops = _ops(cfg)
+
+    @dsl.pipeline(name="rlvr-eval", description="RLVR: evaluate a checkpoint (or the latest)")
+    def rlvr_eval(
+        config_json: str = cfg.to_json(),
+        run_id: str = cfg.run_id,
+        checkpoint: str = "latest",
+        force: bool = False,
+    ) -> None:
+        resolved = _apply(
+            ops.resolve(config_json=config_json, run_id=run_id, checkpoint=checkpoint),
+            "init",
+            cfg,
+            for_cluster,
+        ).set_display_name("resolve-checkpoint")
+        ev = ops.evaluate(
+            config_json=config_json, run_id=run_id, checkpoint=resolved.output, force=force
+        )
+        _apply(ev, "evaluate", cfg, for_cluster).set_display_name("evaluate")
+
+    return rlvr_eval
+
+
+def build_stage_pipeline(
+    cfg: RunConfig, stage: str, iteration: int, *, for_cluster: bool = True
+) -> Callable:
+    if stage not in ("init", *STAGES):
+        raise ValueError(f"unknown stage {stage!r}; valid: init, {', '.join(STAGES)}")
+    ops = _ops(cfg)
+    op = getattr(ops, stage)
+    display = f"{stage}-{iteration:05d}"  # the compile-time default; the parameter may differ
+
+    @dsl.pipeline(name=f"rlvr-stage-{stage}", description=f"RLVR: rerun {stage} of one iteration")
+    def rlvr_stage(
+        config_json: str = cfg.to_json(),
+        run_id: str = cfg.run_id,
+        iteration: int = iteration,
+        force: bool = True,
+    ) -> None:
+        if stage == "init":
+            task = op(config_json=config_json, run_id=run_id, force=force)
+        elif stage == "evaluate":
+            task = op(config_json=config_json, run_id=run_id, checkpoint=iteration, force=force)
+        else:
+            task = op(config_json=config_json, run_id=run_id, iteration=iteration, force=force)
+        _apply(task, stage, cfg, for_cluster).set_display_name(display)
+
+    return rlvr_stage

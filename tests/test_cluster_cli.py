@@ -1,0 +1,143 @@
+"""`rlvr submit`, `rlvr schedule` and `rlvr runs` through the real kfp.Client, against a loopback
+HTTP server that implements the few KFP v2beta1 endpoints involved and records every request."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from pipelines.cli import main
+
+
+class FakeKFP:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}") if n else {}
+                outer.requests.append((self.command, self.path, body))
+                path = self.path.split("?")[0]
+                if path == "/apis/v2beta1/experiments" and self.command == "GET":
+                    out = {"experiments": []}
+                elif path == "/apis/v2beta1/experiments":
+                    out = {"experiment_id": "exp-1", "display_name": body.get("display_name")}
+                elif path == "/apis/v2beta1/runs" and self.command == "POST":
+                    out = {"run_id": "run-123", "display_name": body.get("display_name")}
+                elif path == "/apis/v2beta1/runs":
+                    out = {"runs": [{"run_id": "run-123", "display_name": "demo", "state": "SUCCEEDED"}],
+                           "total_size": 1}  # fmt: skip
+                elif path == "/apis/v2beta1/recurringruns":
+                    out = {"recurring_run_id": "rr-7"}
+                else:
+                    out = {}
+                data = json.dumps(out).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _reply
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def posts(self, path: str) -> list[dict]:
+        return [b for m, p, b in self.requests if m == "POST" and p.split("?")[0] == path]
+
+
+@pytest.fixture
+def kfp_server():
+    server = FakeKFP()
+    yield server
+    server.server.shutdown()
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result
+
+
+def test_submit_sends_the_pipeline_spec_and_parameters(workspace, kfp_server, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "never-in-the-request")
+    result = invoke("submit", str(workspace), "--host", kfp_server.url, "--experiment", "exp-a",
+                    "--iterations", "3")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "run id: run-123" in result.output
+    assert f"{kfp_server.url}/#/runs/details/run-123" in result.output
+    assert [e["display_name"] for e in kfp_server.posts("/apis/v2beta1/experiments")] == ["exp-a"]
+    (run,) = kfp_server.posts("/apis/v2beta1/runs")
+    assert run["experiment_id"] == "exp-1" and run["display_name"] == "t-train"
+    spec = run["pipeline_spec"]
+    assert spec["pipeline_spec"]["pipelineInfo"]["name"] == "rlvr-train"
+    tasks = spec["pipeline_spec"]["root"]["dag"]["tasks"]
+    names = {t["taskInfo"]["name"] for t in tasks.values()}
+    assert {"train-00002", "evaluate-00003"} <= names and "train-00003" not in names
+    assert "kubernetes" in spec["platform_spec"]["platforms"]
+    params = run["runtime_config"]["parameters"]
+    assert params["run_id"] == "t"
+    assert json.loads(params["config_json"])["run"]["iterations"] == 3
+    assert "never-in-the-request" not in json.dumps(kfp_server.requests)
+
+
+def test_submit_single_stage_rerun(workspace, kfp_server):
+    result = invoke("submit", str(workspace), "--host", kfp_server.url, "--stage", "verify",
+                    "--iteration", "3")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run,) = kfp_server.posts("/apis/v2beta1/runs")
+    assert run["display_name"] == "t-stage-verify-00003"
+    spec = run["pipeline_spec"]["pipeline_spec"]
+    assert spec["pipelineInfo"]["name"] == "rlvr-stage-verify"
+    assert [t["taskInfo"]["name"] for t in spec["root"]["dag"]["tasks"].values()] == [
+        "verify-00003"
+    ]
+    defaults = spec["root"]["inputDefinitions"]["parameters"]
+    assert defaults["iteration"]["defaultValue"] == 3 and defaults["force"]["defaultValue"] is True
+
+
+def test_schedule_creates_a_recurring_eval_of_the_latest_checkpoint(workspace, kfp_server):
+    result = invoke("schedule", str(workspace), "--host", kfp_server.url, "--cron", "0 0 */6 * * *")
+    assert result.exit_code == 0, result.output
+    assert "recurring run id: rr-7" in result.output
+    (rr,) = kfp_server.posts("/apis/v2beta1/recurringruns")
+    assert rr["trigger"]["cron_schedule"]["cron"] == "0 0 */6 * * *"
+    assert rr["max_concurrency"] == "1" or rr["max_concurrency"] == 1
+    assert rr["no_catchup"] is True and rr["mode"] == "ENABLE"
+    assert rr["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "rlvr-eval"
+    assert rr["runtime_config"]["parameters"]["checkpoint"] == "latest"
+
+
+def test_schedule_rejects_five_field_cron(workspace, kfp_server):
+    result = invoke("schedule", str(workspace), "--host", kfp_server.url, "--cron", "0 */6 * * *")
+    assert result.exit_code == 2 and "six fields" in result.output
+    assert kfp_server.posts("/apis/v2beta1/recurringruns") == []
+
+
+def test_runs_lists(kfp_server):
+    result = invoke("runs", "--host", kfp_server.url)
+    assert result.exit_code == 0, result.output
+    assert "run-123" in result.output and "SUCCEEDED" in result.output
+
+
+def test_compile_eval_and_stage_pipelines(workspace, tmp_path):
+    out = tmp_path / "eval.yaml"
+    assert invoke("compile", str(workspace), "-o", str(out), "--pipeline", "eval").exit_code == 0
+    ir = next(yaml.safe_load_all(out.read_text()))
+    assert ir["pipelineInfo"]["name"] == "rlvr-eval"
+    assert ir["root"]["inputDefinitions"]["parameters"]["checkpoint"]["defaultValue"] == "latest"
+    names = {t["taskInfo"]["name"] for t in ir["root"]["dag"]["tasks"].values()}
+    assert names == {"resolve-checkpoint", "evaluate"}
+    bad = invoke("compile", str(workspace), "-o", str(out), "--pipeline", "stage")
+    assert bad.exit_code == 2 and "--stage" in bad.output

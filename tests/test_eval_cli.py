@@ -1,0 +1,67 @@
+"""Standalone evaluation: any checkpoint, watching a run, and the eval pipeline on kfp.local."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from components.core import run_setup
+from components.core.layout import RunLayout
+from components.evaluate.stage import resolve_checkpoint, watch_run
+from pipelines.cli import main
+
+
+def test_eval_any_checkpoint_is_kept_and_not_redone(workspace, tiny_assets):
+    args = ["eval", str(workspace), "--checkpoint", str(tiny_assets / "base")]
+    first = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    runs = [p for p in (workspace.parent / "runs").iterdir() if p.name.startswith("eval-")]
+    assert len(runs) == 1
+    success = runs[0] / "evals/00000/_SUCCESS"
+    stamp = success.stat().st_mtime_ns
+    second = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert second.exit_code == 0 and success.stat().st_mtime_ns == stamp  # unchanged: skipped
+    assert "00000" in second.output
+
+
+def test_eval_needs_exactly_one_target(workspace):
+    result = CliRunner().invoke(main, ["eval", str(workspace)])
+    assert result.exit_code == 2 and "exactly one of --checkpoint" in result.output
+
+
+def test_watch_evaluates_each_new_checkpoint(cfg):
+    from components.generate.stage import run as generate
+    from components.train.stage import run as train
+    from components.verify.stage import run as verify
+
+    cfg.run.iterations = 1
+    run_setup.run(cfg)
+    assert resolve_checkpoint(cfg, "latest") == 0
+    assert watch_run(cfg, poll_s=0.01, timeout_s=0.0) == {"evaluated": [0], "timed_out": True}
+    generate(cfg, 0)
+    verify(cfg, 0)
+    train(cfg, 0)
+    assert resolve_checkpoint(cfg, "latest") == 1
+    assert watch_run(cfg, poll_s=0.01) == {"evaluated": [0, 1]}
+    root = Path(RunLayout.of(cfg).root)
+    assert json.loads((root / "evals/00001/metrics.json").read_text())["checkpoint_index"] == 1
+    with pytest.raises(ValueError, match="not committed"):
+        resolve_checkpoint(cfg, "7")
+
+
+@pytest.mark.slow
+def test_eval_pipeline_on_kfp_local(cfg, tmp_path):
+    from kfp import local
+
+    from pipelines.evaluation import build_eval_pipeline
+
+    run_setup.run(cfg)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
+    pipeline = build_eval_pipeline(cfg, for_cluster=False)
+    pipeline(config_json=cfg.to_json(), run_id=cfg.run_id, checkpoint="latest")
+    root = Path(RunLayout.of(cfg).root)
+    metrics = json.loads((root / "evals/00000/metrics.json").read_text())
+    assert metrics["checkpoint_index"] == 0 and "pass@1" in metrics["overall"]
