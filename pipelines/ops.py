@@ -29,7 +29,14 @@ def init_stage(config_json: str, run_id: str, force: bool = False) -> str:
     return json.dumps(run_setup.run(cfg, force=force), default=str)
 
 
-def generate_stage(config_json: str, run_id: str, iteration: int, force: bool = False) -> str:
+def generate_stage(
+    config_json: str,
+    run_id: str,
+    iteration: int,
+    force: bool = False,
+    shard: int = 0,
+    num_shards: int = 1,
+) -> str:
     """Sample rollouts of one iteration with checkpoint `iteration`."""
     import json
 
@@ -37,10 +44,18 @@ def generate_stage(config_json: str, run_id: str, iteration: int, force: bool = 
     from components.generate.stage import run
 
     cfg = from_pipeline(config_json, run_id)
-    return json.dumps(run(cfg, iteration, force=force), default=str)
+    result = run(cfg, iteration, force=force, shard=shard, num_shards=num_shards)
+    return json.dumps(result, default=str)
 
 
-def verify_stage(config_json: str, run_id: str, iteration: int, force: bool = False) -> str:
+def verify_stage(
+    config_json: str,
+    run_id: str,
+    iteration: int,
+    force: bool = False,
+    shard: int = 0,
+    num_shards: int = 1,
+) -> str:
     """Score the rollouts of one iteration."""
     import json
 
@@ -48,7 +63,8 @@ def verify_stage(config_json: str, run_id: str, iteration: int, force: bool = Fa
     from components.verify.stage import run
 
     cfg = from_pipeline(config_json, run_id)
-    return json.dumps(run(cfg, iteration, force=force), default=str)
+    result = run(cfg, iteration, force=force, shard=shard, num_shards=num_shards)
+    return json.dumps(result, default=str)
 
 
 def train_stage(config_json: str, run_id: str, iteration: int, force: bool = False) -> str:

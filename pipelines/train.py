@@ -43,30 +43,33 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
 
         return apply
 
+    def fan_out(stage, after, shards: int, **kwargs) -> dsl.PipelineTask:
+        """One task, or `shards` tasks under dsl.ParallelFor. A later task's .after() on the
+        returned task waits for every shard (the gather)."""
+        op, name = getattr(ops, stage), f"{stage}-{kwargs['iteration']:05d}"
+        if shards == 1:
+            return _placed(stage)(op(**kwargs)).after(after).set_display_name(name)
+        with dsl.ParallelFor(items=list(range(shards)), parallelism=shards) as shard:
+            task = _placed(stage)(op(**kwargs, shard=shard, num_shards=shards))
+            task.after(after).set_display_name(f"{name}-shard")
+        return task
+
     @dsl.pipeline(name="rlvr-train", description="RLVR: generate -> verify -> train, evaluate")
     def rlvr_train(config_json: str = cfg.to_json(), run_id: str = cfg.run_id) -> None:
-        init = _placed("init")(ops.init(config_json=config_json, run_id=run_id))
-        init.set_display_name("init")
+        common = {"config_json": config_json, "run_id": run_id}
+        init = _placed("init")(ops.init(**common)).set_display_name("init")
         if 0 in evaluated:
-            ev0 = _placed("evaluate")(
-                ops.evaluate(config_json=config_json, run_id=run_id, checkpoint=0)
-            )
+            ev0 = _placed("evaluate")(ops.evaluate(**common, checkpoint=0))
             ev0.after(init).set_display_name("evaluate-00000")
         prev = init
         for i in range(iterations):
-            gen = _placed("generate")(
-                ops.generate(config_json=config_json, run_id=run_id, iteration=i)
-            )
-            gen.after(prev).set_display_name(f"generate-{i:05d}")
-            ver = _placed("verify")(ops.verify(config_json=config_json, run_id=run_id, iteration=i))
-            ver.after(gen).set_display_name(f"verify-{i:05d}")
-            trn = _placed("train")(ops.train(config_json=config_json, run_id=run_id, iteration=i))
+            gen = fan_out("generate", prev, cfg.generate.num_shards, **common, iteration=i)
+            ver = fan_out("verify", gen, cfg.verify.num_shards, **common, iteration=i)
+            trn = _placed("train")(ops.train(**common, iteration=i))
             trn.after(ver).set_display_name(f"train-{i:05d}")
             if i + 1 in evaluated:
                 # Runs beside generate of iteration i+1 where resources allow: both follow train i.
-                ev = _placed("evaluate")(
-                    ops.evaluate(config_json=config_json, run_id=run_id, checkpoint=i + 1)
-                )
+                ev = _placed("evaluate")(ops.evaluate(**common, checkpoint=i + 1))
                 ev.after(trn).set_display_name(f"evaluate-{i + 1:05d}")
             prev = trn
 

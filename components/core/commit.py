@@ -118,11 +118,80 @@ def read_manifest(store: Store, uri: str) -> dict[str, Any]:
     return json.loads(store.read_text(success))
 
 
+def shard_name(shard: int, num_shards: int) -> str:
+    return f"shard-{shard:05d}-of-{num_shards:05d}"
+
+
+def shard_dir(uri: str, shard: int, num_shards: int) -> str:
+    """Where shard `shard` of `num_shards` commits (the directory itself when unsharded)."""
+    return uri if num_shards == 1 else join(uri, shard_name(shard, num_shards))
+
+
+def shard_of(key: str, num_shards: int) -> int:
+    """The shard a row belongs to, from a stable hash of its key (e.g. its prompt_id)."""
+    if num_shards == 1:
+        return 0
+    return (
+        int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") % num_shards
+    )
+
+
+def check_shard(shard: int, num_shards: int) -> None:
+    if num_shards < 1 or not 0 <= shard < num_shards:
+        raise ValueError(
+            f"--shard {shard} --num-shards {num_shards}: need num_shards >= 1 and "
+            "0 <= shard < num_shards"
+        )
+
+
+def clear_other_layouts(store: Store, uri: str, num_shards: int) -> None:
+    """Before writing one layout of `uri` (unsharded, or S shards), remove any other layout."""
+    if num_shards == 1:
+        return  # OutputDir.begin clears the whole directory
+    if store.exists(join(uri, SUCCESS)):
+        store.delete_tree(join(uri, SUCCESS))
+        store.delete_tree(uri)
+    keep = f"-of-{num_shards:05d}"
+    for d in store.list_dirs(uri):
+        if d.startswith("shard-") and not d.endswith(keep):
+            store.delete_tree(join(uri, d))
+
+
+def committed_parts(store: Store, uri: str) -> list[str]:
+    """The committed directories that make up a stage output: `uri` itself when it has a
+    `_SUCCESS`, else all of its `shard-i-of-S/` sub-directories, which must all be committed."""
+    if store.exists(join(uri, SUCCESS)):
+        return [uri]
+    shards: dict[int, set[int]] = {}
+    for f in store.list_files(uri):
+        head = f.split("/", 1)[0]
+        parts = head.split("-")
+        if len(parts) == 4 and parts[0] == "shard" and parts[2] == "of" and f.endswith(SUCCESS):
+            shards.setdefault(int(parts[3]), set()).add(int(parts[1]))
+    if len(shards) > 1:
+        raise StoreError(f"{uri} mixes shard counts {sorted(shards)}; rerun the stage with --force")
+    if not shards:
+        raise NotCommittedError(
+            f"{uri} is not committed (no {SUCCESS}): the stage that writes it has not finished; "
+            "run that stage first"
+        )
+    ((total, done),) = shards.items()
+    missing = sorted(set(range(total)) - done)
+    if missing:
+        raise NotCommittedError(
+            f"{uri}: shards {missing} of {total} are not committed yet; run those shards first"
+        )
+    return [join(uri, shard_name(i, total)) for i in range(total)]
+
+
 def content_digest(store: Store, uri: str) -> str:
-    """Digest of a committed directory's content (its files' paths and sha256s)."""
-    files = read_manifest(store, uri)["files"]
-    text = json.dumps([(f["path"], f["sha256"]) for f in files])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """Digest of a committed output's content (its files' paths and sha256s, over all shards)."""
+    entries = []
+    for part in committed_parts(store, uri):
+        prefix = part[len(uri) :].strip("/")
+        for f in read_manifest(store, part)["files"]:
+            entries.append((f"{prefix}/{f['path']}".strip("/"), f["sha256"]))
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
 
 
 def lineage(store: Store, uris: list[str], config: Any = None) -> dict[str, str]:
@@ -137,9 +206,14 @@ def lineage(store: Store, uris: list[str], config: Any = None) -> dict[str, str]
 
 
 def committed_files(store: Store, uri: str, suffix: str = "") -> list[str]:
-    """URIs of the files a committed directory lists in its manifest, filtered by suffix."""
-    manifest = read_manifest(store, uri)
-    return [join(uri, f["path"]) for f in manifest["files"] if f["path"].endswith(suffix)]
+    """URIs of the files a committed output lists in its manifest(s), filtered by suffix.
+
+    A sharded output counts only once every shard is committed."""
+    out = []
+    for part in committed_parts(store, uri):
+        manifest = read_manifest(store, part)
+        out.extend(join(part, f["path"]) for f in manifest["files"] if f["path"].endswith(suffix))
+    return out
 
 
 def materialize(store: Store, uri: str, cache_root: Path | None = None) -> Path:

@@ -101,6 +101,8 @@ class GenerateSection(_Strict):
     """Rows per Parquet row group / flush, which bounds memory."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """auto: float32 on CPU, bfloat16 on GPU."""
+    num_shards: int = Field(1, ge=1)
+    """The pipeline fans generation out over this many shards (dsl.ParallelFor)."""
     # vLLM-only knobs (ignored by the transformers backend).
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
@@ -118,6 +120,8 @@ class VerifySection(_Strict):
     """Verifier worker processes (0: inline, no timeout enforcement; for debugging)."""
     max_error_fraction: float = Field(0.05, ge=0.0, le=1.0)
     """The stage fails when more than this share of samples errored or timed out."""
+    num_shards: int = Field(1, ge=1)
+    """The pipeline fans verification out over this many shards (dsl.ParallelFor)."""
 
 
 class TrainSection(_Strict):

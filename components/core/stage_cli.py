@@ -37,14 +37,24 @@ def run_stage(fn: StageFn, cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
         sys.exit(2)
 
 
-def stage_command(name: str, fn: StageFn, *, iteration_arg: bool = True) -> click.Command:
+def stage_command(name: str, fn: StageFn, *, shardable: bool = False) -> click.Command:
     @click.command(name=name, help=f"Run the {name} stage of one iteration.")
     @click.argument("config", type=click.Path(dir_okay=False))
     @click.option("--run-id", default=None, help="Run id (default: from the config).")
     @click.option("--iteration", "-i", type=int, default=0, show_default=True)
     @click.option("--force", is_flag=True, help="Redo even if the output is committed.")
     @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
-    def cmd(config: str, run_id: str | None, iteration: int, force: bool, overrides: tuple) -> None:
+    @click.option("--shard", type=int, default=0, show_default=True, hidden=not shardable)
+    @click.option("--num-shards", type=int, default=1, show_default=True, hidden=not shardable)
+    def cmd(
+        config: str,
+        run_id: str | None,
+        iteration: int,
+        force: bool,
+        overrides: tuple,
+        shard: int,
+        num_shards: int,
+    ) -> None:
         from components.core.config import ConfigError
 
         setup_logging()
@@ -53,7 +63,11 @@ def stage_command(name: str, fn: StageFn, *, iteration_arg: bool = True) -> clic
         except ConfigError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
-        result = run_stage(fn, cfg, iteration=iteration, force=force)
+        kwargs = {"shard": shard, "num_shards": num_shards} if shardable else {}
+        if not shardable and (shard, num_shards) != (0, 1):
+            click.echo(f"error: the {name} stage is not sharded", err=True)
+            sys.exit(2)
+        result = run_stage(fn, cfg, iteration=iteration, force=force, **kwargs)
         click.echo(json.dumps(result, indent=2, default=str))
 
     return cmd

@@ -4,4 +4,4 @@ from components.core.stage_cli import stage_command
 from components.generate.stage import run
 
 if __name__ == "__main__":
-    stage_command("generate", run)()
+    stage_command("generate", run, shardable=True)()

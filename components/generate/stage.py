@@ -24,7 +24,15 @@ import numpy as np
 from tqdm import tqdm
 
 from components.core.checkpoint import load_policy, local_checkpoint
-from components.core.commit import OutputDir, committed_files, lineage
+from components.core.commit import (
+    OutputDir,
+    check_shard,
+    clear_other_layouts,
+    committed_files,
+    lineage,
+    shard_dir,
+    shard_of,
+)
 from components.core.config import GenerateSection, RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
@@ -171,11 +179,12 @@ def generate_rollouts(
     max_prompt_tokens: int,
     rows_per_part: int,
     desc: str = "generate",
+    allow_empty: bool = False,
 ) -> dict[str, Any]:
     """Sample, stream Parquet parts into `out` and return the stats (does not commit).
 
     `out` is cleared only once the prompts are rendered and checked."""
-    if not prompts:
+    if not prompts and not allow_empty:
         raise ValueError("the prompt set is empty; check data.train / data.eval and the filters")
     by_id: dict[str, PromptRow] = {}
     texts: dict[str, tuple[str, list[int]]] = {}
@@ -196,7 +205,7 @@ def generate_rollouts(
         seeds = [sample_seed(spec.seed, iteration, p.prompt_id, j) for j in range(spec.n)]
         requests.append(PromptRequest(p.prompt_id, ids, seeds))
 
-    if not requests:
+    if prompts and not requests:
         raise StageError(
             f"all {len(prompts)} prompts are longer than generate.max_prompt_tokens="
             f"{max_prompt_tokens}; raise it"
@@ -283,10 +292,18 @@ def generate_rollouts(
     }
 
 
-def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
-    """Generate the rollouts of one iteration. Returns the manifest (or the existing one)."""
+def run(
+    cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
+) -> dict[str, Any]:
+    """Generate the rollouts of one iteration (or of one shard of its prompts).
+
+    With `num_shards` S > 1, prompts go to shards by a stable hash of their prompt_id and shard i
+    commits `rollouts/shard-i-of-S/`; the union of the S shards has exactly the rows of an
+    unsharded run, with identical samples (seeds never depend on batch or shard).
+    """
+    check_shard(shard, num_shards)
     store, layout = store_for(cfg), RunLayout.of(cfg)
-    out = OutputDir(store, layout.rollouts(iteration), "generate")
+    out = OutputDir(store, shard_dir(layout.rollouts(iteration), shard, num_shards), "generate")
     ckpt_uri = layout.checkpoint(iteration)
     inputs = lineage(
         store,
@@ -298,7 +315,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         },
     )
     if out.up_to_date(inputs) and not force:
-        log.info("rollouts of iteration %d already committed; skipping", iteration)
+        log.info("rollouts of iteration %d (%s) already committed; skipping", iteration, out.uri)
         return {"skipped": True, "uri": out.uri}
     # Every input is checked before the output directory is touched.
     ckpt_dir = local_checkpoint(store, ckpt_uri)
@@ -307,7 +324,9 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     num_rows = read_dataset(store, train_uri).num_rows
     indices = select_indices(num_rows, cfg.data.prompts_per_iteration, cfg.run.seed, iteration)
     prompts = load_prompts(store, train_uri, "train", indices)
+    prompts = [p for p in prompts if shard_of(p.prompt_id, num_shards) == shard]
     backend, tokenizer = make_backend(cfg.generate, ckpt_dir, cfg.run.seed)
+    clear_other_layouts(store, layout.rollouts(iteration), num_shards)
     stats = generate_rollouts(
         out,
         backend,
@@ -318,8 +337,10 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         checkpoint_uri=ckpt_uri,
         max_prompt_tokens=cfg.generate.max_prompt_tokens,
         rows_per_part=cfg.generate.rows_per_part,
-        desc=f"generate {iteration:05d}",
+        desc=f"generate {iteration:05d}"
+        + (f" shard {shard}/{num_shards}" if num_shards > 1 else ""),
+        allow_empty=num_shards > 1,
     )
-    stats["iteration"] = iteration
+    stats.update(iteration=iteration, shard=shard, num_shards=num_shards)
     manifest = out.commit(stats, inputs)
     return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}

@@ -4,4 +4,4 @@ from components.core.stage_cli import stage_command
 from components.verify.stage import run
 
 if __name__ == "__main__":
-    stage_command("verify", run)()
+    stage_command("verify", run, shardable=True)()

@@ -4,12 +4,15 @@ Every verifier, built in or plugged in, is exposed with one signature::
 
     fn(solution_str, ground_truth, extra_info=None) -> {"score": float, "extracted_answer": ...}
 
-Built-ins live in ``VERIFIERS`` (``"math"``, ``"exact"``). A user reward function is named
-by a spec string, ``"package.module:function"`` or ``"path/to/file.py:function"``, and
-must have verl's signature ``compute_score(data_source, solution_str, ground_truth,
-extra_info)`` returning a float or a dict with a ``"score"`` key; ``load_plugin`` adapts
-it to the common form. ``resolve_verifier`` turns any spec into a callable that also
-receives ``data_source`` and caches the result per process (the executor's workers use it).
+Built-ins live in ``VERIFIERS`` (``"math"``, ``"exact"``, ``"code"``, ``"format"``). A
+user reward function is named by a spec string, ``"package.module:function"`` or
+``"path/to/file.py:function"``, and has either verl's signature ``compute_score(data_source,
+solution_str, ground_truth, extra_info)`` returning a float or a dict with a ``"score"``
+key, or TRL's ``fn(completions, **columns) -> list[float | None]`` (detected from the first
+parameter's name, or forced with ``load_plugin(spec, signature="trl")``); ``load_plugin``
+adapts either to the common form. ``resolve_verifier`` turns any spec into a callable that
+also receives ``data_source`` and caches the result per process (the executor's workers
+use it).
 """
 
 from __future__ import annotations
@@ -17,19 +20,23 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import math
 import os
 import sys
 from collections.abc import Callable
 from numbers import Real
-from typing import Any
+from typing import Any, Literal
 
+from components.verify.code import score_or_raise as code_score
+from components.verify.format import format_score
 from components.verify.math import compute_score as math_compute_score
 from components.verify.math import extract_answer
 
 __all__ = [
     "VERIFIERS",
     "PluginVerifier",
+    "TRLPluginVerifier",
     "Verifier",
     "canonical_spec",
     "exact_match_score",
@@ -64,6 +71,9 @@ def exact_match_score(
 VERIFIERS: dict[str, Verifier] = {
     "math": math_compute_score,
     "exact": exact_match_score,
+    # strict variant: invalid test cases / an unavailable sandbox raise (verifier errors)
+    "code": code_score,
+    "format": format_score,
 }
 
 
@@ -132,6 +142,83 @@ class PluginVerifier:
         return {"score": _as_finite_score(out, self.spec), "extracted_answer": None}
 
 
+class TRLPluginVerifier(PluginVerifier):
+    """Adapter from TRL's reward-function signature ``fn(completions, **columns) ->
+    list[float | None]`` to the registry form, one sample per call.
+
+    The function is called with one-element lists: ``completions=[solution_str]``,
+    ``ground_truth=[ground_truth]``, ``data_source=[data_source]``, ``prompts=[...]`` when
+    ``extra_info`` has a ``"prompt"``, and one list per ``extra_info`` key (TRL passes the
+    dataset's other columns that way). Keywords the function does not accept are left
+    out unless it takes ``**kwargs``. Batching several samples into one call is left to
+    the caller. The function must return a one-element list; ``None`` (TRL's "does not
+    apply to this sample") is an error, as is anything that is not a finite number.
+    """
+
+    def __init__(self, spec: str, fn: Callable[..., Any]) -> None:
+        super().__init__(spec, fn)
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            params = {}
+        self._takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        self._names = frozenset(
+            name
+            for name, p in params.items()
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        )
+
+    def __repr__(self) -> str:
+        return f"TRLPluginVerifier({self.spec!r})"
+
+    def __call__(
+        self,
+        solution_str: str,
+        ground_truth: str,
+        extra_info: dict[str, Any] | None = None,
+        *,
+        data_source: str | None = None,
+    ) -> dict[str, Any]:
+        info = dict(extra_info or {})
+        if data_source is None:
+            data_source = str(info.get("data_source", ""))
+        columns: dict[str, list[Any]] = {k: [v] for k, v in info.items()}
+        if "prompt" in info:
+            columns["prompts"] = [info["prompt"]]
+        columns["ground_truth"] = [ground_truth]
+        columns["data_source"] = [data_source]
+        columns["completions"] = [solution_str]
+        if not self._takes_any:
+            columns = {k: v for k, v in columns.items() if k in self._names}
+        out = self.fn(**columns)
+        if not isinstance(out, list | tuple) or len(out) != 1:
+            raise ValueError(
+                f"TRL reward plugin {self.spec!r} must return a list with one score per "
+                f"completion (1 here), got {out!r}"
+            )
+        if out[0] is None:
+            raise ValueError(
+                f"TRL reward plugin {self.spec!r} returned None for this sample (it does "
+                "not apply); map this data_source to a reward function that scores it"
+            )
+        return {"score": _as_finite_score(out[0], self.spec), "extracted_answer": None}
+
+
+PluginSignature = Literal["auto", "verl", "trl"]
+_TRL_FIRST_PARAMS = frozenset({"completions", "prompts"})
+
+
+def _detect_signature(fn: Callable[..., Any]) -> Literal["verl", "trl"]:
+    """``"trl"`` when the first parameter is named ``completions`` or ``prompts``."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return "verl"
+    if params and params[0].name in _TRL_FIRST_PARAMS:
+        return "trl"
+    return "verl"
+
+
 def _split_spec(spec: str) -> tuple[str, str]:
     target, sep, func = spec.rpartition(":")
     if not sep or not target or not func or not func.isidentifier():
@@ -184,13 +271,20 @@ def _load_module_from_file(path: str, spec: str) -> Any:
     return module
 
 
-def load_plugin(spec: str) -> PluginVerifier:
+def load_plugin(spec: str, signature: PluginSignature = "auto") -> PluginVerifier:
     """Load a user reward function from ``"package.module:function"`` or
     ``"path/to/file.py:function"`` and adapt it to the registry signature.
+
+    ``signature`` says how the function is called: ``"verl"`` (``compute_score(data_source,
+    solution_str, ground_truth, extra_info)``), ``"trl"`` (``fn(completions, **columns)``,
+    see ``TRLPluginVerifier``) or ``"auto"``: TRL when the first parameter is named
+    ``completions`` or ``prompts``, else verl.
 
     Raises ``ValueError`` naming the spec and the fix when the spec is malformed, the
     module cannot be imported, or the function is missing / not callable.
     """
+    if signature not in ("auto", "verl", "trl"):
+        raise ValueError(f"signature must be 'auto', 'verl' or 'trl', got {signature!r}")
     target, func = _split_spec(spec)
     if _is_file_target(target):
         module = _load_module_from_file(target, spec)
@@ -217,6 +311,9 @@ def load_plugin(spec: str) -> PluginVerifier:
         )
     if not callable(fn):
         raise ValueError(f"verifier spec {spec!r}: {target}.{func} is not callable")
+    kind = _detect_signature(fn) if signature == "auto" else signature
+    if kind == "trl":
+        return TRLPluginVerifier(spec, fn)
     return PluginVerifier(spec, fn)
 
 

@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "Capabilities",
@@ -193,14 +194,26 @@ class Capabilities:
 
 # ------------------------------------------------------------------------------ syscalls
 
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong]
-_LIBC.mount.argtypes += [ctypes.c_void_p]
-_LIBC.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-_LIBC.unshare.argtypes = [ctypes.c_int]
-_LIBC.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_LIBC.prctl.argtypes += [ctypes.c_ulong]
-_LIBC.syscall.restype = ctypes.c_long
+
+def _load_libc() -> ctypes.CDLL | None:
+    """glibc/musl with the prototypes we call; None off Linux (the sandbox then reports
+    itself unavailable instead of breaking imports)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        c_str, c_ulong = ctypes.c_char_p, ctypes.c_ulong
+        libc.mount.argtypes = [c_str, c_str, c_str, c_ulong, ctypes.c_void_p]
+        libc.umount2.argtypes = [c_str, ctypes.c_int]
+        libc.unshare.argtypes = [ctypes.c_int]
+        libc.prctl.argtypes = [ctypes.c_int, c_ulong, c_ulong, c_ulong, c_ulong]
+        libc.syscall.restype = ctypes.c_long
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC: Any = _load_libc()
 
 
 class _SetupError(Exception):
@@ -663,6 +676,8 @@ def probe(config: SandboxConfig | None = None) -> Capabilities:
     """Try to build the sandbox on this machine (twice at most: with and without a
     network namespace) and report what works. Not cached; see ``capabilities``."""
     cfg = config or SandboxConfig()
+    if _LIBC is None:
+        return Capabilities(False, False, f"the code sandbox needs Linux (this is {sys.platform})")
     if os.geteuid() != 0:
         return Capabilities(
             False,

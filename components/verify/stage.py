@@ -25,7 +25,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from components.core.commit import OutputDir, committed_files, lineage
+from components.core.commit import (
+    OutputDir,
+    check_shard,
+    clear_other_layouts,
+    committed_files,
+    lineage,
+    shard_dir,
+    shard_of,
+)
 from components.core.config import RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
@@ -119,16 +127,24 @@ def score_table(
     return scored.select(SCORED.names + extra_cols), stats
 
 
-def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
-    """Score the rollouts of one iteration. Returns the manifest stats (or the skip)."""
+def run(
+    cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
+) -> dict[str, Any]:
+    """Score the rollouts of one iteration (or one shard of them, by prompt_id hash)."""
+    check_shard(shard, num_shards)
     store, layout = store_for(cfg), RunLayout.of(cfg)
-    out = OutputDir(store, layout.scored(iteration), "verify")
+    out = OutputDir(store, shard_dir(layout.scored(iteration), shard, num_shards), "verify")
     inputs = lineage(store, [layout.rollouts(iteration)], cfg.verify)
     if out.up_to_date(inputs) and not force:
-        log.info("scored rollouts of iteration %d already committed; skipping", iteration)
+        log.info(
+            "scored rollouts of iteration %d (%s) already committed; skipping", iteration, out.uri
+        )
         return {"skipped": True, "uri": out.uri}
     parts = committed_files(store, layout.rollouts(iteration), ".parquet")
     table = read_records(store, parts, "rollouts")
+    if num_shards > 1:
+        ids = table.column("prompt_id").to_pylist()
+        table = table.filter(pa.array([shard_of(p, num_shards) == shard for p in ids]))
     scored, stats = score_table(
         table,
         cfg.verify.rewards,
@@ -136,6 +152,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         timeout_s=cfg.verify.timeout_s,
         max_error_fraction=cfg.verify.max_error_fraction,
     )
+    clear_other_layouts(store, layout.scored(iteration), num_shards)
     out.begin(force=True)
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-verify-"))
     try:
@@ -148,7 +165,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         out.put_file(path, path.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    stats["iteration"] = iteration
+    stats.update(iteration=iteration, shard=shard, num_shards=num_shards)
     manifest = out.commit(stats, inputs)
     log.info(
         "iteration %d: reward mean %.4f over %d samples",
