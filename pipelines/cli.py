@@ -168,12 +168,18 @@ def run(
 )
 @click.option("--force", is_flag=True, help="Redo even if the output is committed.")
 @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
-def stage(
-    name: str, config: str, run_id: str | None, iteration: int, force: bool, overrides: tuple
-) -> None:
+@click.option("--shard", type=int, default=0, show_default=True, help="generate/verify: this shard")
+@click.option("--num-shards", type=int, default=1, show_default=True, help="generate/verify: of S")
+def stage(name, config, run_id, iteration, force, overrides, shard, num_shards) -> None:
     setup_logging()
     cfg = _load(config, overrides, run_id=run_id)
-    result = run_stage(_stage_fns()[name], cfg, iteration=iteration, force=force)
+    kwargs = {}
+    if (shard, num_shards) != (0, 1):
+        if name not in ("generate", "verify"):
+            click.echo(f"error: the {name} stage is not sharded", err=True)
+            sys.exit(2)
+        kwargs = {"shard": shard, "num_shards": num_shards}
+    result = run_stage(_stage_fns()[name], cfg, iteration=iteration, force=force, **kwargs)
     click.echo(json.dumps(result, indent=2, default=str))
 
 

@@ -97,12 +97,13 @@ def test_eval_checkpoints_every(workspace):
 @pytest.mark.slow
 def test_rlvr_run_two_iterations_on_kfp_local_and_resume(workspace):
     cmd = [sys.executable, "-m", "pipelines.cli", "run", str(workspace), "--iterations", "2",
-           "--set", "evaluate.every=2"]  # fmt: skip
+           "--set", "evaluate.every=2", "--set", "generate.num_shards=2"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workspace.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     root = workspace.parent / "runs" / "t"
     for d in ("checkpoints/00000", "checkpoints/00001", "checkpoints/00002", "train_state/00002",
-              "iterations/00001/rollouts", "iterations/00001/scored", "evals/00000", "evals/00002"):  # fmt: skip
+              "iterations/00001/rollouts/shard-00000-of-00002",
+              "iterations/00001/rollouts/shard-00001-of-00002", "iterations/00001/scored", "evals/00000", "evals/00002"):  # fmt: skip
         assert (root / d / "_SUCCESS").is_file(), d
     assert not (root / "evals/00001").exists()  # evaluate.every=2
     assert yaml.safe_load((root / "run.yaml").read_text())["run"]["iterations"] == 2
