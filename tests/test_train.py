@@ -127,17 +127,17 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
             torch.testing.assert_close(got[name], ref, rtol=0, atol=1e-6, msg=name)
 
     # Micro-batch invariance of one mini-batch's gradient.
-    ro = rollouts_of(cfg, 0)
-    n, L = len(ro), max(len(r) for r in ro.response_tokens)
-    mask = torch.zeros((n, L), dtype=torch.bool)
-    for i, r in enumerate(ro.response_tokens):
-        mask[i, : len(r)] = True
-    from components.train import algorithms as algos
+    from components.train.objective import build_targets, pad_rows, response_mask_of
 
-    adv = algos.get_advantage_fn("grpo")(
-        torch.tensor(ro.rewards, dtype=torch.float32), ro.group_ids(), mask
-    )
-    old = torch.zeros((n, L))
+    ro = rollouts_of(cfg, 0)
+    n = len(ro)
+    mask = response_mask_of([len(r) for r in ro.response_tokens])
+    old = pad_rows(ro.rollout_logprobs, mask.shape[1])
+    targets = build_targets(
+        cfg.train, rewards=torch.tensor(ro.rewards, dtype=torch.float32), group_ids=ro.group_ids(),
+        response_mask=mask, truncated=torch.tensor(ro.truncated), old_logprobs=old,
+        rollout_logprobs=old,
+    )  # fmt: skip
     rows = list(range(n))
     num_tokens = int(mask.sum())
     grads = {}
@@ -147,8 +147,8 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
             p.grad = None
         plan = plan_micro_batches(ro.lengths(), rows, budget)
         train.accumulate_mini_batch(
-            engine, ro, plan, old, adv, cfg.train, num_tokens=num_tokens, num_seqs=n, horizon=6,
-            temperature=1.0, pad_id=tok.pad_token_id, device="cpu",
+            engine, ro, plan, targets, old, None, cfg.train, num_tokens=num_tokens, num_seqs=n,
+            horizon=6, temperature=1.0, pad_id=tok.pad_token_id, device="cpu",
         )  # fmt: skip
         grads[budget] = torch.cat([p.grad.flatten() for p in engine.module.parameters()])
     assert len(plan_micro_batches(ro.lengths(), rows, 1)) == n  # really one row per micro-batch

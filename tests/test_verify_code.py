@@ -238,6 +238,19 @@ def test_no_writes_outside_the_work_dir() -> None:
     assert not os.path.exists(os.path.dirname(cwd))
 
 
+def test_chroot_fallback_also_confines(monkeypatch: pytest.MonkeyPatch) -> None:
+    # architectures without a known pivot_root number use MS_MOVE + chroot instead
+    monkeypatch.setattr(sandbox, "_PIVOT_ROOT_NR", {})
+    outside = f"/tmp/outside-{uuid.uuid4().hex}"
+    code = f"import os\nprint(sorted(os.listdir('/')))\nopen({outside!r}, 'w')\n"
+    res = run(code)
+    assert not os.path.exists(outside)
+    if res is None:
+        return
+    assert "Read-only file system" in res.stderr
+    assert "'work'" not in res.stdout and "'root'" in res.stdout
+
+
 def test_huge_stdout_is_capped() -> None:
     code = "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n"
     res = run(code, timeout_s=10.0, max_output_bytes=256 << 10)
@@ -387,8 +400,11 @@ def test_asserts_correct_and_incorrect() -> None:
     assert (out["score"], out["passed"], out["error"]) == (1.0, 3, None)
     half = score(py("def add(a, b):\n    return 3"), ASSERTS, reward_mode="fraction")
     assert half["passed"] == 1 and half["score"] == pytest.approx(1 / 3)
-    all_mode = score(py("def add(a, b):\n    return 3"), ASSERTS)
-    assert all_mode["score"] == 0.0 and all_mode["passed"] == 0  # stops at the first failure
+    first_wrong = py("def add(a, b):\n    return 0 if a == 1 else a + b")
+    assert score(first_wrong, ASSERTS, reward_mode="fraction")["passed"] == 2
+    all_mode = score(first_wrong, ASSERTS)  # stops at the first failure
+    assert (all_mode["score"], all_mode["passed"], all_mode["total"]) == (0.0, 0, 3)
+    assert all_mode["error"].startswith("test 0: assertion failed")
     setup = {"setup": "import math", "asserts": ["assert root(16) == math.sqrt(16)"]}
     assert score(py("def root(x):\n    return x ** 0.5"), setup)["score"] == 1.0
 

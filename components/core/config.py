@@ -150,6 +150,30 @@ class TrainSection(_Strict):
     """Token budget (prompt + response, padded) of one forward/backward micro-batch."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """auto: float32 on CPU, bfloat16 on GPU."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """KL penalty against the frozen base policy (checkpoint 00000); 0 disables it and the
+    reference model is not loaded."""
+    kl_estimator: str = "low_var_kl"
+    """KL estimator by registry name: k1, k2, k3 / low_var_kl, ..."""
+    kl_in_reward: bool = False
+    """Fold coef x KL into the token-level reward instead of adding it to the loss."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Entropy bonus: loss -= entropy_coef x entropy (same aggregation as the policy loss)."""
+    rollout_correction: Literal["tis", "mis"] | None = None
+    """Truncated (tis) or masked (mis) importance sampling from the rollout engine's recorded
+    logprobs to the trainer's recomputed old logprobs."""
+    rollout_correction_cap: float = Field(2.0, gt=0.0)
+    rollout_correction_level: Literal["token", "sequence"] = "token"
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards all agree (they carry no GRPO signal); counted in metrics."""
+    overlong_filter: bool = False
+    """DAPO: mask responses truncated at max_new_tokens out of the loss."""
+    forking_top_rho: float | None = Field(None, gt=0.0, le=1.0)
+    """Train only on the top-rho fraction of response tokens by entropy ("Beyond the 80/20 Rule")."""
+    noisy_reward: Literal["backward", "forward"] | None = None
+    """Correct binary rewards for a noisy verifier with known error rates (arXiv 2510.00915)."""
+    noisy_fp_rate: float = Field(0.0, ge=0.0, lt=1.0)
+    noisy_fn_rate: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 class EvaluateSection(_Strict):

@@ -43,6 +43,7 @@ from components.core.config import RunConfig, TrainSection
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
+from components.generate.backends import LOGPROB_DEFINITION
 from components.train import algorithms as algos
 from components.train import state as train_state
 from components.train.batching import (
@@ -52,6 +53,13 @@ from components.train.batching import (
     learning_rate,
     plan_micro_batches,
     shard_rows,
+)
+from components.train.objective import (
+    Targets,
+    build_targets,
+    micro_batch_loss,
+    pad_rows,
+    response_mask_of,
 )
 
 log = logging.getLogger("rlvr.train")
@@ -118,7 +126,12 @@ def deepspeed_config(t: TrainSection, world: int, dtype: torch.dtype) -> dict[st
 
 
 def sequence_logprobs(
-    model, mb: MicroBatch, temperature: float, device: str, with_entropy: bool = False
+    model,
+    mb: MicroBatch,
+    temperature: float,
+    device: str,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Teacher-forced log-probabilities of the response tokens.  # -> [b, L]
 
@@ -135,7 +148,9 @@ def sequence_logprobs(
     if temperature > 0:
         logits = logits / temperature
     lp = algos.logprobs_from_logits(logits, mb.response_tokens.to(device))
-    ent = algos.entropy_from_logits(logits.detach()) if with_entropy else None
+    ent = None
+    if with_entropy:
+        ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
     return lp, ent
 
 
@@ -148,12 +163,33 @@ def _all_reduce_sum(x: float) -> float:
     return float(t[0])
 
 
+@torch.no_grad()
+def no_grad_pass(
+    model, ro: Rollouts, budget: int, temperature: float, pad_id: int, device: str, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs (and entropy) of every rollout under `model`, before any update.  # [N, L]"""
+    n, L = len(ro), max(max((len(r) for r in ro.response_tokens), default=1), 1)
+    lp_all = torch.zeros((n, L), dtype=torch.float32)
+    ent_all = torch.zeros((n, L), dtype=torch.float32) if entropy else None
+    was_training = model.training
+    model.eval()
+    for rows in plan_micro_batches(ro.lengths(), list(range(n)), budget):
+        mb = collate(ro, rows, pad_id)
+        lp, ent = sequence_logprobs(model, mb, temperature, device, with_entropy=entropy)
+        lp_all[rows, : lp.shape[1]] = lp.float().cpu()
+        if ent_all is not None and ent is not None:
+            ent_all[rows, : ent.shape[1]] = ent.float().cpu()
+    model.train(was_training)
+    return lp_all, ent_all
+
+
 def accumulate_mini_batch(
     engine,
     ro: Rollouts,
     plan: list[list[int]],
+    targets: Targets,
     old_lp: torch.Tensor,
-    advantages: torch.Tensor,
+    ref_lp: torch.Tensor | None,
     t: TrainSection,
     *,
     num_tokens: int,
@@ -171,7 +207,6 @@ def accumulate_mini_batch(
     Returns (metric sums, real tokens, padded tokens).
     """
     model = engine.module
-    loss_fn = algos.get_policy_loss_fn(t.policy_loss)
     sums: dict[str, float] = {}
     real_tokens = padded_tokens = 0
     plan = plan or [[]]  # nothing on this rank: a zero-loss pass keeps ranks in step
@@ -181,24 +216,41 @@ def accumulate_mini_batch(
             engine.backward(sum(p.sum() for p in model.parameters()) * 0.0, scale_wrt_gas=False)
             continue
         mb = collate(ro, rows, pad_id)
-        lp, ent = sequence_logprobs(model, mb, temperature, device, with_entropy=True)
-        m = mb.response_mask.to(device)
+        lp, ent = sequence_logprobs(
+            model, mb, temperature, device, with_entropy=True, entropy_grad=t.entropy_coef > 0
+        )
         Lb = lp.shape[1]
-        pg, metrics = loss_fn(
-            lp, old_lp[rows, :Lb].to(device), advantages[rows, :Lb].to(device), m,
-            **t.policy_loss_options,
-        )  # fmt: skip
-        loss = algos.aggregate_loss(
-            pg, m, t.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, horizon=horizon
+
+        def take(x: torch.Tensor | None, rows=rows, Lb=Lb) -> torch.Tensor | None:
+            return None if x is None else x[rows, :Lb].to(device)
+
+        mask = take(targets.loss_mask)
+        loss, metrics = micro_batch_loss(
+            t,
+            logprobs=lp,
+            entropy=ent,
+            old_logprobs=take(old_lp),
+            advantages=take(targets.advantages),
+            loss_mask=mask,
+            is_weights=take(targets.is_weights),
+            ref_logprobs=take(ref_lp),
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            horizon=horizon,
         )
         # DeepSpeed averages gradients over ranks; the loss is already a global sum.
         engine.backward(loss * world, scale_wrt_gas=False)
         with torch.no_grad():
-            metrics = {**metrics, "entropy": ent}
             for key, val in metrics.items():
-                v = algos.aggregate_loss(val.float(), m, "token-mean", num_tokens=num_tokens)
-                sums[f"train/{key}"] = sums.get(f"train/{key}", 0.0) + float(v)
-            sums["train/pg_loss"] = sums.get("train/pg_loss", 0.0) + float(loss)
+                if key.startswith("_"):  # scalar parts of the loss: already global shares
+                    v = float(val)
+                    key = key[1:]
+                else:  # per-token metrics: token mean over the mini-batch
+                    v = float(
+                        algos.aggregate_loss(val.float(), mask, "token-mean", num_tokens=num_tokens)
+                    )
+                sums[f"train/{key}"] = sums.get(f"train/{key}", 0.0) + v
+            sums["train/loss"] = sums.get("train/loss", 0.0) + float(loss)
         real_tokens += mb.real_tokens
         padded_tokens += mb.padded_tokens
     return sums, real_tokens, padded_tokens
@@ -219,41 +271,45 @@ def train_iteration(
     device: str,
     rank: int = 0,
     world: int = 1,
+    ref_model=None,
 ) -> tuple[int, dict[str, float]]:
     """One iteration's updates. Returns the new global step and the metrics."""
-    model = engine.module
     n = len(ro)
     lengths = ro.lengths()
-    rows_all = list(range(n))
-    mask_all = [len(r) > 0 for r in ro.response_tokens]
+    resp_mask = response_mask_of([len(r) for r in ro.response_tokens])
+    L = resp_mask.shape[1]
 
-    # Advantages over the whole iteration batch.
-    L = max(max((len(r) for r in ro.response_tokens), default=1), 1)
-    resp_mask = torch.zeros((n, L), dtype=torch.bool)
-    for i, r in enumerate(ro.response_tokens):
-        resp_mask[i, : len(r)] = True
-    group_ids = ro.group_ids()
-    rewards = torch.tensor(ro.rewards, dtype=torch.float32)
-    adv_fn = algos.get_advantage_fn(t.advantage)
-    advantages = adv_fn(rewards, group_ids, resp_mask, **t.advantage_options)  # [N, L]
-    keep = algos.zero_variance_group_mask(rewards, group_ids)
-    zero_var_groups = len(set(group_ids[~keep].tolist()))
-
-    # Old logprobs, once, with the weights before any update.
-    old_lp = torch.zeros((n, L), dtype=torch.float32)
-    model.eval()
-    with torch.no_grad():
-        for rows in plan_micro_batches(lengths, rows_all, t.micro_batch_tokens):
-            mb = collate(ro, rows, pad_id)
-            lp, _ = sequence_logprobs(model, mb, temperature, device)
-            old_lp[rows, : lp.shape[1]] = lp.float().cpu()
-    model.train()
+    # No-grad passes, once, with the weights before any update.
+    need_entropy = t.forking_top_rho is not None
+    old_lp, old_ent = no_grad_pass(
+        engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, need_entropy
+    )
+    ref_lp = None
+    if t.kl_coef > 0:
+        if ref_model is None:
+            raise StageError("train.kl_coef > 0 needs the reference model")
+        ref_lp, _ = no_grad_pass(
+            ref_model, ro, t.micro_batch_tokens, temperature, pad_id, device, False
+        )
+    targets = build_targets(
+        t,
+        rewards=torch.tensor(ro.rewards, dtype=torch.float32),
+        group_ids=ro.group_ids(),
+        response_mask=resp_mask,
+        truncated=torch.tensor(ro.truncated, dtype=torch.bool),
+        old_logprobs=old_lp,
+        rollout_logprobs=pad_rows(ro.rollout_logprobs, L),
+        ref_logprobs=ref_lp,
+        entropy=old_ent,
+    )
+    usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
 
     rng = np.random.default_rng([seed, iteration])
     sums: dict[str, float] = {}
     real_tokens = padded_tokens = 0
     step = start_step
     grad_norms: list[float] = []
+    lr = t.lr
     t0 = time.perf_counter()
     bar = tqdm(
         total=steps_per_iteration(t), desc=f"train {iteration:05d}", unit="step", disable=rank != 0
@@ -261,8 +317,8 @@ def train_iteration(
     for _epoch in range(t.ppo_epochs):
         perm = rng.permutation(n).tolist()
         for mini in np.array_split(np.asarray(perm, dtype=np.int64), t.mini_batches):
-            mini_rows = [int(r) for r in mini if mask_all[int(r)]]
-            num_tokens = sum(len(ro.response_tokens[r]) for r in mini_rows)
+            mini_rows = [int(r) for r in mini if usable[int(r)]]
+            num_tokens = int(targets.loss_mask[mini_rows].sum()) if mini_rows else 0
             num_seqs = len(mini_rows)
             my_rows = shard_rows(mini_rows, rank, world)
             plan = plan_micro_batches(lengths, my_rows, t.micro_batch_tokens) if my_rows else []
@@ -280,8 +336,9 @@ def train_iteration(
                 engine,
                 ro,
                 plan,
+                targets,
                 old_lp,
-                advantages,
+                ref_lp,
                 t,
                 num_tokens=num_tokens,
                 num_seqs=num_seqs,
@@ -305,16 +362,11 @@ def train_iteration(
     elapsed = time.perf_counter() - t0
     n_updates = steps_per_iteration(t)
     metrics_out = {k: _all_reduce_sum(v) / n_updates for k, v in sums.items()}
-    metrics_out["train/loss"] = metrics_out.get("train/pg_loss", 0.0)
-    valid_adv = advantages[resp_mask]
+    metrics_out.update(targets.metrics)
     metrics_out.update(
         {
             "train/grad_norm": float(np.nanmean(grad_norms)) if grad_norms else 0.0,
             "train/lr": lr,
-            "train/reward_mean": float(rewards.mean()),
-            "train/adv_mean": float(valid_adv.mean()) if valid_adv.numel() else 0.0,
-            "train/adv_std": float(valid_adv.std()) if valid_adv.numel() > 1 else 0.0,
-            "train/zero_var_groups": float(zero_var_groups),
             "train/tokens_per_s": _all_reduce_sum(real_tokens) / elapsed if elapsed > 0 else 0.0,
             "train/padding_waste": 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0,
             "train/steps": float(n_updates),
@@ -333,6 +385,13 @@ def _grad_norm(engine) -> float | None:
         return 0.0
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
     return float(norm)  # gradients are already averaged over ranks at the boundary
+
+
+def generation_stats(store, rollouts_uri: str) -> dict[str, Any]:
+    """The generate manifest stats (of the first shard when sharded: settings are shared)."""
+    from components.core.commit import committed_parts
+
+    return read_manifest(store, committed_parts(store, rollouts_uri)[0])["stats"]
 
 
 def full_state_dict(engine) -> dict[str, torch.Tensor]:
@@ -393,8 +452,16 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     if table.num_rows == 0:
         raise StageError(f"{layout.scored(iteration)} holds no scored rollouts")
     ro = Rollouts.from_table(table, layout.scored(iteration))
-    gen_stats = read_manifest(store, layout.rollouts(iteration))["stats"]
+    gen_stats = generation_stats(store, layout.rollouts(iteration))
     temperature = float(gen_stats.get("sampling", {}).get("temperature", cfg.generate.temperature))
+    if t.rollout_correction is not None:
+        definition = gen_stats.get("logprob_definition")
+        if definition != LOGPROB_DEFINITION:
+            raise StageError(
+                f"train.rollout_correction needs rollout logprobs defined as the trainer computes "
+                f"them ({LOGPROB_DEFINITION!r}); the rollouts record {definition!r}. Regenerate "
+                "with a matching backend, or turn rollout_correction off"
+            )
     ckpt_dir = local_checkpoint(store, layout.checkpoint(iteration))
     prev_state = None
     if iteration > 0:
@@ -410,6 +477,12 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     device, dtype = device_and_dtype(t.dtype)
     torch.manual_seed(cfg.run.seed + iteration)
     model, tokenizer = load_policy(ckpt_dir, dtype=dtype, device=device)
+    ref_model = None
+    if t.kl_coef > 0:  # the reference is loaded only when KL is on
+        ref_model, _ = load_policy(
+            local_checkpoint(store, layout.checkpoint(0)), dtype=dtype, device=device
+        )
+        ref_model.eval().requires_grad_(False)
     model.config.use_cache = False
     rank, world = init_distributed(device)
     engine, *_ = deepspeed.initialize(
@@ -445,6 +518,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         device=device,
         rank=rank,
         world=world,
+        ref_model=ref_model,
     )
     metrics["iteration"] = iteration
 

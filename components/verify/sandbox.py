@@ -93,7 +93,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 
 # pivot_root has no glibc wrapper; syscall numbers by architecture (others fall back to
 # MS_MOVE + chroot, which is equivalent once the sandbox has dropped every capability)
-_PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+_PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
 
 # Exit status the child uses when building the sandbox failed (paired with a marker line
 # on stderr that carries a per-run nonce, so the sandboxed program cannot fake it).
@@ -318,7 +318,7 @@ def _make_plan(config: SandboxConfig, base: str, netns: bool, prefix: str) -> _P
             real_dirs.append(real)
     cpu = config.cpu_s if config.cpu_s is not None else config.timeout_s + 1
     nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    max_fd = nofile_hard if 0 < nofile_hard < (1 << 20) else (1 << 16)
+    max_fd = nofile_hard if 0 < nofile_hard <= (1 << 20) else (1 << 20)
     return _Plan(
         nonce=secrets.token_hex(16),
         parent_pid=os.getpid(),

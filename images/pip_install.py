@@ -1,0 +1,150 @@
+"""Install pinned packages on top of a base image without moving what the base already ships.
+
+Every images/*/Dockerfile installs its Python packages through this script:
+
+    python pip_install.py -c constraints.txt [--pip-arg ARG]... PKG [PKG...]
+
+- Each PKG must be pinned (`name==version`) in the constraints file and is installed at that pin.
+- Every distribution already installed (the base image's torch, vLLM, CUDA wheels, numpy...) is
+  handed to pip as a `name==installed-version` constraint. Resolving PKG's dependencies can add
+  packages but never up- or downgrade one the base ships, so the GPU bases keep the set they were
+  tested with; a genuine conflict fails the build with pip's resolver message instead of
+  silently breaking vLLM or torch at run time.
+- Pins in the constraints file that are neither requested nor in the base still apply to
+  dependencies pip adds (botocore for boto3, say).
+- Afterwards it checks that no base package changed version and prints what was added.
+
+Standard library only: it runs in a bare base image before anything else is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+# PEP 440 public + local versions (the regex from the PEP's appendix, compacted). Base images
+# occasionally carry distributions with versions pip refuses in a constraint; those are skipped
+# rather than failing the build on a line we generated ourselves.
+_PEP440 = re.compile(
+    r"""^\s*v?(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*
+    (?:[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?[0-9]*)?
+    (?:-[0-9]+|[-_.]?(?:post|rev|r)[-_.]?[0-9]*)?
+    (?:[-_.]?dev[-_.]?[0-9]*)?
+    (?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*$""",
+    re.VERBOSE | re.IGNORECASE,
+)
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;#]+)$")
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalised project name (`PyYAML` and `pyyaml` are the same project)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_pins(text: str) -> dict[str, tuple[str, str]]:
+    """canonical name -> (name, version) for every `name==version` line; anything else is an
+    error, because a range in this file would make image builds drift."""
+    pins: dict[str, tuple[str, str]] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _PIN.match(line)
+        if not m:
+            raise ValueError(f"line {lineno}: {raw.strip()!r} is not an exact `name==version` pin")
+        key = canonical(m.group(1))
+        if key in pins:
+            raise ValueError(f"line {lineno}: {m.group(1)} is pinned twice")
+        pins[key] = (m.group(1), m.group(2))
+    return pins
+
+
+def installed_distributions() -> dict[str, tuple[str, str]]:
+    """canonical name -> (name, version) of what the running interpreter has installed."""
+    found: dict[str, tuple[str, str]] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            # The first hit on sys.path is the one Python imports, so it is the one to hold.
+            found.setdefault(canonical(name), (name, dist.version))
+    return found
+
+
+def merged_constraints(
+    pins: dict[str, tuple[str, str]],
+    requested: list[str],
+    base: dict[str, tuple[str, str]],
+) -> tuple[list[str], list[str]]:
+    """(constraint lines, warnings): requested names at their pin, base packages at their
+    installed version, remaining pins as written."""
+    wanted = {canonical(r) for r in requested}
+    missing = sorted(r for r in requested if canonical(r) not in pins)
+    if missing:
+        raise ValueError(f"not pinned in the constraints file: {', '.join(missing)}")
+    lines: dict[str, str] = {}
+    warnings: list[str] = []
+    for key, (name, version) in base.items():
+        if key in wanted:
+            continue
+        if not _PEP440.match(version):
+            warnings.append(f"base package {name} {version!r} is not a PEP 440 version; not held")
+            continue
+        lines[key] = f"{name}=={version}"
+        if key in pins and pins[key][1] != version:
+            warnings.append(
+                f"{name}: keeping the base image's {version} (constraints file says {pins[key][1]})"
+            )
+    for key, (name, version) in pins.items():
+        if key in wanted or key not in base:
+            lines[key] = f"{name}=={version}"
+    return [lines[k] for k in sorted(lines)], warnings
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-c", "--constraints", required=True, type=Path)
+    ap.add_argument("--pip-arg", action="append", default=[], help="extra argument for pip")
+    ap.add_argument("--dry-run", action="store_true", help="print the constraints and stop")
+    ap.add_argument("packages", nargs="+")
+    args = ap.parse_args(argv)
+
+    pins = parse_pins(args.constraints.read_text())
+    base = installed_distributions()
+    lines, warnings = merged_constraints(pins, args.packages, base)
+    for w in warnings:
+        print(f"pip_install: {w}", file=sys.stderr)
+    if args.dry_run:
+        print("\n".join(lines))
+        return 0
+
+    specs = [f"{pins[canonical(p)][0]}=={pins[canonical(p)][1]}" for p in args.packages]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        cmd = [sys.executable, "-m", "pip", "install", "--no-cache-dir", "-c", f.name]
+        subprocess.run([*cmd, *args.pip_arg, *specs], check=True)
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+
+    after = installed_distributions()
+    wanted = {canonical(p) for p in args.packages}
+    moved = sorted(
+        f"{base[k][0]} {base[k][1]} -> {after.get(k, ('', 'removed'))[1]}"
+        for k in base
+        if k not in wanted and after.get(k, (None, None))[1] != base[k][1]
+    )
+    if moved:
+        print(f"pip_install: base packages changed: {'; '.join(moved)}", file=sys.stderr)
+        return 1
+    added = sorted(f"{n}=={v}" for k, (n, v) in after.items() if k not in base)
+    print(f"pip_install: added {' '.join(added) or 'nothing'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
