@@ -204,3 +204,35 @@ def test_unknown_algorithm_lists_valid_names(train_cfg):
     cfg.train.advantage = "gpro"
     with pytest.raises(ValueError, match="gpro.*grpo"):
         train.run(cfg, 0)
+
+
+def test_stage_with_every_objective_option(train_cfg):
+    """KL (reference loaded), entropy bonus, TIS, dynamic sampling, overlong filter and forking
+    tokens together through the real stage: finite metrics and a committed checkpoint."""
+    cfg = train_cfg
+    for key, value in dict(kl_coef=0.1, entropy_coef=0.01, rollout_correction="tis",
+                           dynamic_sampling=True, overlong_filter=True, forking_top_rho=0.5).items():  # fmt: skip
+        setattr(cfg.train, key, value)
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    stats = train.run(cfg, 0)["stats"]
+    for key in ("train/kl", "train/kl_loss", "train/entropy", "train/tis_clipped",
+                "train/zero_var_groups", "train/overlong_masked", "train/grad_norm"):  # fmt: skip
+        assert key in stats and math.isfinite(stats[key]), key
+    # Rollout logprobs come from the same definition, so TIS weights are ~1: nothing clipped.
+    assert stats["train/tis_clipped"] == 0.0
+
+
+def test_rollout_correction_refuses_a_different_logprob_definition(train_cfg):
+    cfg = train_cfg
+    cfg.train.rollout_correction = "mis"
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    manifest_path = Path(RunLayout.of(cfg).rollouts(0), "_SUCCESS")
+    manifest = json.loads(manifest_path.read_text())
+    manifest["stats"]["logprob_definition"] = "vllm raw logprobs"
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="vllm raw logprobs"):
+        train.run(cfg, 0)
