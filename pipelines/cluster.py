@@ -72,6 +72,7 @@ def submit(
             experiment_name=experiment,
             namespace=namespace,
             enable_caching=False,
+            service_account=cfg.cluster.service_account,
         )
     return Submitted(result.run_id, f"{host.rstrip('/')}/#/runs/details/{result.run_id}")
 
@@ -106,6 +107,7 @@ def schedule(
             max_concurrency=1,
             no_catchup=True,
             enable_caching=False,
+            service_account=cfg.cluster.service_account,
         )
     return rr.recurring_run_id
 

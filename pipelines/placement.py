@@ -55,4 +55,18 @@ def place(task: dsl.PipelineTask, stage: str, cluster: ClusterSection) -> dsl.Pi
         kubernetes.use_secret_as_env(
             task, secret_name=cluster.object_store_secret, secret_key_to_env=SECRET_KEYS
         )
+    if cluster.defaults_config_map:
+        kubernetes.use_config_map_as_env(
+            task,
+            config_map_name=cluster.defaults_config_map,
+            config_map_key_to_env={"AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"},
+            optional=True,
+        )
+    if cluster.run_as_user is not None:
+        kubernetes.set_security_context(
+            task,
+            run_as_user=cluster.run_as_user,
+            run_as_group=cluster.run_as_user,
+            run_as_non_root=True,
+        )
     return task

@@ -79,7 +79,7 @@ def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_registry_names() -> None:
-    assert set(VERIFIERS) == {"math", "exact"}
+    assert set(VERIFIERS) == {"math", "exact", "code", "format"}
     assert get_verifier("math") is compute_score
     assert get_verifier("exact") is exact_match_score
 

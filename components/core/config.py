@@ -254,7 +254,12 @@ def _default_stages() -> dict[str, StagePlacement]:
             node_selector={"rlvr.io/pool": "verify"},
             timeout_s=2 * 3600,
         ),
-        "init": StagePlacement(cpu_request="1", memory_request="4Gi", timeout_s=3600),
+        "init": StagePlacement(
+            cpu_request="1",
+            memory_request="4Gi",
+            node_selector={"rlvr.io/pool": "verify"},
+            timeout_s=3600,
+        ),
     }
 
 
@@ -263,12 +268,24 @@ class ClusterSection(_Strict):
 
     image_repo: str = DEFAULT_IMAGE_REPO
     image_tag: str = DEFAULT_IMAGE_TAG
+    """A number-like tag from YAML or --set (1.0) is taken as the string it was written as."""
     images: dict[str, str] = Field(default_factory=dict)
     """Per-stage image overrides (generate, verify, train, evaluate); default REPO/rlvr-STAGE:TAG."""
     stages: dict[str, StagePlacement] = Field(default_factory=_default_stages)
     """Per-stage resources, accelerators, node pools, retries and timeouts."""
     object_store_secret: str | None = "rlvr-object-store"
     """Kubernetes Secret whose AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY become the stages' env."""
+    defaults_config_map: str | None = "rlvr-defaults"
+    """ConfigMap (manifests/base) whose AWS_ENDPOINT_URL becomes the stages' env."""
+    run_as_user: int | None = 10001
+    """Pod security context: the images' non-root uid/gid."""
+    service_account: str | None = "rlvr-pipeline-runner"
+    """Service account the pipeline's pods run as (manifests/base)."""
+
+    @field_validator("image_tag", mode="before")
+    @classmethod
+    def _tag_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
 
     @field_validator("stages", mode="before")
     @classmethod

@@ -393,7 +393,10 @@ def _wait_and_exit(plan: _Plan, pid: int) -> None:
     try:
 
         def kill_sandbox(signum: int, frame: object) -> None:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already exited and reaped
 
         signal.signal(signal.SIGTERM, kill_sandbox)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
@@ -594,7 +597,7 @@ def _run(
     files: dict[str, str] | None = None,
 ) -> RunResult:
     exe, prefix = _interpreter(config)
-    base = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+    base = os.path.realpath(tempfile.mkdtemp(prefix="rlvr-sandbox-"))
     try:
         os.chmod(base, 0o755)
         main = os.path.join(base, "main.py")

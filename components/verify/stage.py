@@ -59,7 +59,7 @@ def resolve_verifiers(data_sources: set[str], rewards: dict[str, str]) -> dict[s
         raise StageError(
             f"no verifier registered for data_source {missing}; registered data sources: "
             f"{sorted(table)}. Add e.g. `verify.rewards: {{{missing[0]!r}: math}}` to the config "
-            "(built-ins: math, exact; or a plugin 'module:function' / 'file.py:function')"
+            "(built-ins: math, exact, code, format; or a plugin 'module:function' / 'file.py:function')"
         )
     return {d: table[d] for d in data_sources}
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 DATA_SOURCE = "arithmetic"
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+#: Problems held out of both files for the base policy's stop rule (see ``prepare``).
+N_DEV = 300
 
 #: Relative share of each level in both splits.
 LEVEL_WEIGHTS: dict[int, float] = {1: 0.3, 2: 0.5, 3: 0.2}
@@ -89,6 +94,17 @@ class Problem:
         if self.op == "*":
             return str(self.a * self.b)
         raise ValueError(f"unknown operator {self.op!r}")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` in ``text`` (no nested braces), or ``None``."""
+    matches = _BOXED.findall(text)
+    return matches[-1] if matches else None
+
+
+def score(response: str, ground_truth: str) -> float:
+    """The demo's verifiable reward: 1.0 iff the boxed answer equals the ground truth string."""
+    return 1.0 if extract_boxed(response) == ground_truth else 0.0
 
 
 def normalize_expression(expression: str) -> str:
@@ -201,10 +217,16 @@ def write_table(problems: Iterable[Problem], split: str, path: Path) -> Path:
     return path
 
 
-def write_datasets(out_dir: Path, *, seed: int, n_train: int, n_eval: int) -> tuple[Path, Path]:
-    """Write ``out_dir/train.parquet`` and ``out_dir/eval.parquet``; return their paths."""
+def write_datasets(
+    out_dir: Path, *, seed: int, n_train: int, n_eval: int, n_dev: int = N_DEV
+) -> tuple[Path, Path]:
+    """Write ``out_dir/train.parquet`` and ``out_dir/eval.parquet``; return their paths.
+
+    ``n_dev`` problems are held out of both files (``prepare`` uses them to decide when to stop
+    warming the base policy); keep the default to get the same files as ``prepare``.
+    """
     out_dir = Path(out_dir)
-    splits = make_splits(seed=seed, n_train=n_train, n_eval=n_eval)
+    splits = make_splits(seed=seed, n_train=n_train, n_eval=n_eval, n_dev=n_dev)
     train = write_table(splits["train"], "train", out_dir / "train.parquet")
     evaluation = write_table(splits["eval"], "eval", out_dir / "eval.parquet")
     return train, evaluation

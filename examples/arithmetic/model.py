@@ -39,9 +39,9 @@ QWEN2_SPLIT_REGEX = (
 #: Concatenate the message contents; nothing is added for the generation prompt.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
-#: Default model dimensions (about 0.4M parameters with the default tokenizer).
-HIDDEN_SIZE = 96
-NUM_LAYERS = 3
+#: Default model dimensions (138,176 parameters with the default 100-token tokenizer).
+HIDDEN_SIZE = 64
+NUM_LAYERS = 2
 NUM_HEADS = 4
 MAX_POSITIONS = 64
 

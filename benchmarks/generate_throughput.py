@@ -1,0 +1,174 @@
+"""Generate throughput and memory, each against a baseline measured side by side in this run.
+
+    python benchmarks/generate_throughput.py [--prompts 64] [--n 8] [--max-new-tokens 32]
+
+1. Throughput: response tokens/s of the generate stage's code path (TransformersBackend + the
+   Parquet part writer) against a bare `model.generate` loop on the same model, prompts and
+   settings (same batch size, sampling, max_new_tokens). Goal: stage / bare >= 0.9. Rounds
+   alternate between the two so machine noise hits both alike; the median of each is reported.
+2. Memory: peak RSS of the generate stage run as a subprocess with P and 10 x P prompts.
+   Goal: ratio < 1.3 (rollouts stream to Parquet parts, so memory does not grow with prompts).
+3. With a GPU and vllm importable, also stage(vllm) / raw vLLM (goal >= 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from components.core.commit import OutputDir  # noqa: E402
+from components.core.store import LocalStore  # noqa: E402
+from components.generate.backends import SamplingSpec  # noqa: E402
+from components.generate.hf_backend import TransformersBackend  # noqa: E402
+from components.generate.stage import PromptRow, generate_rollouts  # noqa: E402
+from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint  # noqa: E402
+
+
+def make_prompts(k: int) -> list[PromptRow]:
+    return [
+        PromptRow(
+            f"p{i}", "arithmetic", str(i), [{"role": "user", "content": f"{i}+{i * 7 % 97}="}], None
+        )
+        for i in range(k)
+    ]
+
+
+def bare_generate(model, tok, prompts: list[PromptRow], spec: SamplingSpec, batch: int) -> int:
+    """A plain HF loop: left-padded batches of prompts x n, sample, count real response tokens."""
+    texts = [
+        tok.apply_chat_template(p.prompt, add_generation_prompt=True, tokenize=False)
+        for p in prompts
+    ]
+    per_batch = max(1, batch // spec.n)
+    tokens = 0
+    for s in range(0, len(texts), per_batch):
+        chunk = [t for t in texts[s : s + per_batch] for _ in range(spec.n)]
+        enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                top_k=0,
+                max_new_tokens=spec.max_new_tokens,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+        resp = out[:, enc["input_ids"].shape[1] :]
+        for row in resp.tolist():
+            n = len(row)
+            if tok.eos_token_id in row:
+                n = row.index(tok.eos_token_id) + 1
+            tokens += n
+    return tokens
+
+
+def stage_generate(model, tok, prompts, spec, batch: int) -> int:
+    backend = TransformersBackend(model, tok, batch_size=batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = OutputDir(LocalStore(), tmp, "bench")
+        stats = generate_rollouts(
+            out, backend, tok, prompts, spec, iteration=0, checkpoint_uri="bench",
+            max_prompt_tokens=512, rows_per_part=4096, desc="stage",
+        )  # fmt: skip
+    return stats["response_tokens"]
+
+
+def peak_rss_mb(workdir: Path, prompts: int) -> float:
+    """Peak RSS of `python -m components.generate` on a run with `prompts` prompts per iteration."""
+    code = f"""
+import resource, sys, subprocess
+p = subprocess.run([sys.executable, "-m", "components.generate", "{workdir}/config.yaml",
+    "--run-id", "mem{prompts}", "--set", "data.prompts_per_iteration={prompts}",
+    "--set", "generate.rows_per_part=256"], cwd="{ROOT}", capture_output=True)
+assert p.returncode == 0, p.stderr.decode()[-2000:]
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+"""
+    from components.core import run_setup
+    from components.core.config import load_config
+
+    run_setup.run(load_config(workdir / "config.yaml", run_id=f"mem{prompts}"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=48)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--memory-prompts", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    tok = build_tokenizer()
+    model = build_model(tok, hidden_size=args.hidden, num_layers=args.layers, num_heads=4).eval()
+    params = sum(p.numel() for p in model.parameters())
+    spec = SamplingSpec(
+        n=args.n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens
+    )
+    prompts = make_prompts(args.prompts)
+    print(f"model: Qwen2 {params / 1e6:.2f}M params; {args.prompts} prompts x n={args.n}, "
+          f"max_new_tokens={args.max_new_tokens}, batch {args.batch}")  # fmt: skip
+
+    stage_rates, bare_rates = [], []
+    stage_generate(model, tok, prompts[:4], spec, args.batch)  # warm-up
+    for r in range(args.rounds):
+        for name, fn, rates in (
+            ("stage", stage_generate, stage_rates),
+            ("bare", bare_generate, bare_rates),
+        ):
+            torch.manual_seed(r)
+            t0 = time.perf_counter()
+            tokens = fn(model, tok, prompts, spec, args.batch)
+            rate = tokens / (time.perf_counter() - t0)
+            rates.append(rate)
+            print(f"  round {r} {name:5s}: {tokens} tokens, {rate:,.0f} tokens/s")
+    s, b = statistics.median(stage_rates), statistics.median(bare_rates)
+    print(f"\nthroughput  stage {s:,.0f} tok/s   bare model.generate {b:,.0f} tok/s   "
+          f"stage/bare = {s / b:.2f}   (goal >= 0.9)")  # fmt: skip
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        from examples.arithmetic.data import write_datasets
+
+        save_checkpoint(model, tok, work / "base")
+        write_datasets(work, seed=0, n_train=max(1200, 10 * args.memory_prompts), n_eval=10)
+        (work / "config.yaml").write_text(
+            f"run: {{store: {work}/runs}}\nmodel: {{base: base}}\n"
+            f"data: {{train: train.parquet}}\n"
+            f"generate: {{n: {args.n}, max_new_tokens: {args.max_new_tokens}, batch_size: {args.batch}}}\n"
+        )
+        small = peak_rss_mb(work, args.memory_prompts)
+        large = peak_rss_mb(work, 10 * args.memory_prompts)
+    print(f"peak RSS    {args.memory_prompts} prompts {small:,.0f} MB   "
+          f"{10 * args.memory_prompts} prompts {large:,.0f} MB   ratio = {large / small:.2f}   (goal < 1.3)")  # fmt: skip
+
+    try:
+        import vllm  # noqa: F401
+
+        has_vllm = torch.cuda.is_available()
+    except ImportError:
+        has_vllm = False
+    if not has_vllm:
+        print("vllm: not importable or no GPU here; stage/raw-vLLM ratio not measured")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+"""The stage images, checked without a Docker engine.
+
+Dockerfiles are parsed with dockerfile-parse (skipped when it is missing): pinned bases, a
+non-root numeric USER, the `python -m components.<stage>` entry point, kfp pinned to the kfp
+that compiles the pipeline here, every installed package pinned in images/constraints.txt and
+those pins consistent with pyproject.toml. images/pip_install.py's pin merging is unit-tested,
+images/build.sh runs against a stub container CLI, and the torch-free claim of the verify image
+is checked by importing the verify stage the way its container does.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "images"
+STAGES = ("generate", "verify", "train", "evaluate")
+# Packages the vLLM base pins for itself; generate/evaluate must take them from the base
+# (pip_install.py holds them), never install their own.
+VLLM_PROVIDED = {
+    "click",
+    "huggingface-hub",
+    "numpy",
+    "pydantic",
+    "pyyaml",
+    "safetensors",
+    "sympy",
+    "tokenizers",
+    "torch",
+    "tqdm",
+    "transformers",
+}
+HEAVY = {"torch", "transformers", "deepspeed", "vllm", "safetensors", "tokenizers"}
+# Imported only when present (pyarrow uses cloudpickle if it can, else pickle), so their absence
+# from the verify image is fine.
+OPTIONAL_IMPORTS = {"cloudpickle"}
+# Function-level imports in modules the verify stage loads, in functions it never calls.
+VERIFY_NEVER_CALLS = {
+    ("components.core.checkpoint", "torch"),  # load_policy: generate/train/evaluate only
+    ("components.core.checkpoint", "transformers"),
+}
+
+
+def _load_pip_install():
+    spec = importlib.util.spec_from_file_location("rlvr_pip_install", IMAGES / "pip_install.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+pip_install = _load_pip_install()
+canonical = pip_install.canonical
+
+
+def _parser(stage: str):
+    dfp = pytest.importorskip("dockerfile_parse", reason="dockerfile-parse is not installed")
+    text = (IMAGES / stage / "Dockerfile").read_bytes()
+    return dfp.DockerfileParser(fileobj=io.BytesIO(text))
+
+
+def _instructions(df, name: str) -> list[str]:
+    return [i["value"] for i in df.structure if i["instruction"] == name]
+
+
+def _install_list(df) -> tuple[list[str], list[str]]:
+    """(packages, options) of the Dockerfile's `pip_install.py` call."""
+    for run in _instructions(df, "RUN"):
+        if "pip_install.py" not in run:
+            continue
+        words = shlex.split(run.split("&&")[0])
+        rest = words[words.index("images/pip_install.py") + 1 :]
+        assert rest[:2] == ["-c", "images/constraints.txt"], rest
+        options = [w for w in rest[2:] if w.startswith("-")]
+        return [w for w in rest[2:] if not w.startswith("-")], options
+    raise AssertionError("no `python images/pip_install.py` RUN instruction")
+
+
+def _pins() -> dict[str, tuple[str, str]]:
+    return pip_install.parse_pins((IMAGES / "constraints.txt").read_text())
+
+
+# --- Dockerfiles ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_base_image_is_pinned(stage):
+    df = _parser(stage)
+    bases = df.parent_images
+    assert len(bases) == 1, f"{stage}: expected one FROM, got {bases}"
+    image = bases[0]
+    name, _, digest = image.partition("@")
+    assert not digest or re.fullmatch(r"sha256:[0-9a-f]{64}", digest), image
+    last = name.rsplit("/", 1)[-1]
+    assert ":" in last, f"{stage}: base {image} has no tag"
+    tag = last.split(":", 1)[1]
+    assert tag and tag != "latest", f"{stage}: base {image} is not pinned"
+    # A minor-version tag such as python:3.11-slim moves; the pin names a patch release.
+    assert re.search(r"\d+\.\d+\.\d+", tag), f"{stage}: base tag {tag} is not a full version"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_runs_as_a_numeric_non_root_user(stage):
+    df = _parser(stage)
+    users = _instructions(df, "USER")
+    assert users, f"{stage}: no USER"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0, f"{stage}: USER {users[-1]} is not a non-root uid"
+    assert not gid or (gid.isdigit() and int(gid) != 0), f"{stage}: USER group {gid}"
+    # Nothing after the final USER may need root, and the user must exist in the image.
+    kinds = [i["instruction"] for i in df.structure if i["instruction"] != "COMMENT"]
+    assert "RUN" not in kinds[kinds.index("USER") :], f"{stage}: RUN after USER"
+    assert any(f"--uid {uid}" in run for run in _instructions(df, "RUN")), f"{stage}: no useradd"
+    assert _instructions(df, "WORKDIR"), f"{stage}: no WORKDIR"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_entrypoint_is_the_stage_module(stage):
+    df = _parser(stage)
+    entry = json.loads(_instructions(df, "ENTRYPOINT")[-1])
+    assert entry == ["python", "-m", f"components.{stage}"]
+    assert (ROOT / "components" / stage / "__main__.py").is_file()
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_kfp_matches_the_compiling_kfp(stage):
+    df = _parser(stage)
+    # Every KFP lightweight component starts with `pip install kfp==<compiler's version>
+    # --no-deps`; only an exact match makes that a network-free no-op in the pod.
+    installed = importlib.metadata.version("kfp")
+    assert df.args.get("KFP_VERSION") == installed, (
+        f"{stage}: ARG KFP_VERSION={df.args.get('KFP_VERSION')} but kfp here is {installed}: "
+        "pin kfp in pyproject.toml to the images' version, or move every Dockerfile's pin"
+    )
+    assert any(
+        'pip install --no-deps "kfp==${KFP_VERSION}"' in run for run in _instructions(df, "RUN")
+    ), f"{stage}: kfp is not installed at ${{KFP_VERSION}} with --no-deps"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_installed_packages_are_pinned(stage):
+    df = _parser(stage)
+    packages, _ = _install_list(df)
+    pins = _pins()
+    assert packages
+    missing = [p for p in packages if canonical(p) not in pins]
+    assert not missing, f"{stage}: {missing} not pinned in images/constraints.txt"
+    assert "kfp" not in {canonical(p) for p in packages}, "kfp is pinned by KFP_VERSION"
+    # The package itself goes in without dependencies: pyproject's would pull torch/deepspeed.
+    assert any("pip install --no-deps ." in run for run in _instructions(df, "RUN"))
+
+
+def test_images_do_not_fight_their_bases():
+    for stage in ("generate", "evaluate"):
+        packages, _ = _install_list(_parser(stage))
+        clash = VLLM_PROVIDED & {canonical(p) for p in packages}
+        assert not clash, f"{stage} reinstalls {clash}, which the vLLM base pins"
+    packages, options = _install_list(_parser("train"))
+    assert "torch" not in {canonical(p) for p in packages}
+    assert "deepspeed" in packages and "--pip-arg=--no-build-isolation" in options
+    packages, _ = _install_list(_parser("verify"))
+    assert not HEAVY & {canonical(p) for p in packages}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_copies_are_in_the_build_context(stage):
+    df = _parser(stage)
+    ignore = (IMAGES / stage / "Dockerfile.dockerignore").read_text()
+    allowed = {line[1:] for line in ignore.splitlines() if line.startswith("!")}
+    for copy in _instructions(df, "COPY"):
+        *sources, _dest = copy.split()
+        for src in sources:
+            assert (ROOT / src).exists(), f"{stage}: COPY {src} does not exist"
+            assert src.rstrip("/") in allowed, f"{stage}: {src} is excluded from the context"
+    # pyproject names README.md as its readme, so the package build needs it in the image.
+    copied = " ".join(_instructions(df, "COPY"))
+    for needed in ("pyproject.toml", "README.md", "components/", "pipelines/"):
+        assert needed in copied, f"{stage}: {needed} is not copied"
+
+
+def test_dockerignore_files_are_identical():
+    texts = {(IMAGES / s / "Dockerfile.dockerignore").read_text() for s in STAGES}
+    assert len(texts) == 1
+
+
+# --- constraints and the pinned installer ---------------------------------------------------
+
+
+def test_constraints_are_exact_and_satisfy_pyproject():
+    pins = _pins()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for dep in project["dependencies"]:
+        req = Requirement(dep)
+        key = canonical(req.name)
+        if key in pins:
+            version = pins[key][1]
+            assert req.specifier.contains(version, prereleases=True), (
+                f"images/constraints.txt pins {req.name}=={version}, pyproject wants {dep}"
+            )
+    # The version limits the comments in constraints.txt explain.
+    assert int(pins["transformers"][1].split(".")[0]) < 5, "vLLM 0.11 needs transformers<5"
+    major, minor = (int(x) for x in pins["numpy"][1].split(".")[:2])
+    assert (major, minor) < (2, 3), "numba in the vLLM base needs numpy<2.3"
+
+
+def test_parse_pins_rejects_ranges_and_duplicates():
+    assert pip_install.parse_pins("# c\nPyYAML==6.0.3  # why\n\n") == {
+        "pyyaml": ("PyYAML", "6.0.3")
+    }
+    for bad in ("numpy>=2", "numpy", "numpy==2.2.6\nNumPy==2.2.5", "-r other.txt"):
+        with pytest.raises(ValueError):
+            pip_install.parse_pins(bad)
+
+
+def test_merged_constraints_hold_the_base_and_pin_the_rest():
+    pins = pip_install.parse_pins("numpy==2.2.6\nrich==15.0.0\nbotocore==1.43.11\n")
+    base = {
+        "numpy": ("numpy", "2.1.0"),
+        "torch": ("torch", "2.8.0+cu128"),
+        "rich": ("rich", "13.0.0"),
+        "odd": ("odd", "not a version"),
+    }
+    lines, warnings = pip_install.merged_constraints(pins, ["rich"], base)
+    # requested: the pin wins; base packages: held; other pins: as written; bad versions: skipped
+    assert lines == ["botocore==1.43.11", "numpy==2.1.0", "rich==15.0.0", "torch==2.8.0+cu128"]
+    assert any("numpy" in w and "2.1.0" in w for w in warnings)
+    assert any("odd" in w for w in warnings)
+    with pytest.raises(ValueError, match="pyarrow"):
+        pip_install.merged_constraints(pins, ["pyarrow"], base)
+
+
+def test_pip_install_dry_run_prints_the_merged_constraints(tmp_path):
+    cfile = tmp_path / "c.txt"
+    cfile.write_text("pebble==5.2.3\n")
+    out = subprocess.run(
+        [sys.executable, str(IMAGES / "pip_install.py"), "-c", str(cfile), "--dry-run", "pebble"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert "Pebble==5.2.3" in out or "pebble==5.2.3" in out
+    assert f"pytest=={importlib.metadata.version('pytest')}" in out  # installed: held
+
+
+# --- the verify image needs no torch --------------------------------------------------------
+
+
+def _requirement_closure(names: list[str]) -> set[str]:
+    """Canonical names of `names` and everything they require (as installed here)."""
+    env = default_environment() | {"extra": ""}
+    seen: set[str] = set()
+    todo = [canonical(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            reqs = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for text in reqs:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate(env):
+                todo.append(canonical(req.name))
+    return seen
+
+
+def _loaded_modules(code: str) -> set[str]:
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def _imports_in(module: str) -> set[str]:
+    """Top-level names of every import statement in a components.* module, at any depth
+    (function-level imports included: they run when the function does)."""
+    path = ROOT / module.replace(".", "/")
+    path = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_verify_stage_imports_only_what_the_verify_image_installs():
+    # What the verify container imports: its entry point, and the KFP component body
+    # (pipelines/ops.py verify_stage) imports the config module and the stage.
+    loaded = _loaded_modules(
+        "import components.verify.__main__, components.verify.stage, components.core.config"
+    )
+    loaded -= _loaded_modules("pass")  # interpreter start-up (.pth hooks, site)
+    top = {m.split(".")[0] for m in loaded}
+    assert not HEAVY & top, f"importing the verify stage loads {sorted(HEAVY & top)}"
+
+    dists_of = importlib.metadata.packages_distributions()
+    packages, _ = _install_list(_parser("verify"))
+    available = _requirement_closure(packages) | OPTIONAL_IMPORTS
+    # Imports that happen at import time, and the function-level ones in the same modules
+    # (pebble and sympy are imported where they are used).
+    ours = sorted(m for m in loaded if m.startswith("components.") and "__" not in m)
+    assert "components.verify.executor" in ours
+    wanted = {(m, name) for m in ours for name in _imports_in(m)}
+    wanted |= {("<import>", m) for m in top}
+    missing = set()
+    for module, name in wanted:
+        if name in sys.stdlib_module_names or name == "components":
+            continue
+        if (module, name) in VERIFY_NEVER_CALLS:
+            continue
+        # A module loaded at run time that no distribution provides is interpreter or
+        # extension internals; an import statement naming nothing installed is a finding.
+        default = [] if module == "<import>" else [name]
+        dists = {canonical(d) for d in dists_of.get(name, default)} - {"rlvr"}
+        if dists and not dists & available:
+            missing.add(f"{name} ({module})")
+    assert not missing, f"the verify stage imports {sorted(missing)}, not in its image"
+
+
+# --- build.sh and the Makefile ----------------------------------------------------------------
+
+
+def test_build_script_parses():
+    subprocess.run(["bash", "-n", str(IMAGES / "build.sh")], check=True)
+
+
+def _stub_docker(tmp_path: Path) -> tuple[Path, Path]:
+    log = tmp_path / "docker.log"
+    stub = tmp_path / "docker"
+    stub.write_text(
+        "#!/usr/bin/env bash\n"
+        'printf "%s\\n" "$*" >> "$STUB_LOG"\n'
+        'if [[ $1 == inspect ]]; then echo "${@: -1}@sha256:$(printf 0%.0s {1..64})"; fi\n'
+    )
+    stub.chmod(0o755)
+    return stub, log
+
+
+def _run_build(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    stub, log = _stub_docker(tmp_path)
+    full_env = os.environ | {"DOCKER": str(stub), "STUB_LOG": str(log), "REVISION": "r"} | env
+    return subprocess.run(
+        ["bash", str(IMAGES / "build.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.parametrize("tag", ["0.2.0", "1.0", "20250101", "v3-rc1", "on"])
+def test_build_script_tags_flow_into_the_config(tmp_path, tag):
+    from components.core.config import ClusterSection, apply_overrides
+
+    proc = _run_build(tmp_path, "registry.example.com/team", tag, "--push")
+    assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "docker.log").read_text().splitlines()
+    builds = [c.split() for c in calls if c.startswith("build ")]
+    assert len(builds) == len(STAGES)
+    for stage, words in zip(STAGES, builds, strict=True):
+        image = f"registry.example.com/team/rlvr-{stage}:{tag}"
+        assert words[words.index("-t") + 1] == image
+        assert words[words.index("-f") + 1] == str(IMAGES / stage / "Dockerfile")
+        assert words[-1] == str(ROOT)  # the context is the repository root
+        kfp = importlib.metadata.version("kfp")
+        assert f"KFP_VERSION={kfp}" in words
+    assert sum(c.startswith("push ") for c in calls) == len(STAGES)
+
+    # The last line, pasted into a shell, makes cluster.image(stage) the pushed image.
+    line = proc.stdout.strip().splitlines()[-1]
+    words = shlex.split(line)
+    overrides = [w for prev, w in zip(words, words[1:], strict=False) if prev == "--set"]
+    raw = apply_overrides({}, overrides)
+    cluster = ClusterSection.model_validate(raw["cluster"])
+    for stage in STAGES:
+        assert cluster.image(stage) == f"registry.example.com/team/rlvr-{stage}:{tag}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("registry.example.com/team", "latest"),
+        ("Registry.example.com/team", "0.1.0"),
+        ("registry.example.com/team", "bad tag"),
+        ("registry.example.com/team", "0.1.0", "--pushh"),
+        ("registry.example.com/team",),
+    ],
+)
+def test_build_script_refuses_bad_arguments(tmp_path, args):
+    proc = _run_build(tmp_path, *args)
+    assert proc.returncode == 2
+    assert not (tmp_path / "docker.log").exists(), "nothing may be built"
+
+
+def test_build_script_builds_a_subset_with_base_overrides(tmp_path):
+    digest = "python:3.11.14-slim-bookworm@sha256:" + "a" * 64
+    proc = _run_build(tmp_path, "r.example/x", "0.3.0", STAGES="verify", PYTHON_BASE=digest)
+    assert proc.returncode == 0, proc.stderr
+    (build,) = (tmp_path / "docker.log").read_text().splitlines()
+    assert "rlvr-verify:0.3.0" in build and f"PYTHON_BASE={digest}" in build
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_makefile_calls_the_build_script():
+    out = subprocess.run(
+        ["make", "-n", "-C", str(IMAGES), "push", "REGISTRY=r.example/x", "TAG=0.1.0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert 'build.sh" "r.example/x" "0.1.0" --push' in out
