@@ -216,8 +216,10 @@ def accumulate_mini_batch(
             engine.backward(sum(p.sum() for p in model.parameters()) * 0.0, scale_wrt_gas=False)
             continue
         mb = collate(ro, rows, pad_id)
+        # Through the engine, not engine.module: ZeRO-3 advances its gradient-accumulation step
+        # in engine.forward; bypassing it makes every micro-batch overwrite the last one's grads.
         lp, ent = sequence_logprobs(
-            model, mb, temperature, device, with_entropy=True, entropy_grad=t.entropy_coef > 0
+            engine, mb, temperature, device, with_entropy=True, entropy_grad=t.entropy_coef > 0
         )
         Lb = lp.shape[1]
 

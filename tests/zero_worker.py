@@ -1,0 +1,90 @@
+"""One rank of a DeepSpeed gradient/state check (run by tests/test_train_zero.py).
+
+    python tests/zero_worker.py SCORED_PARQUET CHECKPOINT_DIR OUT_DIR ZERO_STAGE [MICRO_BUDGET]
+
+Environment: RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (gloo). Each rank takes its strided
+share of one mini-batch, accumulates gradients with the GLOBAL token/sequence counts, and rank 0
+writes the full gradient (gathered across ZeRO partitions) and, after one optimizer step, the
+train state to OUT_DIR as safetensors.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+from safetensors.torch import save_file
+
+from components.core.checkpoint import load_policy
+from components.core.config import TrainSection
+from components.train import stage as train
+from components.train import state as train_state
+from components.train.batching import Rollouts, plan_micro_batches, shard_rows
+from components.train.objective import build_targets, pad_rows, response_mask_of
+
+
+def full_grad(engine, p: torch.nn.Parameter) -> torch.Tensor:
+    from deepspeed.utils import safe_get_full_grad
+
+    g = safe_get_full_grad(p) if engine.zero_optimization_stage() > 0 else p.grad
+    return g.detach().float().cpu().clone()
+
+
+def main() -> None:
+    import deepspeed
+
+    scored, ckpt, out, zero = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+    budget = int(sys.argv[5]) if len(sys.argv) > 5 else 10**6
+    t = TrainSection(zero_stage=zero, lr=1e-3, micro_batch_tokens=budget)
+    torch.manual_seed(0)
+    model, tok = load_policy(ckpt)
+    rank, world = train.init_distributed("cpu")
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        model_parameters=list(model.parameters()),
+        config=train.deepspeed_config(t, world, torch.float32),
+    )
+    ro = Rollouts.from_table(pq.read_table(scored), scored)
+    mask = response_mask_of([len(r) for r in ro.response_tokens])
+    old = pad_rows(ro.rollout_logprobs, mask.shape[1])
+    targets = build_targets(
+        t,
+        rewards=torch.tensor(ro.rewards, dtype=torch.float32),
+        group_ids=ro.group_ids(),
+        response_mask=mask,
+        truncated=torch.tensor(ro.truncated),
+        old_logprobs=old,
+        rollout_logprobs=old,
+    )
+    rows = list(range(len(ro)))
+    mine = shard_rows(rows, rank, world)
+    train.accumulate_mini_batch(
+        engine,
+        ro,
+        plan_micro_batches(ro.lengths(), mine, budget),
+        targets,
+        old,
+        None,
+        t,
+        num_tokens=int(mask.sum()),
+        num_seqs=len(rows),
+        horizon=8,
+        temperature=1.0,
+        pad_id=tok.pad_token_id,
+        device="cpu",
+        world=world,
+    )
+    grads = {n: full_grad(engine, p) for n, p in engine.module.named_parameters()}
+    engine.step()
+    tensors, meta = train_state.collect(engine, 1, {})
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(grads, str(out / "grads.safetensors"))
+        tensors.pop("rng.torch")
+        save_file(tensors, str(out / "state.safetensors"))
+
+
+if __name__ == "__main__":
+    main()
