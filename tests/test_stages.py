@@ -13,7 +13,7 @@ from components.core.layout import RunLayout
 from components.core.schemas import SCORED
 from components.evaluate.stage import run as evaluate
 from components.generate.stage import run as generate
-from components.verify.stage import resolve_verifiers
+from components.verify.stage import resolve_rewards
 from components.verify.stage import run as verify
 
 
@@ -38,7 +38,7 @@ def test_verify_scores_with_the_contract(cfg):
 
 def test_unknown_data_source_lists_registered_ones(cfg):
     with pytest.raises(ValueError) as e:
-        resolve_verifiers({"arithmetic", "mystery"}, {"arithmetic": "math"})
+        resolve_rewards({"arithmetic", "mystery"}, {"arithmetic": "math"})
     msg = str(e.value)
     assert "['mystery']" in msg and "'arithmetic'" in msg and "openai/gsm8k" in msg
     run_setup.run(cfg)
@@ -140,3 +140,38 @@ def test_stages_run_against_s3(cfg, s3_bucket):
               "iterations/00000/rollouts", "iterations/00000/scored", "evals/00001"):  # fmt: skip
         assert f"runs/t/{d}/_SUCCESS" in keys, d
     assert "runs/t/checkpoints/00001/model.safetensors" in keys
+
+
+def test_weighted_reward_components_and_overlong_penalty():
+    """reward = sum of weighted components + DAPO overlong; each kept in reward_components."""
+    import pyarrow as pa
+
+    from components.core.config import OverlongPenalty, RewardSpec
+    from components.core.schemas import ROLLOUTS
+    from components.verify.stage import score_table
+
+    rows = {name: [] for name in ROLLOUTS.names}
+    cases = [("<think>ok</think> \\boxed{4}", "4", 3), ("\\boxed{5}", "4", 10), ("<think>x</think> \\boxed{4}", "4", 8)]
+    for i, (resp, gt, length) in enumerate(cases):
+        values = dict(prompt_id=f"p{i}", sample_index=0, data_source="mix", ground_truth=gt, prompt="q",
+                      prompt_token_ids=[1], response=resp, response_token_ids=list(range(length)),
+                      response_logprobs=[0.0] * length, finish_reason="stop", checkpoint="c", extra_info=None)  # fmt: skip
+        for k, v in values.items():
+            rows[k].append(v)
+    table = pa.Table.from_pydict(rows, schema=ROLLOUTS)
+    spec = RewardSpec(components=[{"verifier": "math", "name": "correct"},
+                                  {"verifier": "format", "weight": 0.5}])  # fmt: skip
+    scored, stats = score_table(
+        table, {"mix": spec}, num_workers=0, timeout_s=5, max_error_fraction=0.0,
+        overlong=OverlongPenalty(max_length=10, buffer=4, penalty=1.0),
+    )  # fmt: skip
+    out = scored.to_pylist()
+    # overlong: length <= 6 -> 0; 8 -> -(8-6)/4 = -0.5; 10 -> -(10-6)/4 = -1.0
+    assert [dict(r["reward_components"]) for r in out] == [
+        {"correct": 1.0, "format": 1.0, "overlong": 0.0},
+        {"correct": 0.0, "format": 0.0, "overlong": -1.0},
+        {"correct": 1.0, "format": 1.0, "overlong": -0.5},
+    ]
+    assert [r["reward"] for r in out] == pytest.approx([1.5, -1.0, 1.0])
+    assert out[0]["verifier"] == "1*correct:math + 0.5*format:format"
+    assert stats["reward_components_mean"]["correct"] == pytest.approx(2 / 3)

@@ -110,10 +110,47 @@ class GenerateSection(_Strict):
     enable_prefix_caching: bool = True
 
 
+class RewardComponent(_Strict):
+    verifier: str
+    """A built-in verifier (math, exact, code, format) or a plugin 'module:fn' / 'file.py:fn'."""
+    weight: float = 1.0
+    name: str | None = None
+    """Key in the reward_components column (default: the verifier spec)."""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.verifier
+
+
+class RewardSpec(_Strict):
+    """A weighted sum of named reward components for one data_source."""
+
+    components: list[RewardComponent] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> RewardSpec:
+        keys = [c.key for c in self.components]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"reward component names must be unique, got {keys}; set `name`")
+        return self
+
+
+class OverlongPenalty(_Strict):
+    """DAPO's soft overlong penalty, added as the reward component 'overlong'."""
+
+    max_length: int = Field(ge=1)
+    """Response tokens at which the penalty reaches -penalty (usually generate.max_new_tokens)."""
+    buffer: int = Field(ge=1)
+    """The penalty ramps linearly over the last `buffer` tokens before max_length."""
+    penalty: float = Field(1.0, ge=0.0)
+
+
 class VerifySection(_Strict):
-    rewards: dict[str, str] = Field(default_factory=dict)
-    """data_source -> verifier: a built-in name ('math', 'exact') or a plugin
-    'package.module:function' / 'path/to/file.py:function' with verl's compute_score signature."""
+    rewards: dict[str, str | RewardSpec] = Field(default_factory=dict)
+    """data_source -> a verifier spec (built-in name or plugin 'package.module:function' /
+    'path/to/file.py:function', verl or TRL signature), or {components: [{verifier, weight,
+    name}, ...]} for a weighted sum."""
+    overlong_penalty: OverlongPenalty | None = None
     timeout_s: float = Field(5.0, gt=0)
     """Per-sample time limit; a sample over it scores 0 and records the error."""
     num_workers: int = Field(1, ge=0)

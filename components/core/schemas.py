@@ -53,6 +53,7 @@ SCORED = pa.schema(
         ("verifier", pa.string()),
         ("extracted_answer", pa.string()),
         ("verify_error", pa.string()),
+        ("reward_components", pa.map_(pa.string(), pa.float32())),
     ]
 )
 

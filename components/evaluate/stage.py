@@ -34,7 +34,13 @@ from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.schemas import read_records, stamp
 from components.core.store import Store, join
-from components.evaluate.metrics import ProblemSamples, default_ks, summarize, summarize_by
+from components.evaluate.metrics import (
+    CORRECT_THRESHOLD,
+    ProblemSamples,
+    default_ks,
+    summarize,
+    summarize_by,
+)
 from components.evaluate.plots import plot_history, plot_pass_at_k
 from components.evaluate.report import render_markdown
 from components.generate.stage import (
@@ -44,37 +50,40 @@ from components.generate.stage import (
     make_backend,
     spec_from,
 )
-from components.verify.stage import resolve_verifiers, score_table
+from components.verify.stage import resolve_rewards, score_table
 
 log = logging.getLogger("rlvr.evaluate")
 EVAL_SEED_ITERATION = -1  # the same sample seeds for every checkpoint
 
 
 def problems_from(table) -> list[ProblemSamples]:
-    cols = {
-        c: table.column(c).to_pylist()
-        for c in (
-            "prompt_id",
-            "sample_index",
-            "data_source",
-            "reward",
-            "extracted_answer",
-            "response_token_ids",
-        )
-    }
+    """Group scored samples by prompt. A sample is correct when its FIRST reward component (the
+    correctness verifier; list it first in a weighted sum) is above 0.5; mean@n averages the
+    total reward."""
+    cols = {c: table.column(c).to_pylist() for c in (
+        "prompt_id", "sample_index", "data_source", "reward", "extracted_answer",
+        "response_token_ids", "reward_components",
+    )}  # fmt: skip
     groups: dict[str, list[int]] = {}
     for i, pid in enumerate(cols["prompt_id"]):
         groups.setdefault(pid, []).append(i)
+
+    def correct(i: int) -> bool:
+        comps = cols["reward_components"][i]
+        first = comps[0][1] if comps else cols["reward"][i]
+        return float(first) > CORRECT_THRESHOLD
+
     out = []
     for pid in sorted(groups):
         rows = sorted(groups[pid], key=lambda i: cols["sample_index"][i])
         out.append(
-            ProblemSamples.from_rewards(
-                pid,
-                cols["data_source"][rows[0]],
-                [float(cols["reward"][i]) for i in rows],
-                [cols["extracted_answer"][i] for i in rows],
-                [len(cols["response_token_ids"][i]) for i in rows],
+            ProblemSamples(
+                prompt_id=pid,
+                data_source=cols["data_source"][rows[0]],
+                rewards=[float(cols["reward"][i]) for i in rows],
+                correct=[correct(i) for i in rows],
+                extracted_answers=[cols["extracted_answer"][i] for i in rows],
+                response_lengths=[len(cols["response_token_ids"][i]) for i in rows],
             )
         )
     return out
@@ -175,7 +184,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         prompts = load_prompts(store, uri, ev.name)
         if ev.max_prompts is not None:
             prompts = prompts[: ev.max_prompts]
-        resolve_verifiers({p.data_source for p in prompts}, cfg.verify.rewards)  # before sampling
+        resolve_rewards({p.data_source for p in prompts}, cfg.verify.rewards)  # before sampling
         spec = spec_from(
             cfg.generate,
             cfg.evaluate.seed,
@@ -216,6 +225,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
                 num_workers=cfg.verify.num_workers,
                 timeout_s=cfg.verify.timeout_s,
                 max_error_fraction=cfg.verify.max_error_fraction,
+                overlong=cfg.verify.overlong_penalty,
             )
             path = tmp / ev.name / "samples.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
