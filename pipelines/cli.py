@@ -168,14 +168,14 @@ def run(
 )
 @click.option("--force", is_flag=True, help="Redo even if the output is committed.")
 @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
-@click.option("--shard", type=int, default=0, show_default=True, help="generate/verify: this shard")
-@click.option("--num-shards", type=int, default=1, show_default=True, help="generate/verify: of S")
+@click.option("--shard", type=int, default=0, show_default=True, help="Sharded stages: this shard.")
+@click.option("--num-shards", type=int, default=1, show_default=True, help="Sharded stages: of S.")
 def stage(name, config, run_id, iteration, force, overrides, shard, num_shards) -> None:
     setup_logging()
     cfg = _load(config, overrides, run_id=run_id)
     kwargs = {}
     if (shard, num_shards) != (0, 1):
-        if name not in ("generate", "verify"):
+        if name not in ("generate", "verify", "evaluate"):
             click.echo(f"error: the {name} stage is not sharded", err=True)
             sys.exit(2)
         kwargs = {"shard": shard, "num_shards": num_shards}

@@ -41,10 +41,19 @@ def build_eval_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable
             cfg,
             for_cluster,
         ).set_display_name("resolve-checkpoint")
-        ev = ops.evaluate(
+        common = dict(
             config_json=config_json, run_id=run_id, checkpoint=resolved.output, force=force
         )
-        _apply(ev, "evaluate", cfg, for_cluster).set_display_name("evaluate")
+        after = resolved
+        shards = cfg.evaluate.num_shards
+        if shards > 1:  # sample+score shards in parallel, then gather the metrics
+            with dsl.ParallelFor(items=list(range(shards)), parallelism=shards) as shard:
+                part = ops.evaluate(**common, shard=shard, num_shards=shards)
+                _apply(part, "evaluate", cfg, for_cluster).after(resolved)
+                part.set_display_name("evaluate-shard")
+            after = part
+        ev = ops.evaluate(**common)
+        _apply(ev, "evaluate", cfg, for_cluster).after(after).set_display_name("evaluate")
 
     return rlvr_eval
 

@@ -85,8 +85,11 @@ def evaluate_stage(
     metrics: Output[Metrics],
     report: Output[Markdown],
     force: bool = False,
+    shard: int = 0,
+    num_shards: int = 1,
 ) -> str:
-    """Evaluate one checkpoint; the KFP UI shows its metrics and report."""
+    """Evaluate one checkpoint; the KFP UI shows its metrics and report. With num_shards > 1 this
+    task only samples and scores its shard (the gather task computes the metrics)."""
     import json
 
     from components.core.config import from_pipeline
@@ -95,7 +98,9 @@ def evaluate_stage(
     from components.evaluate.stage import run
 
     cfg = from_pipeline(config_json, run_id)
-    result = run(cfg, checkpoint, force=force)
+    result = run(cfg, checkpoint, force=force, shard=shard, num_shards=num_shards)
+    if num_shards > 1:
+        return json.dumps(result, default=str)
     store, layout = store_for(cfg), RunLayout.of(cfg)
     top = json.loads(store.read_text(join(layout.evals(checkpoint), "metrics.json")))
     for name, m in top["sets"].items():

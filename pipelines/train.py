@@ -46,7 +46,8 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
     def fan_out(stage, after, shards: int, **kwargs) -> dsl.PipelineTask:
         """One task, or `shards` tasks under dsl.ParallelFor. A later task's .after() on the
         returned task waits for every shard (the gather)."""
-        op, name = getattr(ops, stage), f"{stage}-{kwargs['iteration']:05d}"
+        index = kwargs.get("iteration", kwargs.get("checkpoint"))
+        op, name = getattr(ops, stage), f"{stage}-{index:05d}"
         if shards == 1:
             return _placed(stage)(op(**kwargs)).after(after).set_display_name(name)
         with dsl.ParallelFor(items=list(range(shards)), parallelism=shards) as shard:
@@ -58,9 +59,16 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
     def rlvr_train(config_json: str = cfg.to_json(), run_id: str = cfg.run_id) -> None:
         common = {"config_json": config_json, "run_id": run_id}
         init = _placed("init")(ops.init(**common)).set_display_name("init")
+
+        def evaluate(c: int, after: dsl.PipelineTask) -> None:
+            shards = cfg.evaluate.num_shards
+            if shards > 1:  # sample+score shards in parallel, then gather the metrics
+                after = fan_out("evaluate", after, shards, **common, checkpoint=c)
+            task = _placed("evaluate")(ops.evaluate(**common, checkpoint=c))
+            task.after(after).set_display_name(f"evaluate-{c:05d}")
+
         if 0 in evaluated:
-            ev0 = _placed("evaluate")(ops.evaluate(**common, checkpoint=0))
-            ev0.after(init).set_display_name("evaluate-00000")
+            evaluate(0, init)
         prev = init
         for i in range(iterations):
             gen = fan_out("generate", prev, cfg.generate.num_shards, **common, iteration=i)
@@ -69,8 +77,7 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
             trn.after(ver).set_display_name(f"train-{i:05d}")
             if i + 1 in evaluated:
                 # Runs beside generate of iteration i+1 where resources allow: both follow train i.
-                ev = _placed("evaluate")(ops.evaluate(**common, checkpoint=i + 1))
-                ev.after(trn).set_display_name(f"evaluate-{i + 1:05d}")
+                evaluate(i + 1, trn)
             prev = trn
 
     return rlvr_train

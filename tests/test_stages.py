@@ -151,7 +151,11 @@ def test_weighted_reward_components_and_overlong_penalty():
     from components.verify.stage import score_table
 
     rows = {name: [] for name in ROLLOUTS.names}
-    cases = [("<think>ok</think> \\boxed{4}", "4", 3), ("\\boxed{5}", "4", 10), ("<think>x</think> \\boxed{4}", "4", 8)]
+    cases = [
+        ("<think>ok</think> \\boxed{4}", "4", 3),
+        ("\\boxed{5}", "4", 10),
+        ("<think>x</think> \\boxed{4}", "4", 8),
+    ]
     for i, (resp, gt, length) in enumerate(cases):
         values = dict(prompt_id=f"p{i}", sample_index=0, data_source="mix", ground_truth=gt, prompt="q",
                       prompt_token_ids=[1], response=resp, response_token_ids=list(range(length)),
@@ -175,3 +179,26 @@ def test_weighted_reward_components_and_overlong_penalty():
     assert [r["reward"] for r in out] == pytest.approx([1.5, -1.0, 1.0])
     assert out[0]["verifier"] == "1*correct:math + 0.5*format:format"
     assert stats["reward_components_mean"]["correct"] == pytest.approx(2 / 3)
+
+
+def test_sharded_evaluation_matches_unsharded_and_greedy(cfg):
+    cfg.data.eval[0].greedy = True
+    run_setup.run(cfg)
+    whole = evaluate(cfg, 0)["metrics"]
+    assert "greedy_pass@1" in whole["overall"]
+    sharded = cfg.model_copy(deep=True)
+    sharded.run.run_id = "sharded"
+    sharded.evaluate.num_shards = 3
+    run_setup.run(sharded)
+    from components.core.commit import NotCommittedError
+
+    for s in range(2):
+        evaluate(sharded, 0, shard=s, num_shards=3)
+    with pytest.raises(NotCommittedError, match=r"shards \[2\] of 3"):
+        evaluate(sharded, 0)  # the gather refuses an incomplete set
+    evaluate(sharded, 0, shard=2, num_shards=3)
+    gathered = evaluate(sharded, 0)["metrics"]
+    assert gathered["overall"] == whole["overall"]
+    assert gathered["by_data_source"] == whole["by_data_source"]
+    root = Path(RunLayout.of(sharded).evals(0))
+    assert (root / "heldout" / "greedy_samples.parquet").is_file()

@@ -72,6 +72,8 @@ class EvalSetConfig(_Strict):
     top_k: int = Field(0, ge=0)
     max_new_tokens: int | None = Field(None, ge=1)
     """None: the generate section's max_new_tokens."""
+    greedy: bool = False
+    """Also decode one greedy response per prompt and report greedy_pass@1."""
 
 
 class DataSection(_Strict):
@@ -220,6 +222,8 @@ class EvaluateSection(_Strict):
     seed: int = 1234
     every: int = Field(1, ge=1)
     """Evaluate every `every`-th checkpoint (the base and the last are always evaluated)."""
+    num_shards: int = Field(1, ge=1)
+    """The pipeline fans evaluation sampling out over this many shards, then gathers metrics."""
 
 
 DEFAULT_IMAGE_REPO = "ghcr.io/rlvr-project"

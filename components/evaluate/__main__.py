@@ -4,4 +4,4 @@ from components.core.stage_cli import stage_command
 from components.evaluate.stage import run
 
 if __name__ == "__main__":
-    stage_command("evaluate", run)()
+    stage_command("evaluate", run, shardable=True)()

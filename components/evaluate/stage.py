@@ -28,7 +28,16 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from components.core.checkpoint import local_checkpoint
-from components.core.commit import OutputDir, committed_files, lineage
+from components.core.commit import (
+    OutputDir,
+    check_shard,
+    clear_other_layouts,
+    committed_files,
+    content_digest,
+    lineage,
+    shard_dir,
+    shard_of,
+)
 from components.core.config import EvalSetConfig, RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
@@ -157,25 +166,23 @@ def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
     return c
 
 
-def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
-    """Evaluate checkpoint `iteration` on every eval set."""
-    store, layout = store_for(cfg), RunLayout.of(cfg)
-    c = iteration
-    out = OutputDir(store, layout.evals(c), "evaluate")
-    validate_eval_sets(cfg)
-    inputs = lineage(
+def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> dict[str, str]:
+    return lineage(
         store,
         [layout.checkpoint(c), *(layout.eval_data(e.name) for e in cfg.data.eval)],
         {
             "eval": [e.model_dump(mode="json") for e in cfg.data.eval],
-            "evaluate": cfg.evaluate.model_dump(mode="json"),
-            "generate": cfg.generate.model_dump(mode="json"),
-            "verify": cfg.verify.model_dump(mode="json"),
+            "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
+            "generate": cfg.generate.model_dump(mode="json", exclude={"num_shards", "batch_size"}),
+            "verify": cfg.verify.model_dump(mode="json", exclude={"num_shards", "num_workers"}),
         },
     )
-    if out.up_to_date(inputs) and not force:
-        log.info("evaluation of checkpoint %05d already committed; skipping", c)
-        return {"skipped": True, "uri": out.uri}
+
+
+def _sample_and_score(
+    cfg: RunConfig, store: Store, layout: RunLayout, c: int, shard: int, num_shards: int
+) -> dict[str, dict[str, Any]]:
+    """Sample and score every eval set (this shard's prompts); nothing is committed here."""
     ckpt_uri = layout.checkpoint(c)
     ckpt_dir = local_checkpoint(store, ckpt_uri)
     sets = []
@@ -185,56 +192,137 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         if ev.max_prompts is not None:
             prompts = prompts[: ev.max_prompts]
         resolve_rewards({p.data_source for p in prompts}, cfg.verify.rewards)  # before sampling
-        spec = spec_from(
-            cfg.generate,
-            cfg.evaluate.seed,
-            n=ev.n,
-            temperature=ev.temperature,
-            top_p=ev.top_p,
-            top_k=ev.top_k,
-            max_new_tokens=ev.max_new_tokens,
-        )
-        sets.append((ev, prompts, spec))
+        prompts = [p for p in prompts if shard_of(p.prompt_id, num_shards) == shard]
+        common = dict(top_p=ev.top_p, top_k=ev.top_k, max_new_tokens=ev.max_new_tokens)
+        specs = {
+            "samples": spec_from(
+                cfg.generate, cfg.evaluate.seed, n=ev.n, temperature=ev.temperature, **common
+            )
+        }
+        if ev.greedy:
+            specs["greedy_samples"] = spec_from(
+                cfg.generate, cfg.evaluate.seed, n=1, temperature=0.0, **common
+            )
+        sets.append((ev, prompts, specs))
     backend, tokenizer = make_backend(cfg.generate, ckpt_dir, cfg.evaluate.seed)
+    scratch_root = join(layout.root, "eval_scratch", f"{c:05d}-{shard}-of-{num_shards}")
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for ev, prompts, specs in sets:
+            out[ev.name] = {}
+            for kind, spec in specs.items():
+                scratch = OutputDir(store, join(scratch_root, ev.name, kind), "evaluate")
+                generate_rollouts(
+                    scratch, backend, tokenizer, prompts, spec,
+                    iteration=EVAL_SEED_ITERATION, checkpoint_uri=ckpt_uri,
+                    max_prompt_tokens=cfg.generate.max_prompt_tokens,
+                    rows_per_part=cfg.generate.rows_per_part,
+                    desc=f"evaluate {c:05d} {ev.name}" + (" (greedy)" if kind != "samples" else ""),
+                    allow_empty=num_shards > 1,
+                )  # fmt: skip
+                scratch.commit({})
+                files = committed_files(store, scratch.uri, ".parquet")
+                scored, vstats = score_table(
+                    read_records(store, files, "rollouts"),
+                    cfg.verify.rewards,
+                    num_workers=cfg.verify.num_workers,
+                    timeout_s=cfg.verify.timeout_s,
+                    max_error_fraction=cfg.verify.max_error_fraction,
+                    overlong=cfg.verify.overlong_penalty,
+                )
+                out[ev.name][kind] = scored
+                out[ev.name][f"{kind}_verify"] = vstats
+    finally:
+        store.delete_tree(scratch_root)
+    return out
 
-    out.begin(force=True)
+
+def _write_table(out: OutputDir, table, name: str, tmp: Path) -> None:
+    path = tmp / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.replace_schema_metadata(stamp(table.schema, "scored").metadata), path)
+    out.put_file(path, name)
+
+
+def greedy_metrics(table) -> dict[str, Any]:
+    problems = problems_from(table)
+
+    def acc(ps: list[ProblemSamples]) -> float:
+        return sum(p.correct[0] for p in ps) / len(ps) if ps else 0.0
+
+    by: dict[str, list[ProblemSamples]] = {}
+    for p in problems:
+        by.setdefault(p.data_source, []).append(p)
+    return {"overall": acc(problems), "by_data_source": {k: acc(v) for k, v in sorted(by.items())}}
+
+
+def run(
+    cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
+) -> dict[str, Any]:
+    """Evaluate checkpoint `iteration` on every eval set.
+
+    With `evaluate.num_shards` S > 1 the work is split: `--shard i --num-shards S` samples and
+    scores shard i's prompts into `eval_shards/<c>/shard-i-of-S/`, and the plain call (no shard)
+    then computes the metrics from all S shards: identical to an unsharded evaluation, since
+    sample seeds depend only on prompt_id and sample index.
+    """
+    check_shard(shard, num_shards)
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    c = iteration
+    validate_eval_sets(cfg)
+    inputs = _inputs(store, layout, cfg, c)
+    shards_uri = join(layout.root, "eval_shards", f"{c:05d}")
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-eval-"))
     try:
+        if num_shards > 1:  # a sampling shard
+            out = OutputDir(store, shard_dir(shards_uri, shard, num_shards), "evaluate")
+            if out.up_to_date(inputs) and not force:
+                return {"skipped": True, "uri": out.uri}
+            results = _sample_and_score(cfg, store, layout, c, shard, num_shards)
+            clear_other_layouts(store, shards_uri, num_shards)
+            out.begin(force=True)
+            for name, res in results.items():
+                for kind in ("samples", "greedy_samples"):
+                    if kind in res:
+                        _write_table(out, res[kind], f"{name}/{kind}.parquet", tmp)
+            out.commit({"shard": shard, "num_shards": num_shards}, inputs)
+            return {"skipped": False, "uri": out.uri}
+
+        out = OutputDir(store, layout.evals(c), "evaluate")
+        sharded = cfg.evaluate.num_shards > 1
+        if sharded:
+            inputs = {**inputs, "shards": content_digest(store, shards_uri)}
+        if out.up_to_date(inputs) and not force:
+            log.info("evaluation of checkpoint %05d already committed; skipping", c)
+            return {"skipped": True, "uri": out.uri}
+        if sharded:
+            results = {}
+            for ev in cfg.data.eval:
+                results[ev.name] = {}
+                for kind in ("samples", "greedy_samples") if ev.greedy else ("samples",):
+                    files = [f for f in committed_files(store, shards_uri, ".parquet")
+                             if f.endswith(f"/{ev.name}/{kind}.parquet")]  # fmt: skip
+                    results[ev.name][kind] = read_records(store, files, "scored")
+        else:
+            results = _sample_and_score(cfg, store, layout, c, 0, 1)
+
+        ckpt_uri = layout.checkpoint(c)
+        out.begin(force=True)
         all_metrics: dict[str, dict] = {}
-        for ev, prompts, spec in sets:
-            # Rollouts are staged in a scratch directory, scored, then written as samples.
-            scratch = OutputDir(store, join(layout.evals(c), ev.name, "_rollouts"), "evaluate")
-            generate_rollouts(
-                scratch,
-                backend,
-                tokenizer,
-                prompts,
-                spec,
-                iteration=EVAL_SEED_ITERATION,
-                checkpoint_uri=ckpt_uri,
-                max_prompt_tokens=cfg.generate.max_prompt_tokens,
-                rows_per_part=cfg.generate.rows_per_part,
-                desc=f"evaluate {c:05d} {ev.name}",
-            )
-            scratch.commit({})
-            table = read_records(store, committed_files(store, scratch.uri, ".parquet"), "rollouts")
-            store.delete_tree(scratch.uri)
-            scored, vstats = score_table(
-                table,
-                cfg.verify.rewards,
-                num_workers=cfg.verify.num_workers,
-                timeout_s=cfg.verify.timeout_s,
-                max_error_fraction=cfg.verify.max_error_fraction,
-                overlong=cfg.verify.overlong_penalty,
-            )
-            path = tmp / ev.name / "samples.parquet"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(
-                scored.replace_schema_metadata(stamp(scored.schema, "scored").metadata), path
-            )
-            out.put_file(path, f"{ev.name}/samples.parquet")
+        for ev in cfg.data.eval:
+            res = results[ev.name]
+            scored = res["samples"]
+            _write_table(out, scored, f"{ev.name}/samples.parquet", tmp)
             metrics = compute_metrics(scored, ev, cfg, ckpt_uri)
-            metrics["verify"] = {k: vstats[k] for k in ("errors", "timeouts", "error_fraction")}
+            if "samples_verify" in res:
+                v = res["samples_verify"]
+                metrics["verify"] = {k: v[k] for k in ("errors", "timeouts", "error_fraction")}
+            if ev.greedy:
+                _write_table(out, res["greedy_samples"], f"{ev.name}/greedy_samples.parquet", tmp)
+                g = greedy_metrics(res["greedy_samples"])
+                metrics["overall"]["greedy_pass@1"] = g["overall"]
+                for ds, value in g["by_data_source"].items():
+                    metrics["by_data_source"].setdefault(ds, {})["greedy_pass@1"] = value
             out.put_bytes(json.dumps(metrics, indent=2).encode(), f"{ev.name}/metrics.json")
             all_metrics[ev.name] = metrics
 
