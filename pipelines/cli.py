@@ -341,10 +341,14 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
     Console().print(eval_table(cfg))
 
 
-@main.command(help="Print the evaluation table of a run directory (local path or s3:// URI).")
+@main.command(help="Print every checkpoint's metrics and regenerate the run's plots and report.")
 @click.argument("run_dir")
 def report(run_dir: str) -> None:
+    from components.evaluate.stage import write_run_report
+
     Console().print(eval_table(run_dir))
+    paths = run_stage(lambda _cfg: write_run_report(get_store(run_dir), run_dir), None)
+    console.print(f"plots and report: {paths['report.md']}")
 
 
 if __name__ == "__main__":

@@ -65,3 +65,18 @@ def test_eval_pipeline_on_kfp_local(cfg, tmp_path):
     root = Path(RunLayout.of(cfg).root)
     metrics = json.loads((root / "evals/00000/metrics.json").read_text())
     assert metrics["checkpoint_index"] == 0 and "pass@1" in metrics["overall"]
+
+
+def test_report_prints_table_and_regenerates_plots(cfg):
+    from components.evaluate.stage import run as evaluate
+
+    run_setup.run(cfg)
+    evaluate(cfg, 0)
+    root = RunLayout.of(cfg).root
+    result = CliRunner().invoke(main, ["report", root], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "00000" in result.output and "heldout" in result.output
+    for name in ("report.md", "history.png", "pass_at_k.png", "_SUCCESS"):
+        assert (Path(root) / "report" / name).is_file(), name
+    empty = CliRunner().invoke(main, ["report", str(Path(root).parent / "nothing")])
+    assert empty.exit_code == 2

@@ -422,3 +422,49 @@ def watch_run(
             "watching %s: evaluated %s; next poll in %.0f s", layout.root, sorted(done), poll_s
         )
         time.sleep(poll_s)
+
+
+def write_run_report(store: Store, root: str) -> dict[str, str]:
+    """Regenerate the run-level plots and report under `<run>/report/` from every committed eval:
+    pass@1 / mean@n / reward over checkpoints, and pass@k curves of the base, the best and the
+    last checkpoint. The committed eval directories are left as they are."""
+    layout = RunLayout(root.rstrip("/"))
+    done = committed_indices(store, join(layout.root, "evals"))
+    if not done:
+        raise StageError(f"{root} has no committed evaluation yet")
+    tops = {c: json.loads(store.read_text(join(layout.evals(c), "metrics.json"))) for c in done}
+    last = done[-1]
+    rows = history(store, layout, last, tops[last])
+    best = max(done, key=lambda c: tops[c]["overall"]["pass@1"])
+
+    def curve(m: dict) -> dict[int, float]:
+        return {
+            int(k.split("@")[1]): v
+            for k, v in m["overall"].items()
+            if k.startswith("pass@") and "_" not in k
+        }
+
+    curves = {}
+    for label, c in (("base", done[0]), ("best", best), ("last", last)):
+        curves.setdefault(f"{label} ({c:05d})", curve(tops[c]))
+    out = OutputDir(store, join(layout.root, "report"), "report")
+    out.begin(force=True)
+    tmp = Path(tempfile.mkdtemp(prefix="rlvr-report-"))
+    try:
+        out.put_file(plot_history(rows, tmp / "history.png"), "history.png")
+        out.put_file(
+            plot_pass_at_k(curves, tmp / "pass_at_k.png", "pass@k: base, best, last"),
+            "pass_at_k.png",
+        )
+        primary = tops[last]
+        md = render_markdown(
+            {"model": primary["checkpoint"], "checkpoint": f"{last:05d}",
+             "overall": primary["overall"], "by_data_source": primary["by_data_source"]},
+            rows,
+            {"history": "history.png", "pass@k": "pass_at_k.png"},
+        )  # fmt: skip
+        out.put_bytes(md.encode(), "report.md")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out.commit({"checkpoints": done, "best": best})
+    return {name: join(out.uri, name) for name in ("report.md", "history.png", "pass_at_k.png")}
