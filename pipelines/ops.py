@@ -20,13 +20,9 @@ from kfp.dsl import Markdown, Metrics, Output
 
 def init_stage(config_json: str, run_id: str, force: bool = False) -> str:
     """Copy the base checkpoint and the datasets into the run."""
-    import json
+    from components.core.stage_cli import run_from_pipeline
 
-    from components.core import run_setup
-    from components.core.config import from_pipeline
-
-    cfg = from_pipeline(config_json, run_id)
-    return json.dumps(run_setup.run(cfg, force=force), default=str)
+    return run_from_pipeline("init", config_json, run_id, force=force)
 
 
 def generate_stage(
@@ -37,15 +33,11 @@ def generate_stage(
     shard: int = 0,
     num_shards: int = 1,
 ) -> str:
-    """Sample rollouts of one iteration with checkpoint `iteration`."""
-    import json
+    """Sample rollouts of one iteration (or one shard) with checkpoint `iteration`."""
+    from components.core.stage_cli import run_from_pipeline
 
-    from components.core.config import from_pipeline
-    from components.generate.stage import run
-
-    cfg = from_pipeline(config_json, run_id)
-    result = run(cfg, iteration, force=force, shard=shard, num_shards=num_shards)
-    return json.dumps(result, default=str)
+    kw = dict(iteration=iteration, force=force, shard=shard, num_shards=num_shards)
+    return run_from_pipeline("generate", config_json, run_id, **kw)
 
 
 def verify_stage(
@@ -56,26 +48,18 @@ def verify_stage(
     shard: int = 0,
     num_shards: int = 1,
 ) -> str:
-    """Score the rollouts of one iteration."""
-    import json
+    """Score the rollouts of one iteration (or one shard)."""
+    from components.core.stage_cli import run_from_pipeline
 
-    from components.core.config import from_pipeline
-    from components.verify.stage import run
-
-    cfg = from_pipeline(config_json, run_id)
-    result = run(cfg, iteration, force=force, shard=shard, num_shards=num_shards)
-    return json.dumps(result, default=str)
+    kw = dict(iteration=iteration, force=force, shard=shard, num_shards=num_shards)
+    return run_from_pipeline("verify", config_json, run_id, **kw)
 
 
 def train_stage(config_json: str, run_id: str, iteration: int, force: bool = False) -> str:
     """Take the policy update of one iteration: checkpoint i -> i+1."""
-    import json
+    from components.core.stage_cli import run_from_pipeline
 
-    from components.core.config import from_pipeline
-    from components.train.stage import run
-
-    cfg = from_pipeline(config_json, run_id)
-    return json.dumps(run(cfg, iteration, force=force), default=str)
+    return run_from_pipeline("train", config_json, run_id, iteration=iteration, force=force)
 
 
 def evaluate_stage(

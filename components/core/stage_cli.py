@@ -71,3 +71,23 @@ def stage_command(name: str, fn: StageFn, *, shardable: bool = False) -> click.C
         click.echo(json.dumps(result, indent=2, default=str))
 
     return cmd
+
+
+STAGE_MODULES = {
+    "init": "components.core.run_setup",
+    "generate": "components.generate.stage",
+    "verify": "components.verify.stage",
+    "train": "components.train.stage",
+    "evaluate": "components.evaluate.stage",
+}
+
+
+def run_from_pipeline(stage: str, config_json: str, run_id: str, **kwargs: Any) -> str:
+    """What a pipeline component does: rebuild the config, run one stage, return JSON."""
+    import importlib
+
+    from components.core.config import from_pipeline
+
+    cfg = from_pipeline(config_json, run_id)
+    result = importlib.import_module(STAGE_MODULES[stage]).run(cfg, **kwargs)
+    return json.dumps({k: v for k, v in result.items() if k != "metrics"}, default=str)
