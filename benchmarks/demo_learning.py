@@ -55,7 +55,7 @@ def main() -> int:
     print(f"gain             {gain:+.1f} points   (goal >= +30)")
     print(f"final / base     {final / base:.2f}x" if base > 0 else "final / base     inf")
     print(f"wall time        {wall:.0f} s   ({wall / 900:.2f} of the 15-minute goal)")
-    print(f"report           {evals / f'{curve[-1][0]:05d}' / 'report.md'}")
+    print(f"report           {Path(args.store) / args.run_id / 'report' / 'report.md'}")
     return 0
 
 

@@ -43,19 +43,11 @@ def _load(config: str, overrides: tuple[str, ...], **kw) -> RunConfig:
 
 
 def _stage_fns():
-    from components.core import run_setup
-    from components.evaluate import stage as evaluate
-    from components.generate import stage as generate
-    from components.train import stage as train
-    from components.verify import stage as verify
+    import importlib
 
-    return {
-        "init": run_setup.run,
-        "generate": generate.run,
-        "verify": verify.run,
-        "train": train.run,
-        "evaluate": evaluate.run,
-    }
+    from components.core.stage_cli import STAGE_MODULES
+
+    return {name: importlib.import_module(mod).run for name, mod in STAGE_MODULES.items()}
 
 
 def prepare_inputs(cfg: RunConfig) -> None:
@@ -152,6 +144,8 @@ def run(
     elapsed = time.perf_counter() - t0
     Console().print(eval_table(cfg))
     console.print(f"done in {elapsed:.0f} s; outputs under {layout.root}")
+    if cfg.data.eval:
+        console.print(f"report with plots: {layout.root}/report/report.md")
 
 
 @main.command(help="Run one stage of one iteration (what that stage's container runs).")

@@ -96,6 +96,23 @@ def evaluate_stage(
     return json.dumps({k: v for k, v in result.items() if k != "metrics"}, default=str)
 
 
+def report_stage(config_json: str, run_id: str, report: Output[Markdown]) -> str:
+    """Regenerate the run-level plots and report from every committed evaluation (runs last:
+    evaluations may finish in any order)."""
+    import json
+
+    from components.core.config import from_pipeline
+    from components.core.layout import RunLayout, store_for
+    from components.evaluate.stage import write_run_report
+
+    cfg = from_pipeline(config_json, run_id)
+    store, root = store_for(cfg), RunLayout.of(cfg).root
+    paths = write_run_report(store, root)
+    with open(report.path, "w") as f:
+        f.write(store.read_text(paths["report.md"]))
+    return json.dumps(paths)
+
+
 def resolve_stage(config_json: str, run_id: str, checkpoint: str) -> int:
     """The checkpoint index to evaluate: "latest" (the newest committed, resolved now) or an index."""
     from components.core.config import from_pipeline
@@ -111,6 +128,7 @@ STAGE_FUNCS: dict[str, Callable] = {
     "train": train_stage,
     "evaluate": evaluate_stage,
     "resolve": resolve_stage,
+    "report": report_stage,
 }
 
 
@@ -122,10 +140,15 @@ class Ops:
     train: Callable
     evaluate: Callable
     resolve: Callable
+    report: Callable
 
 
 def make_ops(images: dict[str, str]) -> Ops:
     """KFP components for every stage, each on its stage's image (`images` has one per stage)."""
-    image_of = {"resolve": images["evaluate"], **images}  # resolve is a lookup beside evaluate
+    image_of = {
+        "resolve": images["evaluate"],
+        "report": images["evaluate"],
+        **images,
+    }  # resolve is a lookup beside evaluate
     built = {name: dsl.component(base_image=image_of[name])(fn) for name, fn in STAGE_FUNCS.items()}
     return Ops(**built)

@@ -60,12 +60,14 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         common = {"config_json": config_json, "run_id": run_id}
         init = _placed("init")(ops.init(**common)).set_display_name("init")
 
+        evals: list[dsl.PipelineTask] = []
+
         def evaluate(c: int, after: dsl.PipelineTask) -> None:
             shards = cfg.evaluate.num_shards
             if shards > 1:  # sample+score shards in parallel, then gather the metrics
                 after = fan_out("evaluate", after, shards, **common, checkpoint=c)
             task = _placed("evaluate")(ops.evaluate(**common, checkpoint=c))
-            task.after(after).set_display_name(f"evaluate-{c:05d}")
+            evals.append(task.after(after).set_display_name(f"evaluate-{c:05d}"))
 
         if 0 in evaluated:
             evaluate(0, init)
@@ -79,6 +81,9 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
                 # Runs beside generate of iteration i+1 where resources allow: both follow train i.
                 evaluate(i + 1, trn)
             prev = trn
+        if evals:  # evaluations may finish in any order: the run-level report comes last
+            report = _placed("init")(ops.report(**common)).set_display_name("report")
+            report.after(*evals)
 
     return rlvr_train
 

@@ -27,7 +27,7 @@ def test_compile_unrolls_iterations_with_stage_images(workspace, tmp_path):
     for i in range(3):
         for stage in ("generate", "verify", "train"):
             assert f"{stage}-{i:05d}" in names
-    assert {"init", "evaluate-00000", "evaluate-00003"} <= set(names)
+    assert {"init", "evaluate-00000", "evaluate-00003", "report"} <= set(names)
     executors = ir["deploymentSpec"]["executors"]
     images = {e["container"]["image"] for e in executors.values()}
     assert images == {
@@ -40,6 +40,7 @@ def test_compile_unrolls_iterations_with_stage_images(workspace, tmp_path):
     deps = lambda n: {tasks[d]["taskInfo"]["name"] for d in by_name[n].get("dependentTasks", [])}  # noqa: E731
     assert deps("verify-00001") == {"generate-00001"} and deps("generate-00001") == {"train-00000"}
     assert deps("evaluate-00003") == {"train-00002"}
+    assert deps("report") == {f"evaluate-{c:05d}" for c in range(4)}
     # evaluate of checkpoint i+1 and generate of iteration i+1 both wait only for train i, so
     # they can run side by side.
     assert deps("generate-00002") == {"train-00001"} == deps("evaluate-00002")
@@ -106,6 +107,7 @@ def test_rlvr_run_two_iterations_on_kfp_local_and_resume(workspace):
               "iterations/00001/rollouts/shard-00001-of-00002", "iterations/00001/scored", "evals/00000", "evals/00002"):  # fmt: skip
         assert (root / d / "_SUCCESS").is_file(), d
     assert not (root / "evals/00001").exists()  # evaluate.every=2
+    assert (root / "report/report.md").is_file() and (root / "report/history.png").is_file()
     assert yaml.safe_load((root / "run.yaml").read_text())["run"]["iterations"] == 2
     assert "held-out evaluation" in proc.stdout and "00002" in proc.stdout
     state = json.loads((root / "train_state/00002/state.json").read_text())

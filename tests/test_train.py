@@ -236,3 +236,38 @@ def test_rollout_correction_refuses_a_different_logprob_definition(train_cfg):
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="vllm raw logprobs"):
         train.run(cfg, 0)
+
+
+@pytest.mark.slow
+def test_two_processes_in_one_pod_match_one(train_cfg, tmp_path):
+    """`python -m components.train` with train.processes=2 re-launches itself under
+    torch.distributed.run (gloo on CPU); the update equals the single-process one."""
+    import shutil
+    import subprocess
+    import sys
+
+    cfg = train_cfg
+    cfg.train.mini_batches = 1
+    cfg.train.lr_schedule = "constant"
+    cfg.train.warmup_steps = 0
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    train.run(cfg, 0)
+    single = weights(cfg, 1)
+    layout = RunLayout.of(cfg)
+    shutil.rmtree(layout.checkpoint(1))
+    shutil.rmtree(layout.train_state(1))
+    config = tmp_path / "resolved.yaml"
+    config.write_text(cfg.to_json())
+    proc = subprocess.run(
+        [sys.executable, "-m", "components.train", str(config), "-i", "0", "--set", "train.processes=2"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.distributed" in proc.stderr or json.loads(
+        proc.stdout[proc.stdout.rfind("\n{") + 1 :]
+    )
+    two = weights(cfg, 1)
+    for name in single:
+        torch.testing.assert_close(two[name], single[name], rtol=1e-5, atol=1e-7, msg=name)

@@ -189,6 +189,8 @@ class TrainSection(_Strict):
     """Token budget (prompt + response, padded) of one forward/backward micro-batch."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """auto: float32 on CPU, bfloat16 on GPU."""
+    processes: int | None = Field(None, ge=1)
+    """Data-parallel processes in the train pod (None: one per visible GPU, one on CPU)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """KL penalty against the frozen base policy (checkpoint 00000); 0 disables it and the
     reference model is not loaded."""

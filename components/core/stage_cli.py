@@ -77,7 +77,7 @@ STAGE_MODULES = {
     "init": "components.core.run_setup",
     "generate": "components.generate.stage",
     "verify": "components.verify.stage",
-    "train": "components.train.stage",
+    "train": "components.train.launch",
     "evaluate": "components.evaluate.stage",
 }
 
