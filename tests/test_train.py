@@ -256,6 +256,7 @@ def test_two_processes_in_one_pod_match_one(train_cfg, tmp_path):
     train.run(cfg, 0)
     single = weights(cfg, 1)
     layout = RunLayout.of(cfg)
+    single_stats = json.loads(Path(layout.train_state(1), "metrics.json").read_text())
     shutil.rmtree(layout.checkpoint(1))
     shutil.rmtree(layout.train_state(1))
     config = tmp_path / "resolved.yaml"
@@ -269,5 +270,12 @@ def test_two_processes_in_one_pod_match_one(train_cfg, tmp_path):
         proc.stdout[proc.stdout.rfind("\n{") + 1 :]
     )
     two = weights(cfg, 1)
-    for name in single:
-        torch.testing.assert_close(two[name], single[name], rtol=1e-5, atol=1e-7, msg=name)
+    two_stats = json.loads(Path(layout.train_state(1), "metrics.json").read_text())
+    # The same global loss and pre-clip gradient norm (exact gradients across world sizes are
+    # proven in test_train_zero). Adam's first step is ~lr*sign(g), so a gradient component at
+    # round-off level may flip: compare weights by the share that agree.
+    for key in ("train/loss", "train/grad_norm"):
+        assert two_stats[key] == pytest.approx(single_stats[key], rel=1e-4), key
+    close = sum(int(torch.isclose(two[k], single[k], rtol=0, atol=1e-6).sum()) for k in single)
+    total = sum(v.numel() for v in single.values())
+    assert close / total > 0.999

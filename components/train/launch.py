@@ -3,7 +3,7 @@
     python -m components.train CONFIG --run-id ID --iteration I
 
 `run` decides how many processes to use (`train.processes`, default: one per visible GPU, one on
-CPU). With more than one, and when not already inside a launcher (no LOCAL_RANK), it re-launches
+CPU). With more than one, and when not already a launched rank (no TORCHELASTIC_RUN_ID), it re-launches
 the stage under `torch.distributed.run --standalone --nproc_per_node N`; each rank then runs
 `stage.run` with DeepSpeed data parallelism (NCCL on GPU, gloo on CPU), and rank 0 commits the
 outputs. The pipeline sets the pod's GPU count from `cluster.stages.train.accelerator_count`.
@@ -37,7 +37,7 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     from components.train import stage
 
     n = processes(cfg)
-    if n <= 1 or "LOCAL_RANK" in os.environ:
+    if n <= 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # one process, or already a launched rank
         return stage.run(cfg, iteration, force=force)
     with tempfile.TemporaryDirectory(prefix="rlvr-launch-") as tmp:
         config = Path(tmp) / "config.yaml"
