@@ -279,3 +279,28 @@ def test_two_processes_in_one_pod_match_one(train_cfg, tmp_path):
     close = sum(int(torch.isclose(two[k], single[k], rtol=0, atol=1e-6).sum()) for k in single)
     total = sum(v.numel() for v in single.values())
     assert close / total > 0.999
+
+
+def test_single_process_ignores_inherited_rendezvous(train_cfg, tmp_path):
+    """A train stage started from a process that is itself rank 0 of a one-process group (a KFP
+    local task, a notebook) must not reuse that group's taken MASTER_PORT."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    cfg = train_cfg
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    config = tmp_path / "resolved.yaml"
+    config.write_text(cfg.to_json())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(taken.getsockname()[1])}  # fmt: skip
+        proc = subprocess.run([sys.executable, "-m", "components.train", str(config), "-i", "0"],
+                              env=env, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert Path(RunLayout.of(cfg).checkpoint(1), "_SUCCESS").is_file()

@@ -85,7 +85,10 @@ def init_distributed(device: str) -> tuple[int, int]:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        if "RANK" not in os.environ:  # a single process started without a launcher
+        # Trust a launcher's variables only for a real multi-process group. A single process
+        # gets a fresh loopback rendezvous: RANK/MASTER_PORT inherited from a parent that is
+        # itself a rank (a notebook, a test run, a KFP local task) would point at a taken port.
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
