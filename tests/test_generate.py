@@ -19,6 +19,24 @@ def policy(tiny_assets):
     return load_policy(tiny_assets / "base")
 
 
+@pytest.fixture(params=["transformers", "vllm"])
+def make_backend(request, policy, tiny_assets):
+    """The shared backend contract: every test taking this runs against both backends."""
+    model, tok = policy
+    if request.param == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
+            pytest.skip("vllm backend needs the vllm package and a CUDA GPU (CPU CI: skipped)")
+        from components.generate.vllm_backend import VLLMBackend
+
+        backend = VLLMBackend(
+            str(tiny_assets / "base"), gpu_memory_utilization=0.2, dtype="float32"
+        )
+        return lambda batch_size=64: backend
+    return lambda batch_size=64: TransformersBackend(model, tok, batch_size=batch_size)
+
+
 def requests(tok, n, count=6):
     out = []
     for i in range(count):
@@ -31,13 +49,26 @@ def collect(backend, reqs, spec):
     return {(s.prompt_id, s.sample_index): s for b in backend.generate(reqs, spec) for s in b}
 
 
-@pytest.mark.parametrize("temperature, top_p, top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5)])
-def test_logprobs_match_teacher_forcing(policy, temperature, top_p, top_k):
-    """response_logprobs = log_softmax(logits/T) of the sampled token, before truncation."""
+@pytest.mark.parametrize("temperature, top_p, top_k", [(1.0, 1.0, 0), (0.7, 1.0, 0)])
+def test_contract_logprobs_match_teacher_forcing(make_backend, policy, temperature, top_p, top_k):
+    """Both backends: response_logprobs = log_softmax(logits/T) of each sampled token."""
+    _check_logprobs(make_backend(8), policy, temperature, top_p, top_k)
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k", [(0.7, 0.9, 0), (1.3, 1.0, 5)])
+def test_logprobs_are_taken_before_truncation(policy, temperature, top_p, top_k):
+    """Transformers backend: the definition holds with top-p/top-k (taken before truncation)."""
+    model, tok = policy
+    _check_logprobs(
+        TransformersBackend(model, tok, batch_size=8), policy, temperature, top_p, top_k
+    )
+
+
+def _check_logprobs(backend, policy, temperature, top_p, top_k):
     model, tok = policy
     spec = SamplingSpec(n=3, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=10)
     reqs = requests(tok, 3)
-    out = collect(TransformersBackend(model, tok, batch_size=8), reqs, spec)
+    out = collect(backend, reqs, spec)
     worst = 0.0
     for r in reqs:
         for j in range(3):
@@ -65,11 +96,11 @@ def test_samples_do_not_depend_on_batching(policy):
     assert len({tuple(s.response_token_ids) for s in big.values()}) > len(reqs)
 
 
-def test_greedy_is_argmax(policy):
+def test_contract_greedy_is_argmax(make_backend, policy):
     model, tok = policy
     spec = SamplingSpec(n=2, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=5)
     r = requests(tok, 2, count=1)[0]
-    out = collect(TransformersBackend(model, tok), [r], spec)
+    out = collect(make_backend(), [r], spec)
     assert out[("p0", 0)].response_token_ids == out[("p0", 1)].response_token_ids
     ids = list(r.prompt_token_ids)
     for t in out[("p0", 0)].response_token_ids:
@@ -78,17 +109,16 @@ def test_greedy_is_argmax(policy):
         ids.append(t)
 
 
-def test_stop_strings_and_eos(policy):
+def test_contract_stop_strings_and_eos(make_backend, policy):
     model, tok = policy
     reqs = requests(tok, 4)
     spec = SamplingSpec(n=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12)
-    free = collect(TransformersBackend(model, tok), reqs, spec)
+    backend = make_backend()
+    free = collect(backend, reqs, spec)
     # Pick a character that appears mid-response in some sample and stop on it.
     s0 = next(s for s in free.values() if len(s.response) >= 3)
     stop = s0.response[1]
-    out = collect(
-        TransformersBackend(model, tok), reqs, SamplingSpec(**{**spec.__dict__, "stop": (stop,)})
-    )
+    out = collect(backend, reqs, SamplingSpec(**{**spec.__dict__, "stop": (stop,)}))
     for key, s in out.items():
         if stop in free[key].response:
             assert s.finish_reason == "stop" and s.response.endswith(stop)
@@ -226,3 +256,46 @@ def test_shards_union_equals_unsharded(cfg):
     assert rows(sharded, "scored") == whole_scored
     with pytest.raises(ValueError, match="0 <= shard < num_shards"):
         run(sharded, 0, shard=3, num_shards=3)
+
+
+def test_stop_token_ids_end_responses_like_eos(policy):
+    model, tok = policy
+    reqs = requests(tok, 4)
+    spec = SamplingSpec(n=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12)
+    free = collect(TransformersBackend(model, tok), reqs, spec)
+    s0 = next(s for s in free.values() if len(s.response_token_ids) >= 4)
+    stop_id = s0.response_token_ids[2]
+    stopped = SamplingSpec(**{**spec.__dict__, "stop_token_ids": (stop_id,)})
+    got = collect(TransformersBackend(model, tok), reqs, stopped)[(s0.prompt_id, s0.sample_index)]
+    first = s0.response_token_ids.index(stop_id)
+    assert got.response_token_ids == s0.response_token_ids[: first + 1]
+    assert got.finish_reason == "stop"
+
+
+def test_batches_by_token_budget(policy):
+    model, tok = policy
+    spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=10)
+    lengths = [2, 3, 8, 20]
+    reqs = [PromptRequest(f"p{i}", [5] * n, [i, i + 100]) for i, n in enumerate(lengths)]
+    backend = TransformersBackend(model, tok, batch_size=64, batch_tokens=60)
+    plan = backend.plan_batches(reqs, spec)
+    # 2 prompts x 2 samples x (3 + 10) = 52 <= 60; adding the 8-token one: 6 x 18 = 108 > 60
+    assert [[r.prompt_id for r in b] for b in plan] == [["p0", "p1"], ["p2"], ["p3"]]
+    rowwise = TransformersBackend(model, tok, batch_size=4).plan_batches(reqs, spec)
+    assert [len(b) for b in rowwise] == [2, 2]
+    # Samples do not depend on the plan.
+    a = collect(backend, reqs, spec)
+    b = collect(TransformersBackend(model, tok, batch_size=64), reqs, spec)
+    assert {k: v.response_token_ids for k, v in a.items()} == {
+        k: v.response_token_ids for k, v in b.items()
+    }
+
+
+def test_tokenizer_without_pad_token_fails_before_work(policy):
+    import copy
+
+    model, tok = policy
+    bare = copy.deepcopy(tok)
+    bare.pad_token = None
+    with pytest.raises(ValueError, match="no pad token"):
+        TransformersBackend(model, bare)

@@ -97,8 +97,13 @@ class GenerateSection(_Strict):
     max_prompt_tokens: int = Field(512, ge=1)
     stop: list[str] = Field(default_factory=list)
     """Stop strings; the response ends with the stop string included (one rule for all backends)."""
+    stop_token_ids: list[int] = Field(default_factory=list)
+    """Token ids that end a response like EOS (e.g. <|im_end|>)."""
     batch_size: int = Field(64, ge=1)
-    """Sequences decoded together by the transformers backend."""
+    """Most sequences decoded together by the transformers backend."""
+    batch_tokens: int | None = Field(None, ge=1)
+    """Token budget of one transformers batch: sequences x (longest prompt + max_new_tokens), so
+    long prompts get smaller batches (None: batch_size alone)."""
     rows_per_part: int = Field(4096, ge=1)
     """Rows per Parquet row group / flush, which bounds memory."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

@@ -6,9 +6,9 @@ Semantics shared by all backends (docs/contracts.md, "Sampling semantics"):
   top-k / top-p truncation (for temperature 0, greedy, the logits are not scaled). The trainer
   recomputes exactly this with teacher forcing. The definition string is `LOGPROB_DEFINITION` and
   goes into the generate manifest, so the trainer can refuse a mismatch.
-- A response ends at an EOS token (kept in `response_token_ids`, not in the text), at a stop
-  string (kept in both; the text is cut right after the stop string), or at max_new_tokens
-  (finish_reason "length").
+- A response ends at an EOS token or one of `stop_token_ids` (kept in `response_token_ids`, not
+  in the text), at a stop string (kept in both; the text is cut right after the stop string), or
+  at max_new_tokens (finish_reason "length").
 - Each sample's randomness derives from (run seed, iteration, prompt_id, sample_index), never
   from batch position, so any batching or sharding reproduces the same samples.
 """
@@ -32,6 +32,8 @@ class SamplingSpec:
     max_new_tokens: int
     stop: tuple[str, ...] = ()
     seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra token ids that end a response like EOS does (kept in the token ids, not the text)."""
 
     def __post_init__(self) -> None:
         if self.n < 1:

@@ -52,7 +52,15 @@ def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 class TransformersBackend:
     """Generation with a Hugging Face causal LM on CPU or one GPU."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 64, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        batch_size: int = 64,
+        batch_tokens: int | None = None,
+        device: str = "cpu",
+    ) -> None:
         import transformers
 
         if tokenizer.pad_token_id is None:
@@ -63,6 +71,7 @@ class TransformersBackend:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.batch_tokens = batch_tokens
         self.device = device
         self.eos_ids = _eos_ids(model, tokenizer)
         self.info = BackendInfo("transformers", transformers.__version__)
@@ -71,10 +80,34 @@ class TransformersBackend:
         # Sort by prompt length to cut padding; whole prompts per batch, so every prompt's n
         # samples are yielded together.
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_token_ids))
-        per_batch = max(1, self.batch_size // spec.n)
-        for start in range(0, len(order), per_batch):
-            batch = [requests[i] for i in order[start : start + per_batch]]
+        for batch in self.plan_batches([requests[i] for i in order], spec):
             yield self._generate_batch(batch, spec)
+
+    def plan_batches(
+        self, ordered: list[PromptRequest], spec: SamplingSpec
+    ) -> list[list[PromptRequest]]:
+        """Consecutive prompts (sorted by length) per batch, bounded by batch_size sequences and,
+        when set, by batch_tokens = sequences x (longest prompt + max_new_tokens). A prompt's n
+        samples always stay together."""
+        batches: list[list[PromptRequest]] = []
+        cur: list[PromptRequest] = []
+        width = 0
+        for r in ordered:
+            rows = (len(cur) + 1) * spec.n
+            new_width = max(width, len(r.prompt_token_ids))
+            over_rows = rows > max(self.batch_size, spec.n)
+            over_tokens = (
+                self.batch_tokens is not None
+                and rows * (new_width + spec.max_new_tokens) > self.batch_tokens
+            )
+            if cur and (over_rows or over_tokens):
+                batches.append(cur)
+                cur, new_width = [], len(r.prompt_token_ids)
+            cur.append(r)
+            width = new_width
+        if cur:
+            batches.append(cur)
+        return batches
 
     @torch.no_grad()
     def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
@@ -100,7 +133,9 @@ class TransformersBackend:
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
 
-        eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=self.device)
+        eos = torch.tensor(
+            sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
+        )
         tokens = torch.full((B, T), pad, dtype=torch.long)
         logps = torch.zeros((B, T), dtype=torch.float32)
         lengths = torch.zeros(B, dtype=torch.long)

@@ -127,6 +127,7 @@ def spec_from(gen: GenerateSection, seed: int, **override: Any) -> SamplingSpec:
         max_new_tokens=gen.max_new_tokens,
         stop=tuple(gen.stop),
         seed=seed,
+        stop_token_ids=tuple(gen.stop_token_ids),
     )
     values.update({k: v for k, v in override.items() if v is not None})
     return SamplingSpec(**values)
@@ -162,9 +163,10 @@ def make_backend(gen: GenerateSection, ckpt_dir: Path, seed: int) -> tuple[Backe
 
     device, dtype = device_and_dtype(gen.dtype)
     model, tokenizer = load_policy(ckpt_dir, dtype=dtype, device=device)
-    return TransformersBackend(
-        model, tokenizer, batch_size=gen.batch_size, device=device
-    ), tokenizer
+    backend = TransformersBackend(
+        model, tokenizer, batch_size=gen.batch_size, batch_tokens=gen.batch_tokens, device=device
+    )
+    return backend, tokenizer
 
 
 def generate_rollouts(
@@ -287,6 +289,7 @@ def generate_rollouts(
             "top_k": spec.top_k,
             "max_new_tokens": spec.max_new_tokens,
             "stop": list(spec.stop),
+            "stop_token_ids": list(spec.stop_token_ids),
             "seed": spec.seed,
         },
     }

@@ -64,6 +64,7 @@ class VLLMBackend:
             top_k=spec.top_k if spec.top_k > 0 else -1,
             max_tokens=spec.max_new_tokens,
             stop=list(spec.stop) or None,
+            stop_token_ids=list(spec.stop_token_ids) or None,
             include_stop_str_in_output=True,
             seed=seed,
             logprobs=0,
