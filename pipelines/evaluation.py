@@ -34,7 +34,18 @@ def build_eval_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable
         run_id: str = cfg.run_id,
         checkpoint: str = "latest",
         force: bool = False,
+        store: str = "",
+        eval_sets: str = "",
     ) -> None:
+        conf = ops.configure(
+            config_json=config_json,
+            run_id=run_id,
+            store=store,
+            base_checkpoint="",
+            eval_sets=eval_sets,
+        )
+        _apply(conf, "init", cfg, for_cluster).set_display_name("configure")
+        config_json = conf.output
         resolved = _apply(
             ops.resolve(config_json=config_json, run_id=run_id, checkpoint=checkpoint),
             "init",

@@ -18,6 +18,16 @@ from kfp import dsl
 from kfp.dsl import Markdown, Metrics, Output
 
 
+def configure_stage(
+    config_json: str, run_id: str, store: str, base_checkpoint: str, eval_sets: str
+) -> str:
+    """Apply the run-time pipeline parameters to the compiled-in config; every stage reads the
+    config this task outputs."""
+    from components.core.config import apply_pipeline_parameters
+
+    return apply_pipeline_parameters(config_json, run_id, store, base_checkpoint, eval_sets)
+
+
 def init_stage(config_json: str, run_id: str, force: bool = False) -> str:
     """Copy the base checkpoint and the datasets into the run."""
     from components.core.stage_cli import run_from_pipeline
@@ -55,11 +65,23 @@ def verify_stage(
     return run_from_pipeline("verify", config_json, run_id, **kw)
 
 
-def train_stage(config_json: str, run_id: str, iteration: int, force: bool = False) -> str:
-    """Take the policy update of one iteration: checkpoint i -> i+1."""
+def train_stage(
+    config_json: str, run_id: str, iteration: int, metrics: Output[Metrics], force: bool = False
+) -> str:
+    """Take the policy update of one iteration: checkpoint i -> i+1; the KFP UI shows its metrics."""
+
+    from components.core.commit import read_manifest
+    from components.core.config import from_pipeline
+    from components.core.layout import RunLayout, store_for
     from components.core.stage_cli import run_from_pipeline
 
-    return run_from_pipeline("train", config_json, run_id, iteration=iteration, force=force)
+    out = run_from_pipeline("train", config_json, run_id, iteration=iteration, force=force)
+    cfg = from_pipeline(config_json, run_id)
+    stats = read_manifest(store_for(cfg), RunLayout.of(cfg).checkpoint(iteration + 1))["stats"]
+    for key, value in stats.items():
+        if isinstance(value, int | float) and key.startswith("train/"):
+            metrics.log_metric(key, float(value))
+    return out
 
 
 def evaluate_stage(
@@ -122,6 +144,7 @@ def resolve_stage(config_json: str, run_id: str, checkpoint: str) -> int:
 
 
 STAGE_FUNCS: dict[str, Callable] = {
+    "configure": configure_stage,
     "init": init_stage,
     "generate": generate_stage,
     "verify": verify_stage,
@@ -134,6 +157,7 @@ STAGE_FUNCS: dict[str, Callable] = {
 
 @dataclass(frozen=True)
 class Ops:
+    configure: Callable
     init: Callable
     generate: Callable
     verify: Callable
@@ -146,6 +170,7 @@ class Ops:
 def make_ops(images: dict[str, str]) -> Ops:
     """KFP components for every stage, each on its stage's image (`images` has one per stage)."""
     image_of = {
+        "configure": images["verify"],  # the light image: config parsing only
         "resolve": images["evaluate"],
         "report": images["evaluate"],
         **images,

@@ -56,8 +56,24 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         return task
 
     @dsl.pipeline(name="rlvr-train", description="RLVR: generate -> verify -> train, evaluate")
-    def rlvr_train(config_json: str = cfg.to_json(), run_id: str = cfg.run_id) -> None:
-        common = {"config_json": config_json, "run_id": run_id}
+    def rlvr_train(
+        config_json: str = cfg.to_json(),
+        run_id: str = cfg.run_id,
+        store: str = "",
+        base_checkpoint: str = "",
+        eval_sets: str = "",
+    ) -> None:
+        """Empty store / base_checkpoint / eval_sets (JSON list) keep the compiled-in config's."""
+        conf = _placed("init")(
+            ops.configure(
+                config_json=config_json,
+                run_id=run_id,
+                store=store,
+                base_checkpoint=base_checkpoint,
+                eval_sets=eval_sets,
+            )
+        ).set_display_name("configure")
+        common = {"config_json": conf.output, "run_id": run_id}
         init = _placed("init")(ops.init(**common)).set_display_name("init")
 
         evals: list[dsl.PipelineTask] = []

@@ -202,3 +202,23 @@ def test_sharded_evaluation_matches_unsharded_and_greedy(cfg):
     assert gathered["by_data_source"] == whole["by_data_source"]
     root = Path(RunLayout.of(sharded).evals(0))
     assert (root / "heldout" / "greedy_samples.parquet").is_file()
+
+
+def test_eval_set_ks_and_data_source_filter(cfg):
+    from components.core.config import EvalSetConfig
+
+    ev = cfg.data.eval[0]
+    cfg.data.eval.append(
+        EvalSetConfig(
+            name="filtered", path=ev.path, n=3, ks=[3], data_sources=["arithmetic"], max_prompts=5
+        )
+    )
+    run_setup.run(cfg)
+    metrics = evaluate(cfg, 0)["metrics"]["sets"]
+    assert set(k for k in metrics["filtered"]["overall"] if k.startswith("pass@") and "_" not in k) == {
+        "pass@1", "pass@2", "pass@3"
+    }  # fmt: skip
+    assert metrics["filtered"]["overall"]["num_problems"] == 5
+    cfg.data.eval[1].data_sources = ["nope"]
+    with pytest.raises(ValueError, match="matches no prompt"):
+        evaluate(cfg, 0, force=True)

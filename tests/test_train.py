@@ -88,7 +88,7 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
     and one mini-batch's gradient is the same for micro-batches of 1 row, a few rows, and all."""
     cfg = train_cfg
     run_setup.run(cfg)
-    for i in range(2):
+    for i in range(3):
         generate(cfg, i)
         verify(cfg, i)
         result = train.run(cfg, i)
@@ -96,10 +96,10 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
     stats = result["stats"]
     for key in ("train/loss", "train/clipfrac_low", "train/grad_norm", "train/tokens_per_s"):
         assert key in stats and math.isfinite(stats[key])
-    assert stats["train/global_step"] == 4.0 and stats["train/grad_norm"] > 0
-    state = json.loads(Path(RunLayout.of(cfg).train_state(2), "state.json").read_text())
-    assert state["step"] == 4
-    assert train.run(cfg, 1)["skipped"] is True
+    assert stats["train/global_step"] == 6.0 and stats["train/grad_norm"] > 0
+    state = json.loads(Path(RunLayout.of(cfg).train_state(3), "state.json").read_text())
+    assert state["step"] == 6
+    assert train.run(cfg, 2)["skipped"] is True
 
     # Reference: one process, one engine, the same rollouts, two iterations back to back.
     import deepspeed
@@ -113,13 +113,13 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
         config=train.deepspeed_config(cfg.train, 1, torch.float32),
     )  # fmt: skip
     step = 0
-    for i in range(2):
+    for i in range(3):
         torch.manual_seed(cfg.run.seed + i)
         step, _ = train.train_iteration(
             engine, rollouts_of(cfg, i), cfg.train, temperature=1.0, horizon=6, start_step=step,
-            total_steps=4, seed=cfg.run.seed, iteration=i, pad_id=tok.pad_token_id, device="cpu",
+            total_steps=6, seed=cfg.run.seed, iteration=i, pad_id=tok.pad_token_id, device="cpu",
         )  # fmt: skip
-    got = weights(cfg, 2)
+    got = weights(cfg, 3)
     base = weights(cfg, 0)
     for name, ref in engine.module.state_dict().items():
         if name in got:
@@ -140,22 +140,29 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
     )  # fmt: skip
     rows = list(range(n))
     num_tokens = int(mask.sum())
-    grads = {}
-    for budget in (1, 64, 10**6):
-        engine.zero_grad()
-        for p in engine.module.parameters():
-            p.grad = None
-        plan = plan_micro_batches(ro.lengths(), rows, budget)
-        train.accumulate_mini_batch(
-            engine, ro, plan, targets, old, None, cfg.train, num_tokens=num_tokens, num_seqs=n,
-            horizon=6, temperature=1.0, pad_id=tok.pad_token_id, device="cpu",
-        )  # fmt: skip
-        grads[budget] = torch.cat([p.grad.flatten() for p in engine.module.parameters()])
     assert len(plan_micro_batches(ro.lengths(), rows, 1)) == n  # really one row per micro-batch
-    assert grads[10**6].abs().sum() > 0
-    for budget in (1, 64):
-        rel = (grads[budget] - grads[10**6]).norm() / grads[10**6].norm()
-        assert rel < 1e-5, (budget, float(rel))
+    for mode in (
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    ):
+        t = cfg.train.model_copy(update={"loss_agg": mode})
+        grads = {}
+        for budget in (1, 64, 10**6):
+            engine.zero_grad()
+            for p in engine.module.parameters():
+                p.grad = None
+            plan = plan_micro_batches(ro.lengths(), rows, budget)
+            train.accumulate_mini_batch(
+                engine, ro, plan, targets, old, None, t, num_tokens=num_tokens, num_seqs=n,
+                horizon=6, temperature=1.0, pad_id=tok.pad_token_id, device="cpu",
+            )  # fmt: skip
+            grads[budget] = torch.cat([p.grad.flatten() for p in engine.module.parameters()])
+        assert grads[10**6].abs().sum() > 0, mode
+        for budget in (1, 64):
+            rel = (grads[budget] - grads[10**6]).norm() / grads[10**6].norm()
+            assert rel < 1e-5, (mode, budget, float(rel))
 
 
 def _commit_scored(cfg, table: pa.Table) -> None:
@@ -304,3 +311,56 @@ def test_single_process_ignores_inherited_rendezvous(train_cfg, tmp_path):
                               env=env, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert Path(RunLayout.of(cfg).checkpoint(1), "_SUCCESS").is_file()
+
+
+def test_zero3_stage_writes_a_standard_checkpoint(train_cfg):
+    """Under ZeRO-3 the weights are gathered inside the stage into a plain HF checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = train_cfg
+    cfg.train.zero_stage = 3
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    train.run(cfg, 0)
+    path = Path(RunLayout.of(cfg).checkpoint(1))
+    model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)
+    base = weights(cfg, 0)
+    got = weights(cfg, 1)
+    assert set(got) == set(base)  # every tensor gathered, full shapes
+    assert all(got[k].shape == base[k].shape for k in base)
+    assert any(not torch.equal(got[k], base[k]) for k in base)
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_train_state_from_another_architecture_is_refused(train_cfg, tmp_path):
+    """A checkpoint whose architecture does not match the train state fails before any update."""
+    import shutil
+
+    from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint
+
+    cfg = train_cfg
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    train.run(cfg, 0)
+    generate(cfg, 1)
+    verify(cfg, 1)
+    # Swap checkpoint 1 for a differently shaped model (as a mixed-up run would).
+    layout = RunLayout.of(cfg)
+    other = tmp_path / "other"
+    tok = build_tokenizer()
+    save_checkpoint(build_model(tok, hidden_size=48, num_layers=1, num_heads=2), tok, other)
+    ckpt = Path(layout.checkpoint(1))
+    manifest = json.loads((ckpt / "_SUCCESS").read_text())
+    shutil.copy(other / "model.safetensors", ckpt / "model.safetensors")
+    shutil.copy(other / "config.json", ckpt / "config.json")
+    from components.core.commit import sha256_file
+
+    for f in manifest["files"]:
+        f["bytes"] = (ckpt / f["path"]).stat().st_size
+        f["sha256"] = sha256_file(ckpt / f["path"])
+    (ckpt / "_SUCCESS").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="different architecture"):
+        train.run(cfg, 1)
+    assert not Path(layout.checkpoint(2)).exists()

@@ -74,6 +74,10 @@ class EvalSetConfig(_Strict):
     """None: the generate section's max_new_tokens."""
     greedy: bool = False
     """Also decode one greedy response per prompt and report greedy_pass@1."""
+    ks: list[int] = Field(default_factory=list)
+    """Extra k values for this set's pass@k / maj@k (besides powers of two and evaluate.ks)."""
+    data_sources: list[str] | None = None
+    """Evaluate only prompts of these data sources (None: all)."""
 
 
 class DataSection(_Strict):
@@ -498,3 +502,26 @@ def from_pipeline(config_json: str, run_id: str = "") -> RunConfig:
     if run_id:
         cfg.run.run_id = run_id
     return cfg
+
+
+def apply_pipeline_parameters(
+    config_json: str,
+    run_id: str = "",
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
+) -> str:
+    """The effective config of a pipeline run: the compiled-in config with the run-time pipeline
+    parameters (set in the KFP UI or at submit) applied; empty parameters change nothing.
+    `eval_sets` is a JSON list of eval-set objects ({name, path, n, ...})."""
+    cfg = from_pipeline(config_json, run_id)
+    try:
+        if store:
+            cfg.run.store = store
+        if base_checkpoint:
+            cfg.model.base = base_checkpoint
+        if eval_sets:
+            cfg.data.eval = [EvalSetConfig.model_validate(e) for e in json.loads(eval_sets)]
+        return RunConfig.model_validate_json(cfg.to_json()).to_json()
+    except (ValidationError, ValueError) as e:
+        raise ConfigError(f"invalid pipeline parameter: {e}") from None

@@ -102,7 +102,7 @@ def compute_metrics(
     table, ev: EvalSetConfig, cfg: RunConfig, checkpoint_uri: str
 ) -> dict[str, Any]:
     problems = problems_from(table)
-    ks = default_ks(ev.n, cfg.evaluate.ks)
+    ks = default_ks(ev.n, [*cfg.evaluate.ks, *ev.ks])
     opts = dict(ks=ks, bootstrap_resamples=cfg.evaluate.bootstrap_resamples, seed=cfg.evaluate.seed)
     return {
         "checkpoint": checkpoint_uri,
@@ -118,9 +118,9 @@ def validate_eval_sets(cfg: RunConfig) -> None:
         raise StageError("data.eval is empty: add at least one eval set (name, path, n)")
     for ev in cfg.data.eval:
         try:
-            default_ks(ev.n, cfg.evaluate.ks)
+            default_ks(ev.n, [*cfg.evaluate.ks, *ev.ks])
         except ValueError as e:
-            raise StageError(f"data.eval[{ev.name}] / evaluate.ks: {e}") from None
+            raise StageError(f"data.eval[{ev.name}] (n={ev.n}) / evaluate.ks / ks: {e}") from None
 
 
 def history(store: Store, layout: RunLayout, current: int, current_metrics: dict) -> list[dict]:
@@ -189,6 +189,12 @@ def _sample_and_score(
     for ev in cfg.data.eval:
         uri = dataset_uri(store, layout.eval_data(ev.name))
         prompts = load_prompts(store, uri, ev.name)
+        if ev.data_sources is not None:
+            prompts = [p for p in prompts if p.data_source in set(ev.data_sources)]
+            if not prompts:
+                raise StageError(
+                    f"data.eval[{ev.name}].data_sources={ev.data_sources} matches no prompt of {uri}"
+                )
         if ev.max_prompts is not None:
             prompts = prompts[: ev.max_prompts]
         resolve_rewards({p.data_source for p in prompts}, cfg.verify.rewards)  # before sampling

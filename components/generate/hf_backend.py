@@ -129,6 +129,9 @@ class TransformersBackend:
         )
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        # The mask for all steps, allocated once; step t feeds a view of its first P+t+1 columns.
+        attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)
+        attn_all[:, :P] = attn
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
@@ -136,11 +139,14 @@ class TransformersBackend:
         eos = torch.tensor(
             sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
         )
-        tokens = torch.full((B, T), pad, dtype=torch.long)
-        logps = torch.zeros((B, T), dtype=torch.float32)
-        lengths = torch.zeros(B, dtype=torch.long)
-        finished = torch.zeros(B, dtype=torch.bool)
-        stopped = torch.zeros(B, dtype=torch.bool)
+        dev = self.device
+        tokens = torch.full((B, T), pad, dtype=torch.long, device=dev)
+        logps = torch.zeros((B, T), dtype=torch.float32, device=dev)
+        lengths = torch.zeros(B, dtype=torch.long, device=dev)
+        finished = torch.zeros(B, dtype=torch.bool, device=dev)
+        stopped = torch.zeros(B, dtype=torch.bool, device=dev)
+        pad_col = torch.full((B,), pad, dtype=torch.long, device=dev)
+        uniforms = uniforms.to(dev)
         for t in range(T):
             scaled = logits.float()
             if spec.temperature > 0:
@@ -150,28 +156,27 @@ class TransformersBackend:
                 tok = scaled.argmax(-1)
             else:
                 probs = torch.softmax(filter_logits(scaled, spec.top_k, spec.top_p), dim=-1)
-                tok = sample_inverse_cdf(probs, uniforms[:, t].to(probs.device))
+                tok = sample_inverse_cdf(probs, uniforms[:, t])
             lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
             live = ~finished
-            tokens[live, t] = tok[live].cpu()
-            logps[live, t] = lp[live].cpu()
-            lengths += live.long()
-            hit_eos = torch.isin(tok, eos).cpu() & live
+            tokens[:, t] = torch.where(live, tok, pad_col)
+            logps[:, t] = torch.where(live, lp, 0.0)
+            lengths += live
+            hit_eos = torch.isin(tok, eos) & live
             finished |= hit_eos
             stopped |= hit_eos
             if spec.stop:
-                for i in torch.nonzero(live & ~hit_eos).flatten().tolist():
+                for i in torch.nonzero(live & ~hit_eos).flatten().tolist():  # per row, text-level
                     text = self.tokenizer.decode(tokens[i, : t + 1], skip_special_tokens=True)
                     if cut_at_stop(text, spec.stop)[1]:
                         finished[i] = True
                         stopped[i] = True
             if bool(finished.all()) or t == T - 1:
                 break
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=attn.device)], 1)
-            feed = torch.where(finished.to(tok.device), torch.full_like(tok, pad), tok)
+            feed = torch.where(finished, pad_col, tok)
             out = self.model(
                 input_ids=feed.unsqueeze(-1),
-                attention_mask=attn,
+                attention_mask=attn_all[:, : P + t + 1],
                 position_ids=next_pos.unsqueeze(-1),
                 past_key_values=past,
                 use_cache=True,
@@ -180,6 +185,7 @@ class TransformersBackend:
             next_pos = next_pos + 1
 
         samples = []
+        tokens, logps, lengths, stopped = tokens.cpu(), logps.cpu(), lengths.cpu(), stopped.cpu()
         for i, (req, j) in enumerate(rows):
             n = int(lengths[i])
             tok_ids = tokens[i, :n].tolist()
