@@ -28,6 +28,8 @@ caller.
 
 from __future__ import annotations
 
+import functools
+import gc
 import itertools
 import math
 import mmap
@@ -70,6 +72,9 @@ class ScoreResult(NamedTuple):
     error: str | None = None
     timed_out: bool = False
 
+
+# ScoreResult from a 4-tuple without a Python-level __new__ call per item
+_make_result = functools.partial(tuple.__new__, ScoreResult)
 
 # (reward, extracted_answer, error, timed_out)
 _Outcome = tuple[float, "str | None", "str | None", bool]
@@ -129,6 +134,9 @@ def _score_item(item: ScoreItem, timeout_s: float | None, progress: Any, slot: i
 
 def _init_worker(path: str, nbytes: int, warm_math: bool) -> None:
     global _PROGRESS
+    # everything inherited from the parent is long-lived: keep the worker's garbage
+    # collector from walking (and, under fork, copy-on-write faulting) all of it
+    gc.freeze()
     if warm_math:
         # a no-op under fork (inherited); under spawn it keeps the sympy import out of the
         # first sample's deadline
@@ -143,40 +151,88 @@ def _init_worker(path: str, nbytes: int, warm_math: bool) -> None:
     _PROGRESS = memoryview(mm).cast("d")
 
 
+# A chunk's outcomes as columns (rewards, extracted answers, errors, timed-out flags):
+# cheaper to pickle, send and store than one tuple per item.
+_Columns = tuple[list[float], list["str | None"], list["str | None"], list[bool]]
+
+
 def _run_chunk(
     chunk_id: int,
     batch_id: int | None,
-    payload: list[int] | list[ScoreItem],
+    payload: range | list[int] | list[ScoreItem],
     timeout_s: float,
-) -> list[_Outcome]:
+) -> _Columns:
     """Worker entry point: score a chunk, given as indices into an inherited batch
     (``batch_id`` set) or as the items themselves."""
     items: Sequence[ScoreItem]
     if batch_id is not None:
         batch = _FORK_BATCHES[batch_id]
-        items = [batch[i] for i in payload]  # type: ignore[index]
+        if isinstance(payload, range):
+            items = batch[payload.start : payload.stop]
+        else:
+            items = [batch[i] for i in payload]  # type: ignore[index]
     else:
         items = payload  # type: ignore[assignment]
     progress = _PROGRESS
     base = 2 * chunk_id
-    outcomes: list[_Outcome] = []
+    rewards: list[float] = []
+    extracted: list[str | None] = []
+    errors: list[str | None] = []
+    timed: list[bool] = []
+    fns: dict[str, Any] = {}
+    clock = time.monotonic
     for pos, item in enumerate(items):
-        if progress is not None:
-            progress[base + 1] = float(pos)
-        outcomes.append(_score_item(item, timeout_s, progress, base))
-    return outcomes
+        spec = item.verifier
+        fn = fns.get(spec)
+        if fn is None:
+            try:
+                fn = fns[spec] = resolve_verifier(spec)
+            except (Exception, SystemExit) as exc:
+                outcome: _Outcome = (0.0, None, _error_message(exc), False)
+                fn = None
+        if fn is not None:
+            if progress is not None:
+                progress[base + 1] = pos
+                start = progress[base] = clock()
+                outcome = _call_verifier(fn, item)
+                progress[base] = -1.0
+            else:
+                start = clock()
+                outcome = _call_verifier(fn, item)
+            if clock() - start > timeout_s:
+                outcome = (0.0, None, _timeout_message(timeout_s), True)
+        rewards.append(outcome[0])
+        extracted.append(outcome[1])
+        errors.append(outcome[2])
+        timed.append(outcome[3])
+    return rewards, extracted, errors, timed
 
 
 @dataclass(slots=True)
 class _Chunk:
     chunk_id: int
-    indices: list[int]
+    indices: range | list[int]
 
 
-def _auto_chunk_size(n: int, num_workers: int) -> int:
-    # about 4 chunks per worker for load balance, capped to keep the resubmission cost of
-    # a killed chunk small
-    return max(1, min(128, math.ceil(n / (num_workers * 4))))
+# automatic chunking: at most this many items per chunk, to keep the resubmission cost of
+# a killed chunk small ...
+_MAX_CHUNK = 512
+# ... and chunk sizes shrinking towards the end of the batch (each about 1 / (2 * workers)
+# of what is left) so that the workers finish together; the smallest chunk is _MIN_CHUNK
+_MIN_CHUNK = 8
+
+
+def _plan_chunks(n: int, num_workers: int, chunk_size: int | None) -> list[range]:
+    if chunk_size is not None:
+        return [range(i, min(i + chunk_size, n)) for i in range(0, n, chunk_size)]
+    chunks: list[range] = []
+    start = 0
+    while start < n:
+        size = max(_MIN_CHUNK, min(_MAX_CHUNK, math.ceil((n - start) / (2 * num_workers))))
+        stop = min(n, start + size)
+        chunks.append(range(start, stop))
+        start = stop
+    return chunks
 
 
 def _progress_dir() -> str | None:
@@ -233,9 +289,12 @@ def score_batch(
         from components.verify.math import warm_up
 
         warm_up()
-    size = chunk_size or _auto_chunk_size(len(batch), num_workers)
     return _score_pool(
-        batch, num_workers=num_workers, timeout_s=timeout_s, chunk_size=size, warm_math=warm_math
+        batch,
+        num_workers=num_workers,
+        timeout_s=timeout_s,
+        chunks=_plan_chunks(len(batch), num_workers, chunk_size),
+        warm_math=warm_math,
     )
 
 
@@ -244,16 +303,15 @@ def _score_pool(
     *,
     num_workers: int,
     timeout_s: float,
-    chunk_size: int,
+    chunks: list[range],
     warm_math: bool,
 ) -> list[ScoreResult]:
     import pebble
 
     n = len(batch)
-    first = [list(range(i, min(i + chunk_size, n))) for i in range(0, n, chunk_size)]
     # chunk ids: the first chunks, at most one resubmission per resolved failure, and at
     # most one single-item rerun per item
-    max_ids = len(first) + 2 * n + 1
+    max_ids = len(chunks) + 2 * n + 1
     nbytes = 16 * max_ids
     fd, path = tempfile.mkstemp(prefix="rlvr-verify-", suffix=".progress", dir=_progress_dir())
     try:
@@ -262,11 +320,35 @@ def _score_pool(
     finally:
         os.close(fd)
     progress = memoryview(mm).cast("d")
-    results: list[_Outcome | None] = [None] * n
+    # results as columns; ``have`` marks the items that got one
+    rewards: list[float] = [0.0] * n
+    extracted: list[str | None] = [None] * n
+    errors: list[str | None] = [None] * n
+    timed: list[bool] = [False] * n
+    have = bytearray(n)
     ids = itertools.count()
     grace = max(1.0, timeout_s)
     poll_s = min(0.05, max(0.002, timeout_s / 10))
     timeout_outcome: _Outcome = (0.0, None, _timeout_message(timeout_s), True)
+
+    def put(i: int, outcome: _Outcome) -> None:
+        rewards[i], extracted[i], errors[i], timed[i] = outcome
+        have[i] = 1
+
+    def put_columns(indices: range | list[int], columns: _Columns) -> None:
+        cr, ce, cerr, ct = columns
+        if len(cr) != len(indices):  # pragma: no cover - a worker scores its whole chunk
+            raise RuntimeError(f"internal error: {len(cr)} results for {len(indices)} items")
+        if isinstance(indices, range):
+            lo, hi = indices.start, indices.stop
+            rewards[lo:hi] = cr
+            extracted[lo:hi] = ce
+            errors[lo:hi] = cerr
+            timed[lo:hi] = ct
+            have[lo:hi] = b"\x01" * (hi - lo)
+        else:
+            for k, i in enumerate(indices):
+                put(i, (cr[k], ce[k], cerr[k], ct[k]))
 
     batch_id: int | None = None
     if multiprocessing.get_start_method() == "fork":
@@ -279,7 +361,7 @@ def _score_pool(
     pending: dict[Any, _Chunk] = {}
     done_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
-    def submit(indices: list[int]) -> None:
+    def submit(indices: range | list[int]) -> None:
         cid = next(ids)
         progress[2 * cid] = 0.0
         payload = indices if batch_id is not None else [batch[i] for i in indices]
@@ -291,25 +373,28 @@ def _score_pool(
         pending[future] = _Chunk(cid, indices)
         future.add_done_callback(done_queue.put)
 
+    def drop_and_resubmit(chunk: _Chunk, pos: int, outcome: _Outcome) -> None:
+        """Give the item at ``pos`` its outcome and rerun the chunk's other items."""
+        put(chunk.indices[pos], outcome)
+        rest = [*chunk.indices[:pos], *chunk.indices[pos + 1 :]]
+        if rest:
+            submit(rest)
+
     def fail_chunk(chunk: _Chunk, outcome: _Outcome) -> None:
         """A chunk failed as a whole: blame the running item if known, else split."""
         if len(chunk.indices) == 1:
-            results[chunk.indices[0]] = outcome
+            put(chunk.indices[0], outcome)
             return
         start = progress[2 * chunk.chunk_id]
         if start > 0:
-            pos = int(progress[2 * chunk.chunk_id + 1])
-            results[chunk.indices[pos]] = outcome
-            rest = chunk.indices[:pos] + chunk.indices[pos + 1 :]
-            if rest:
-                submit(rest)
+            drop_and_resubmit(chunk, int(progress[2 * chunk.chunk_id + 1]), outcome)
         else:
             for i in chunk.indices:
                 submit([i])
 
     clean = False
     try:
-        for indices in first:
+        for indices in chunks:
             submit(indices)
         last_scan = time.monotonic()
         while pending:
@@ -320,18 +405,15 @@ def _score_pool(
             chunk = pending.pop(future, None) if future is not None else None
             if chunk is not None:
                 try:
-                    outcomes = future.result()
+                    columns = future.result()
                 except CancelledError:
-                    outcomes = None  # killed by the watchdog below, already handled
+                    pass  # killed by the watchdog below, already handled
                 except FutureTimeoutError:
-                    outcomes = None
                     fail_chunk(chunk, timeout_outcome)
                 except Exception as exc:  # worker crash, pickling error, ...
-                    outcomes = None
                     fail_chunk(chunk, (0.0, None, _error_message(exc), False))
-                if outcomes is not None:
-                    for i, outcome in zip(chunk.indices, outcomes, strict=True):
-                        results[i] = outcome
+                else:
+                    put_columns(chunk.indices, columns)
             now = time.monotonic()
             if now - last_scan < poll_s:
                 continue
@@ -346,10 +428,7 @@ def _score_pool(
                 if progress[base] != start or not future.cancel():
                     continue  # moved on meanwhile, or just finished
                 del pending[future]
-                results[chunk.indices[pos]] = timeout_outcome
-                rest = chunk.indices[:pos] + chunk.indices[pos + 1 :]
-                if rest:
-                    submit(rest)
+                drop_and_resubmit(chunk, pos, timeout_outcome)
         clean = True
     finally:
         if batch_id is not None:
@@ -369,7 +448,7 @@ def _score_pool(
             os.unlink(path)
         except OSError:
             pass
-    missing = [i for i, o in enumerate(results) if o is None]
-    if missing:  # pragma: no cover - every path above fills its items
+    if have.count(0):  # pragma: no cover - every path above fills its items
+        missing = [i for i, h in enumerate(have) if not h]
         raise RuntimeError(f"internal error: no result for items {missing[:10]}")
-    return [ScoreResult(*o) for o in results if o is not None]
+    return list(map(_make_result, zip(rewards, extracted, errors, timed, strict=True)))
