@@ -37,24 +37,14 @@ def build_eval_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable
         store: str = "",
         eval_sets: str = "",
     ) -> None:
-        conf = ops.configure(
-            config_json=config_json,
-            run_id=run_id,
-            store=store,
-            base_checkpoint="",
-            eval_sets=eval_sets,
-        )
-        _apply(conf, "init", cfg, for_cluster).set_display_name("configure")
-        config_json = conf.output
-        resolved = _apply(
-            ops.resolve(config_json=config_json, run_id=run_id, checkpoint=checkpoint),
-            "init",
-            cfg,
-            for_cluster,
-        ).set_display_name("resolve-checkpoint")
-        common = dict(
-            config_json=config_json, run_id=run_id, checkpoint=resolved.output, force=force
-        )
+        params = dict(config_json=config_json, run_id=run_id, store=store, eval_sets=eval_sets)
+        resolved = _apply(ops.resolve(**params, checkpoint=checkpoint), "init", cfg, for_cluster)
+        resolved.set_display_name("resolve-checkpoint")
+        # The shards take the resolved index from the resolve task, so all of them and the gather
+        # evaluate the same checkpoint even if a newer one lands meanwhile. (kfp.local 2.17 feeds
+        # an upstream output into a ParallelFor body as the loop item: run sharded evaluation
+        # pipelines on a cluster, or use `rlvr eval` / `rlvr stage evaluate --shard` locally.)
+        common = dict(**params, checkpoint=resolved.output, force=force)
         after = resolved
         shards = cfg.evaluate.num_shards
         if shards > 1:  # sample+score shards in parallel, then gather the metrics

@@ -17,22 +17,26 @@ from dataclasses import dataclass
 from kfp import dsl
 from kfp.dsl import Markdown, Metrics, Output
 
+# Every op takes the pipeline's run-time parameters (config_json, run_id, store, base_checkpoint,
+# eval_sets) and rebuilds the effective config itself (components.core.config.effective_config).
+# They are not computed once by an upstream task on purpose: kfp.local resolves an upstream
+# output passed into a dsl.ParallelFor body to the loop item (seen with kfp 2.17).
 
-def configure_stage(
-    config_json: str, run_id: str, store: str, base_checkpoint: str, eval_sets: str
+
+def init_stage(
+    config_json: str,
+    run_id: str,
+    force: bool = False,
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
 ) -> str:
-    """Apply the run-time pipeline parameters to the compiled-in config; every stage reads the
-    config this task outputs."""
-    from components.core.config import apply_pipeline_parameters
-
-    return apply_pipeline_parameters(config_json, run_id, store, base_checkpoint, eval_sets)
-
-
-def init_stage(config_json: str, run_id: str, force: bool = False) -> str:
     """Copy the base checkpoint and the datasets into the run."""
     from components.core.stage_cli import run_from_pipeline
 
-    return run_from_pipeline("init", config_json, run_id, force=force)
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    return run_from_pipeline("init", params, force=force)
 
 
 def generate_stage(
@@ -42,12 +46,17 @@ def generate_stage(
     force: bool = False,
     shard: int = 0,
     num_shards: int = 1,
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
 ) -> str:
     """Sample rollouts of one iteration (or one shard) with checkpoint `iteration`."""
     from components.core.stage_cli import run_from_pipeline
 
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
     kw = dict(iteration=iteration, force=force, shard=shard, num_shards=num_shards)
-    return run_from_pipeline("generate", config_json, run_id, **kw)
+    return run_from_pipeline("generate", params, **kw)
 
 
 def verify_stage(
@@ -57,26 +66,39 @@ def verify_stage(
     force: bool = False,
     shard: int = 0,
     num_shards: int = 1,
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
 ) -> str:
     """Score the rollouts of one iteration (or one shard)."""
     from components.core.stage_cli import run_from_pipeline
 
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
     kw = dict(iteration=iteration, force=force, shard=shard, num_shards=num_shards)
-    return run_from_pipeline("verify", config_json, run_id, **kw)
+    return run_from_pipeline("verify", params, **kw)
 
 
 def train_stage(
-    config_json: str, run_id: str, iteration: int, metrics: Output[Metrics], force: bool = False
+    config_json: str,
+    run_id: str,
+    iteration: int,
+    metrics: Output[Metrics],
+    force: bool = False,
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
 ) -> str:
     """Take the policy update of one iteration: checkpoint i -> i+1; the KFP UI shows its metrics."""
-
     from components.core.commit import read_manifest
-    from components.core.config import from_pipeline
+    from components.core.config import effective_config
     from components.core.layout import RunLayout, store_for
     from components.core.stage_cli import run_from_pipeline
 
-    out = run_from_pipeline("train", config_json, run_id, iteration=iteration, force=force)
-    cfg = from_pipeline(config_json, run_id)
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    out = run_from_pipeline("train", params, iteration=iteration, force=force)
+    cfg = effective_config(**params)
     stats = read_manifest(store_for(cfg), RunLayout.of(cfg).checkpoint(iteration + 1))["stats"]
     for key, value in stats.items():
         if isinstance(value, int | float) and key.startswith("train/"):
@@ -93,58 +115,78 @@ def evaluate_stage(
     force: bool = False,
     shard: int = 0,
     num_shards: int = 1,
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
 ) -> str:
     """Evaluate one checkpoint; the KFP UI shows its metrics and report. With num_shards > 1 this
     task only samples and scores its shard (the gather task computes the metrics)."""
     import json
 
-    from components.core.config import from_pipeline
+    from components.core.config import effective_config
     from components.core.layout import RunLayout, store_for
+    from components.core.stage_cli import run_from_pipeline
     from components.core.store import join
-    from components.evaluate.stage import run
 
-    cfg = from_pipeline(config_json, run_id)
-    result = run(cfg, checkpoint, force=force, shard=shard, num_shards=num_shards)
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    kw = dict(iteration=checkpoint, force=force, shard=shard, num_shards=num_shards)
+    out = run_from_pipeline("evaluate", params, **kw)
     if num_shards > 1:
-        return json.dumps(result, default=str)
-    store, layout = store_for(cfg), RunLayout.of(cfg)
-    top = json.loads(store.read_text(join(layout.evals(checkpoint), "metrics.json")))
+        return out
+    cfg = effective_config(**params)
+    st, layout = store_for(cfg), RunLayout.of(cfg)
+    top = json.loads(st.read_text(join(layout.evals(checkpoint), "metrics.json")))
     for name, m in top["sets"].items():
         for key, value in m["overall"].items():
             if isinstance(value, int | float):
                 metrics.log_metric(f"eval/{name}/{key}", float(value))
     with open(report.path, "w") as f:
-        f.write(store.read_text(join(layout.evals(checkpoint), "report.md")))
-    return json.dumps({k: v for k, v in result.items() if k != "metrics"}, default=str)
+        f.write(st.read_text(join(layout.evals(checkpoint), "report.md")))
+    return out
 
 
-def report_stage(config_json: str, run_id: str, report: Output[Markdown]) -> str:
+def report_stage(
+    config_json: str,
+    run_id: str,
+    report: Output[Markdown],
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
+) -> str:
     """Regenerate the run-level plots and report from every committed evaluation (runs last:
     evaluations may finish in any order)."""
     import json
 
-    from components.core.config import from_pipeline
+    from components.core.config import effective_config
     from components.core.layout import RunLayout, store_for
     from components.evaluate.stage import write_run_report
 
-    cfg = from_pipeline(config_json, run_id)
-    store, root = store_for(cfg), RunLayout.of(cfg).root
-    paths = write_run_report(store, root)
+    cfg = effective_config(config_json, run_id, store, base_checkpoint, eval_sets)
+    st, root = store_for(cfg), RunLayout.of(cfg).root
+    paths = write_run_report(st, root)
     with open(report.path, "w") as f:
-        f.write(store.read_text(paths["report.md"]))
+        f.write(st.read_text(paths["report.md"]))
     return json.dumps(paths)
 
 
-def resolve_stage(config_json: str, run_id: str, checkpoint: str) -> int:
+def resolve_stage(
+    config_json: str,
+    run_id: str,
+    checkpoint: str,
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
+) -> int:
     """The checkpoint index to evaluate: "latest" (the newest committed, resolved now) or an index."""
-    from components.core.config import from_pipeline
+    from components.core.config import effective_config
     from components.evaluate.stage import resolve_checkpoint
 
-    return resolve_checkpoint(from_pipeline(config_json, run_id), checkpoint)
+    cfg = effective_config(config_json, run_id, store, base_checkpoint, eval_sets)
+    return resolve_checkpoint(cfg, checkpoint)
 
 
 STAGE_FUNCS: dict[str, Callable] = {
-    "configure": configure_stage,
     "init": init_stage,
     "generate": generate_stage,
     "verify": verify_stage,
@@ -157,7 +199,6 @@ STAGE_FUNCS: dict[str, Callable] = {
 
 @dataclass(frozen=True)
 class Ops:
-    configure: Callable
     init: Callable
     generate: Callable
     verify: Callable
@@ -170,7 +211,6 @@ class Ops:
 def make_ops(images: dict[str, str]) -> Ops:
     """KFP components for every stage, each on its stage's image (`images` has one per stage)."""
     image_of = {
-        "configure": images["verify"],  # the light image: config parsing only
         "resolve": images["evaluate"],
         "report": images["evaluate"],
         **images,

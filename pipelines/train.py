@@ -64,16 +64,8 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         eval_sets: str = "",
     ) -> None:
         """Empty store / base_checkpoint / eval_sets (JSON list) keep the compiled-in config's."""
-        conf = _placed("init")(
-            ops.configure(
-                config_json=config_json,
-                run_id=run_id,
-                store=store,
-                base_checkpoint=base_checkpoint,
-                eval_sets=eval_sets,
-            )
-        ).set_display_name("configure")
-        common = {"config_json": conf.output, "run_id": run_id}
+        common = dict(config_json=config_json, run_id=run_id, store=store,
+                      base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
         init = _placed("init")(ops.init(**common)).set_display_name("init")
 
         evals: list[dsl.PipelineTask] = []

@@ -504,16 +504,16 @@ def from_pipeline(config_json: str, run_id: str = "") -> RunConfig:
     return cfg
 
 
-def apply_pipeline_parameters(
+def effective_config(
     config_json: str,
     run_id: str = "",
     store: str = "",
     base_checkpoint: str = "",
     eval_sets: str = "",
-) -> str:
-    """The effective config of a pipeline run: the compiled-in config with the run-time pipeline
-    parameters (set in the KFP UI or at submit) applied; empty parameters change nothing.
-    `eval_sets` is a JSON list of eval-set objects ({name, path, n, ...})."""
+) -> RunConfig:
+    """The config a pipeline task runs with: the compiled-in config plus the run-time pipeline
+    parameters (set in the KFP UI or at submit); empty parameters change nothing. `eval_sets` is a
+    JSON list of eval-set objects ({name, path, n, ...})."""
     cfg = from_pipeline(config_json, run_id)
     try:
         if store:
@@ -522,6 +522,6 @@ def apply_pipeline_parameters(
             cfg.model.base = base_checkpoint
         if eval_sets:
             cfg.data.eval = [EvalSetConfig.model_validate(e) for e in json.loads(eval_sets)]
-        return RunConfig.model_validate_json(cfg.to_json()).to_json()
+        return RunConfig.model_validate_json(cfg.to_json())
     except (ValidationError, ValueError) as e:
         raise ConfigError(f"invalid pipeline parameter: {e}") from None

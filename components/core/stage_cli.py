@@ -82,12 +82,13 @@ STAGE_MODULES = {
 }
 
 
-def run_from_pipeline(stage: str, config_json: str, run_id: str, **kwargs: Any) -> str:
-    """What a pipeline component does: rebuild the config, run one stage, return JSON."""
+def run_from_pipeline(stage: str, params: dict[str, str], **kwargs: Any) -> str:
+    """What a pipeline component does: rebuild the effective config from the pipeline parameters
+    (config_json, run_id, store, base_checkpoint, eval_sets), run one stage, return JSON."""
     import importlib
 
-    from components.core.config import from_pipeline
+    from components.core.config import effective_config
 
-    cfg = from_pipeline(config_json, run_id)
+    cfg = effective_config(**params)
     result = importlib.import_module(STAGE_MODULES[stage]).run(cfg, **kwargs)
     return json.dumps({k: v for k, v in result.items() if k != "metrics"}, default=str)
