@@ -87,6 +87,7 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
     """Two iterations as two stage invocations == one engine taking the updates back to back;
     and one mini-batch's gradient is the same for micro-batches of 1 row, a few rows, and all."""
     cfg = train_cfg
+    cfg.run.iterations = 3  # the LR schedule spans the whole run: 3 iterations x 2 steps
     run_setup.run(cfg)
     for i in range(3):
         generate(cfg, i)
