@@ -7,9 +7,9 @@ overruns the deadline gets reward 0.0 and an error string; the batch always comp
 results come back in input order.
 
 How the deadline works with chunking: items go to the workers in chunks (to amortize
-IPC), but each item keeps its own deadline. Every chunk owns two float64 slots in a small
-memory-mapped file in which the worker records which item it is running and since when.
-The parent polls those slots; when an item has run longer than ``timeout_s`` the parent
+IPC), but each item keeps its own deadline. Every chunk owns two float64 slots (padded to
+their own cache lines) in a small shared memory map in which the worker records which item
+it is running and since when. The parent polls those slots; when an item has run longer than ``timeout_s`` the parent
 cancels the chunk (pebble terminates that worker and starts a fresh one), records a
 timeout for that item only and resubmits the chunk's other items. An item that finishes
 but took longer than ``timeout_s`` is also reported as timed out, so the outcome does not
@@ -18,8 +18,12 @@ of ``timeout_s * len(chunk) + grace``; a chunk that fails in a way that cannot b
 on one item is rerun one item per task.
 
 IPC: with the ``fork`` start method (the Linux default up to Python 3.13) the workers are
-forked after the batch is stored in a module-level table, so a chunk is sent as a list of
-indices and the samples themselves are never pickled. Other start methods pickle them.
+forked after the batch and an anonymous shared memory map for the progress slots are stored
+in module-level tables, so a chunk is sent as an index range and the samples themselves are
+never pickled. Other start methods pickle them and share the slots through a file in
+``/dev/shm``. Workers send a chunk's outcomes back as four columns (rewards, extracted
+answers, errors, timed-out flags), and chunk sizes shrink towards the end of the batch so
+the workers finish together; the parent's per-item work is a few slice assignments.
 
 With ``num_workers=0`` everything runs inline in the calling process (handy under a
 debugger): no pool and no timeout enforcement at all, so a hanging verifier hangs the
@@ -34,6 +38,7 @@ import itertools
 import math
 import mmap
 import multiprocessing
+import operator
 import os
 import queue
 import tempfile
@@ -73,20 +78,27 @@ class ScoreResult(NamedTuple):
     timed_out: bool = False
 
 
+_verifier_of = operator.attrgetter("verifier")
+
 # ScoreResult from a 4-tuple without a Python-level __new__ call per item
 _make_result = functools.partial(tuple.__new__, ScoreResult)
 
 # (reward, extracted_answer, error, timed_out)
 _Outcome = tuple[float, "str | None", "str | None", bool]
 
-# Batches visible to forked workers, by batch id (parent side: filled before the pool
-# forks; worker side: the copy inherited at fork time).
+# Batches and their progress memory visible to forked workers, by batch id (parent side:
+# filled before the pool forks; worker side: the copy inherited at fork time).
 _FORK_BATCHES: dict[int, list[ScoreItem]] = {}
+_FORK_PROGRESS: dict[int, mmap.mmap] = {}
 _FORK_LOCK = threading.Lock()
 _BATCH_IDS = itertools.count()
 
-# Worker-side view of the progress file: per chunk id, [start time | -1 | 0, position].
+# Worker-side view of the progress memory: per chunk id, [start time | -1 | 0, position]
+# at offset _SLOT * chunk id (in float64s). Two workers running chunks with neighbouring
+# ids write their slots several times per item; a 128-byte stride keeps each slot on its
+# own cache lines so that those writes do not bounce lines between the cores.
 _PROGRESS: memoryview | None = None
+_SLOT = 16
 
 
 def _timeout_message(timeout_s: float) -> str:
@@ -132,7 +144,7 @@ def _score_item(item: ScoreItem, timeout_s: float | None, progress: Any, slot: i
     return outcome
 
 
-def _init_worker(path: str, nbytes: int, warm_math: bool) -> None:
+def _init_worker(batch_id: int | None, path: str | None, nbytes: int, warm_math: bool) -> None:
     global _PROGRESS
     # everything inherited from the parent is long-lived: keep the worker's garbage
     # collector from walking (and, under fork, copy-on-write faulting) all of it
@@ -143,12 +155,20 @@ def _init_worker(path: str, nbytes: int, warm_math: bool) -> None:
         from components.verify.math import warm_up
 
         warm_up()
-    fd = os.open(path, os.O_RDWR)
-    try:
-        mm = mmap.mmap(fd, nbytes)
-    finally:
-        os.close(fd)
-    _PROGRESS = memoryview(mm).cast("d")
+    _PROGRESS = None
+    if batch_id is not None:  # fork: the parent's shared anonymous mapping, inherited
+        mm = _FORK_PROGRESS.get(batch_id)
+    else:
+        try:
+            fd = os.open(path, os.O_RDWR)  # type: ignore[arg-type]
+        except FileNotFoundError:
+            return  # a replacement worker started after its batch ended: nothing to do
+        try:
+            mm = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+    if mm is not None and not mm.closed:
+        _PROGRESS = memoryview(mm).cast("d")
 
 
 # A chunk's outcomes as columns (rewards, extracted answers, errors, timed-out flags):
@@ -174,7 +194,7 @@ def _run_chunk(
     else:
         items = payload  # type: ignore[assignment]
     progress = _PROGRESS
-    base = 2 * chunk_id
+    base = _SLOT * chunk_id
     rewards: list[float] = []
     extracted: list[str | None] = []
     errors: list[str | None] = []
@@ -219,16 +239,18 @@ class _Chunk:
 _MAX_CHUNK = 512
 # ... and chunk sizes shrinking towards the end of the batch (each about 1 / (2 * workers)
 # of what is left) so that the workers finish together; the smallest chunk is _MIN_CHUNK
+# items, less for small batches (where samples are likely slow ones)
 _MIN_CHUNK = 8
 
 
 def _plan_chunks(n: int, num_workers: int, chunk_size: int | None) -> list[range]:
     if chunk_size is not None:
         return [range(i, min(i + chunk_size, n)) for i in range(0, n, chunk_size)]
+    smallest = max(1, min(_MIN_CHUNK, n // (8 * num_workers)))
     chunks: list[range] = []
     start = 0
     while start < n:
-        size = max(_MIN_CHUNK, min(_MAX_CHUNK, math.ceil((n - start) / (2 * num_workers))))
+        size = max(smallest, min(_MAX_CHUNK, math.ceil((n - start) / (2 * num_workers))))
         stop = min(n, start + size)
         chunks.append(range(start, stop))
         start = stop
@@ -270,16 +292,17 @@ def score_batch(
     if not items:
         return []
     specs: dict[str, str] = {}
-    for item in items:
-        if item.verifier not in specs:
-            canon = canonical_spec(item.verifier)
-            resolve_verifier(canon)  # raises ValueError for a bad spec
-            specs[item.verifier] = canon
-    batch = [
-        item if specs[item.verifier] == item.verifier
-        else item._replace(verifier=specs[item.verifier])
-        for item in items
-    ]  # fmt: skip
+    for spec in dict.fromkeys(map(_verifier_of, items)):  # distinct, in order of appearance
+        canon = canonical_spec(spec)
+        resolve_verifier(canon)  # raises ValueError for a bad spec
+        specs[spec] = canon
+    batch = items
+    if any(canon != spec for spec, canon in specs.items()):
+        batch = [
+            item if specs[item.verifier] == item.verifier
+            else item._replace(verifier=specs[item.verifier])
+            for item in items
+        ]  # fmt: skip
     if num_workers == 0:
         return [ScoreResult(*_score_item(item, None, None, 0)) for item in batch]
     warm_math = "math" in specs.values()
@@ -312,13 +335,24 @@ def _score_pool(
     # chunk ids: the first chunks, at most one resubmission per resolved failure, and at
     # most one single-item rerun per item
     max_ids = len(chunks) + 2 * n + 1
-    nbytes = 16 * max_ids
-    fd, path = tempfile.mkstemp(prefix="rlvr-verify-", suffix=".progress", dir=_progress_dir())
-    try:
-        os.ftruncate(fd, nbytes)
-        mm = mmap.mmap(fd, nbytes)
-    finally:
-        os.close(fd)
+    nbytes = 8 * _SLOT * max_ids
+    batch_id: int | None = None
+    path: str | None = None
+    if multiprocessing.get_start_method() == "fork":
+        # workers inherit the batch and a shared anonymous mapping: nothing is pickled but
+        # the chunks' index ranges, and there is no file to clean up
+        batch_id = next(_BATCH_IDS)
+        mm = mmap.mmap(-1, nbytes)
+        with _FORK_LOCK:
+            _FORK_BATCHES[batch_id] = batch
+            _FORK_PROGRESS[batch_id] = mm
+    else:
+        fd, path = tempfile.mkstemp(prefix="rlvr-verify-", suffix=".progress", dir=_progress_dir())
+        try:
+            os.ftruncate(fd, nbytes)
+            mm = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
     progress = memoryview(mm).cast("d")
     # results as columns; ``have`` marks the items that got one
     rewards: list[float] = [0.0] * n
@@ -350,20 +384,17 @@ def _score_pool(
             for k, i in enumerate(indices):
                 put(i, (cr[k], ce[k], cerr[k], ct[k]))
 
-    batch_id: int | None = None
-    if multiprocessing.get_start_method() == "fork":
-        batch_id = next(_BATCH_IDS)
-        with _FORK_LOCK:
-            _FORK_BATCHES[batch_id] = batch
     pool = pebble.ProcessPool(
-        max_workers=num_workers, initializer=_init_worker, initargs=(path, nbytes, warm_math)
+        max_workers=num_workers,
+        initializer=_init_worker,
+        initargs=(batch_id, path, nbytes, warm_math),
     )
     pending: dict[Any, _Chunk] = {}
     done_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def submit(indices: range | list[int]) -> None:
         cid = next(ids)
-        progress[2 * cid] = 0.0
+        progress[_SLOT * cid] = 0.0
         payload = indices if batch_id is not None else [batch[i] for i in indices]
         future = pool.schedule(
             _run_chunk,
@@ -385,9 +416,9 @@ def _score_pool(
         if len(chunk.indices) == 1:
             put(chunk.indices[0], outcome)
             return
-        start = progress[2 * chunk.chunk_id]
+        start = progress[_SLOT * chunk.chunk_id]
         if start > 0:
-            drop_and_resubmit(chunk, int(progress[2 * chunk.chunk_id + 1]), outcome)
+            drop_and_resubmit(chunk, int(progress[_SLOT * chunk.chunk_id + 1]), outcome)
         else:
             for i in chunk.indices:
                 submit([i])
@@ -420,7 +451,7 @@ def _score_pool(
             last_scan = now
             # watchdog: kill chunks whose current item overran its deadline
             for future, chunk in list(pending.items()):
-                base = 2 * chunk.chunk_id
+                base = _SLOT * chunk.chunk_id
                 start = progress[base]
                 if start <= 0 or now - start <= timeout_s:
                     continue
@@ -434,6 +465,7 @@ def _score_pool(
         if batch_id is not None:
             with _FORK_LOCK:
                 _FORK_BATCHES.pop(batch_id, None)
+                _FORK_PROGRESS.pop(batch_id, None)
         if clean:
             # every task is done: let the pool wind down (pebble's join takes up to one
             # 0.1 s management tick) off the caller's critical path
@@ -444,11 +476,20 @@ def _score_pool(
             pool.join()
         progress.release()
         mm.close()
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        if path is not None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     if have.count(0):  # pragma: no cover - every path above fills its items
         missing = [i for i, h in enumerate(have) if not h]
         raise RuntimeError(f"internal error: no result for items {missing[:10]}")
-    return list(map(_make_result, zip(rewards, extracted, errors, timed, strict=True)))
+    # one allocation burst of n small tuples: without the pause it would run dozens of
+    # collections, each walking the parent's heap
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return list(map(_make_result, zip(rewards, extracted, errors, timed, strict=True)))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
