@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 DATA_SOURCE = "arithmetic"
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 #: Problems held out of both files for the base policy's stop rule (see ``prepare``).
 N_DEV = 300
@@ -94,17 +92,6 @@ class Problem:
         if self.op == "*":
             return str(self.a * self.b)
         raise ValueError(f"unknown operator {self.op!r}")
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` in ``text`` (no nested braces), or ``None``."""
-    matches = _BOXED.findall(text)
-    return matches[-1] if matches else None
-
-
-def score(response: str, ground_truth: str) -> float:
-    """The demo's verifiable reward: 1.0 iff the boxed answer equals the ground truth string."""
-    return 1.0 if extract_boxed(response) == ground_truth else 0.0
 
 
 def normalize_expression(expression: str) -> str:

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from examples.arithmetic.data import N_DEV, Problem, make_splits, score, write_table
+from components.verify.math import compute_score
+from examples.arithmetic.data import N_DEV, Problem, make_splits, write_table
 from examples.arithmetic.model import (
     HIDDEN_SIZE,
     NUM_HEADS,
@@ -135,7 +136,9 @@ def sampled_pass_at_1(
         )
     texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     model.train()
-    return sum(score(t, a) for t, a in zip(texts, answers, strict=True)) / len(texts)
+    # The same grader as the RL reward and the evaluation (the `math` verifier).
+    scores = [compute_score(t, a)["score"] for t, a in zip(texts, answers, strict=True)]
+    return sum(scores) / len(texts)
 
 
 def warm_up(
