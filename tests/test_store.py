@@ -140,3 +140,16 @@ def test_killed_stage_leaves_nothing_trusted(workspace, cfg):
     listed = sorted(f["path"] for f in manifest["files"])
     assert listed == sorted(p.name for p in rollouts.glob("part-*.parquet"))
     assert result["stats"]["samples"] == cfg.data.prompts_per_iteration * cfg.generate.n
+
+
+def test_begin_uncommits_before_clearing(store_root):
+    """The _SUCCESS marker itself goes first (a single-object delete, also on S3)."""
+    store, root = store_root
+    uri = join(root, "out")
+    out = OutputDir(store, uri, "test")
+    out.begin()
+    out.put_bytes(b"data", "a.bin")
+    out.commit()
+    store.delete(join(uri, SUCCESS))
+    assert not store.exists(join(uri, SUCCESS)) and store.exists(join(uri, "a.bin"))
+    store.delete(join(uri, "missing"))  # no error for an absent object

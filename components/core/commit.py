@@ -68,9 +68,7 @@ class OutputDir:
         """Prepare to write. False means: already committed, nothing to do."""
         if self.is_committed() and not force:
             return False
-        success = join(self.uri, SUCCESS)
-        if self.store.exists(success):
-            self.store.delete_tree(success)  # uncommit first, then clear
+        self.store.delete(join(self.uri, SUCCESS))  # uncommit first, then clear
         self.store.delete_tree(self.uri)
         self.files.clear()
         return True
@@ -148,9 +146,11 @@ def clear_other_layouts(store: Store, uri: str, num_shards: int) -> None:
     """Before writing one layout of `uri` (unsharded, or S shards), remove any other layout."""
     if num_shards == 1:
         return  # OutputDir.begin clears the whole directory
-    if store.exists(join(uri, SUCCESS)):
-        store.delete_tree(join(uri, SUCCESS))
-        store.delete_tree(uri)
+    if store.exists(join(uri, SUCCESS)):  # an unsharded commit: uncommit, then drop its files
+        store.delete(join(uri, SUCCESS))
+        for f in store.list_files(uri):
+            if not f.startswith("shard-"):  # never a sibling shard's files being written now
+                store.delete(join(uri, f))
     keep = f"-of-{num_shards:05d}"
     for d in store.list_dirs(uri):
         if d.startswith("shard-") and not d.endswith(keep):

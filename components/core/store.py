@@ -61,6 +61,10 @@ class Store(ABC):
         """Remove every object under `uri` (no error if there is none)."""
 
     @abstractmethod
+    def delete(self, uri: str) -> None:
+        """Remove one object (no error if it does not exist)."""
+
+    @abstractmethod
     def upload_file(self, local: Path, uri: str) -> None: ...
 
     @abstractmethod
@@ -115,6 +119,9 @@ class LocalStore(Store):
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+
+    def delete(self, uri: str) -> None:
+        _local_path(uri).unlink(missing_ok=True)
 
     def upload_file(self, local: Path, uri: str) -> None:
         dest = _local_path(uri)
@@ -206,9 +213,19 @@ class S3Store(Store):
         prefix = key.rstrip("/") + "/" if key else ""
         for i in range(0, len(files), 1000):
             chunk = [{"Key": prefix + f} for f in files[i : i + 1000]]
-            self._call(
+            reply = self._call(
                 uri, "delete", self._client.delete_objects, Bucket=bucket, Delete={"Objects": chunk}
             )
+            if reply.get("Errors"):
+                first = reply["Errors"][0]
+                raise StoreError(
+                    f"cannot delete {len(reply['Errors'])} objects under {uri}: first "
+                    f"{first.get('Key')}: {first.get('Code')} {first.get('Message', '')}"
+                )
+
+    def delete(self, uri: str) -> None:
+        bucket, key = self._split(uri)
+        self._call(uri, "delete", self._client.delete_object, Bucket=bucket, Key=key)
 
     def upload_file(self, local: Path, uri: str) -> None:
         bucket, key = self._split(uri)
