@@ -151,12 +151,13 @@ def test_sampling_spec_rejects_bad_options():
 
 
 def test_select_indices_walks_epochs_without_repeats():
-    seen = [select_indices(10, 4, seed=3, iteration=i) for i in range(5)]
-    assert all(len(set(s)) == 4 for s in seen)
-    assert sorted(seen[0] + seen[1] + select_indices(10, 2, 3, 4)[:0] + seen[2][:2]) == list(
-        range(10)
-    )
-    assert select_indices(10, 4, 3, 1) == seen[1]  # deterministic
+    # 10 rows, 4 per iteration: 2 iterations per epoch, 8 distinct prompts each epoch.
+    for epoch in range(3):
+        a, b = (select_indices(10, 4, seed=3, iteration=2 * epoch + k) for k in (0, 1))
+        assert len(a) == len(b) == 4 and not set(a) & set(b)
+    assert select_indices(10, 4, 3, 0) != select_indices(10, 4, 3, 2)  # reshuffled per epoch
+    assert select_indices(10, 4, 3, 1) == select_indices(10, 4, 3, 1)  # deterministic
+    assert sorted(select_indices(8, 4, 0, 0) + select_indices(8, 4, 0, 1)) == list(range(8))
     with pytest.raises(ValueError, match="prompts_per_iteration"):
         select_indices(3, 4, 0, 0)
 

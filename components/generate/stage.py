@@ -85,23 +85,18 @@ def load_prompts(
 
 
 def select_indices(num_rows: int, count: int, seed: int, iteration: int) -> list[int]:
-    """Iteration i's prompts: positions [i*count, (i+1)*count) of a seeded permutation stream,
-    reshuffled every epoch, so every prompt is seen once per epoch."""
+    """Iteration i's prompts: a slice of a seeded permutation of the train set, reshuffled every
+    epoch. An epoch holds floor(num_rows / count) iterations, so within an epoch no prompt
+    repeats; the remainder waits for the next shuffle."""
     if count > num_rows:
         raise ValueError(
             f"data.prompts_per_iteration={count} exceeds the {num_rows} rows of the train set; "
             "lower it or use a larger train set"
         )
-    out: list[int] = []
-    position = iteration * count  # position in the endless stream of epoch permutations
-    while len(out) < count:
-        epoch, offset = divmod(position, num_rows)
-        perm = np.random.default_rng([seed, epoch]).permutation(num_rows)
-        for x in perm[offset : offset + count - len(out)]:
-            position += 1
-            if int(x) not in out:  # an iteration straddling two epochs never repeats a prompt
-                out.append(int(x))
-    return out
+    per_epoch = num_rows // count
+    epoch, slot = divmod(iteration, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(num_rows)
+    return [int(x) for x in perm[slot * count : (slot + 1) * count]]
 
 
 def render_prompt(tokenizer, prompt: Any) -> tuple[str, list[int]]:
