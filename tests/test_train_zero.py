@@ -45,7 +45,9 @@ def scored(tmp_path_factory, tiny_assets):
     return part, str(tiny_assets / "base")
 
 
-def run_ranks(scored, out: Path, zero: int, world: int, budget: int = 10**6) -> dict:
+def run_ranks(
+    scored, out: Path, zero: int, world: int, budget: int = 10**6, rows: int | None = None
+) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -53,6 +55,8 @@ def run_ranks(scored, out: Path, zero: int, world: int, budget: int = 10**6) -> 
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
+        if rows is not None:
+            env["ROWS"] = str(rows)
         args = [sys.executable, str(ROOT / "tests/zero_worker.py"), scored[0], scored[1], str(out),
                 str(zero), str(budget)]  # fmt: skip
         procs.append(subprocess.Popen(args, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True))
@@ -82,3 +86,14 @@ def test_gradient_and_state_invariant_to_zero_stage_and_world_size(scored, tmp_p
         # Adam moments after the step, gathered per parameter name: the same for every layout.
         assert set(got["state"]) == set(ref["state"]), (zero, world)
         assert rel(got["state"], ref["state"]) < 1e-4, (zero, world)
+
+
+@pytest.mark.slow
+def test_uneven_and_empty_ranks(scored, tmp_path):
+    """Ranks with different micro-batch counts (7 rows: 4 vs 3 at one row per micro-batch) and a
+    rank with no rows (1 row) give the single-process gradient under ZeRO-2 and ZeRO-3."""
+    for rows in (7, 1):
+        ref = run_ranks(scored, tmp_path / f"ref{rows}", zero=0, world=1, rows=rows)
+        for zero in (2, 3):
+            got = run_ranks(scored, tmp_path / f"z{zero}r{rows}", zero, 2, budget=16, rows=rows)
+            assert rel(got["grads"], ref["grads"]) < 1e-5, (zero, rows)

@@ -2,6 +2,8 @@
 
     python tests/zero_worker.py SCORED_PARQUET CHECKPOINT_DIR OUT_DIR ZERO_STAGE [MICRO_BUDGET]
 
+ROWS (environment) limits the mini-batch to its first ROWS rows, to give ranks uneven or empty
+shares.
 Environment: RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (gloo). Each rank takes its strided
 share of one mini-batch, accumulates gradients with the GLOBAL token/sequence counts, and rank 0
 writes the full gradient (gathered across ZeRO partitions) and, after one optimizer step, the
@@ -10,6 +12,7 @@ train state to OUT_DIR as safetensors.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -58,17 +61,19 @@ def main() -> None:
         old_logprobs=old,
         rollout_logprobs=old,
     )
-    rows = list(range(len(ro)))
+    rows = list(range(int(os.environ.get("ROWS", len(ro)))))  # fewer rows: uneven / empty ranks
     mine = shard_rows(rows, rank, world)
+    plan = plan_micro_batches(ro.lengths(), mine, budget) if mine else []
+    plan += [[]] * (max(int(train._all_reduce_max(len(plan))), 1) - len(plan))  # as the stage does
     train.accumulate_mini_batch(
         engine,
         ro,
-        plan_micro_batches(ro.lengths(), mine, budget),
+        plan,
         targets,
         old,
         None,
         t,
-        num_tokens=int(mask.sum()),
+        num_tokens=int(mask[rows].sum()),
         num_seqs=len(rows),
         horizon=8,
         temperature=1.0,

@@ -197,7 +197,8 @@ class TrainSection(_Strict):
     micro_batch_tokens: int = Field(4096, ge=1)
     """Token budget (prompt + response, padded) of one forward/backward micro-batch."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """auto: float32 on CPU, bfloat16 on GPU."""
+    """auto: float32 on CPU, bfloat16 on GPU. bf16 runs at ZeRO >= 1 (fp32 masters and Adam
+    moments are then saved per parameter; checkpoints hold the fp32 masters)."""
     processes: int | None = Field(None, ge=1)
     """Data-parallel processes in the train pod (None: one per visible GPU, one on CPU)."""
     kl_coef: float = Field(0.0, ge=0.0)

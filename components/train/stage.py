@@ -71,6 +71,8 @@ def check_algorithm_names(t: TrainSection) -> None:
         algos.get_advantage_fn(t.advantage)
         algos.get_policy_loss_fn(t.policy_loss)
         algos.LOSS_AGGREGATIONS.get(t.loss_agg)
+        if t.kl_coef > 0:
+            algos.get_kl_fn(t.kl_estimator)
     except (KeyError, ValueError) as e:
         raise StageError(f"train config: {e.args[0] if e.args else e}") from None
 
@@ -105,6 +107,13 @@ def init_distributed(device: str) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def zero_stage_for(t: TrainSection, dtype: torch.dtype) -> int:
+    """The ZeRO stage to run. bf16 needs at least 1: DeepSpeed's ZeRO-0 bf16 optimizer cannot
+    export Adam moments or fp32 master weights per parameter, so its state could not carry over
+    between iterations. ZeRO-1 on one device computes the same update."""
+    return max(t.zero_stage, 1) if dtype == torch.bfloat16 else t.zero_stage
+
+
 def deepspeed_config(t: TrainSection, world: int, dtype: torch.dtype) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": 1,
@@ -121,7 +130,7 @@ def deepspeed_config(t: TrainSection, world: int, dtype: torch.dtype) -> dict[st
                 "torch_adam": True,
             },
         },
-        "zero_optimization": {"stage": t.zero_stage},
+        "zero_optimization": {"stage": zero_stage_for(t, dtype)},
         "bf16": {"enabled": dtype == torch.bfloat16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -157,12 +166,22 @@ def sequence_logprobs(
     return lp, ent
 
 
-def _all_reduce_sum(x: float) -> float:
+def _all_reduce_sum_many(values: list[float]) -> list[float]:
+    """Sum over ranks in ONE collective (a fixed order on every rank)."""
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def _all_reduce_max(x: float) -> float:
     import torch.distributed as dist
 
     t = torch.tensor([x], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t[0])
 
 
@@ -209,15 +228,16 @@ def accumulate_mini_batch(
     accumulated gradient equals the full mini-batch's, whatever the micro-batch plan.
     Returns (metric sums, real tokens, padded tokens).
     """
-    model = engine.module
     sums: dict[str, float] = {}
     real_tokens = padded_tokens = 0
-    plan = plan or [[]]  # nothing on this rank: a zero-loss pass keeps ranks in step
-    for k, rows in enumerate(plan):
+    for k, entry in enumerate(plan):
         engine.set_gradient_accumulation_boundary(k == len(plan) - 1)
-        if not rows:
-            engine.backward(sum(p.sum() for p in model.parameters()) * 0.0, scale_wrt_gas=False)
-            continue
+        # An empty entry pads this rank's plan to the longest rank's: ZeRO-2/3 run collectives in
+        # every forward/backward, so all ranks must take the same number of micro-batches. The
+        # dummy runs a real engine forward on row 0 with an empty loss mask (zero loss, zero
+        # gradient, the same metric keys).
+        dummy = not entry
+        rows = [0] if dummy else entry
         mb = collate(ro, rows, pad_id)
         # Through the engine, not engine.module: ZeRO-3 advances its gradient-accumulation step
         # in engine.forward; bypassing it makes every micro-batch overwrite the last one's grads.
@@ -230,6 +250,8 @@ def accumulate_mini_batch(
             return None if x is None else x[rows, :Lb].to(device)
 
         mask = take(targets.loss_mask)
+        if dummy:
+            mask = torch.zeros_like(mask)
         loss, metrics = micro_batch_loss(
             t,
             logprobs=lp,
@@ -256,8 +278,9 @@ def accumulate_mini_batch(
                     )
                 sums[f"train/{key}"] = sums.get(f"train/{key}", 0.0) + v
             sums["train/loss"] = sums.get("train/loss", 0.0) + float(loss)
-        real_tokens += mb.real_tokens
-        padded_tokens += mb.padded_tokens
+        if not dummy:
+            real_tokens += mb.real_tokens
+            padded_tokens += mb.padded_tokens
     return sums, real_tokens, padded_tokens
 
 
@@ -326,7 +349,11 @@ def train_iteration(
             num_tokens = int(targets.loss_mask[mini_rows].sum()) if mini_rows else 0
             num_seqs = len(mini_rows)
             my_rows = shard_rows(mini_rows, rank, world)
-            plan = plan_micro_batches(lengths, my_rows, t.micro_batch_tokens) if my_rows else []
+            plan: list[list[int]] = (
+                plan_micro_batches(lengths, my_rows, t.micro_batch_tokens) if my_rows else []
+            )
+            # Every rank takes as many micro-batches as the busiest (at least one).
+            plan += [[]] * (max(int(_all_reduce_max(len(plan))), 1) - len(plan))
             lr = learning_rate(
                 step,
                 base_lr=t.lr,
@@ -366,13 +393,19 @@ def train_iteration(
     bar.close()
     elapsed = time.perf_counter() - t0
     n_updates = steps_per_iteration(t)
-    metrics_out = {k: _all_reduce_sum(v) / n_updates for k, v in sums.items()}
+    keys = sorted(sums)  # identical on every rank: dummy micro-batches report the same keys
+    totals = _all_reduce_sum_many(
+        [sums[k] for k in keys] + [float(real_tokens), float(padded_tokens)]
+    )
+    metrics_out = {k: v / n_updates for k, v in zip(keys, totals[: len(keys)], strict=True)}
+    real_tokens, padded_tokens = int(totals[-2]), int(totals[-1])
     metrics_out.update(targets.metrics)
     metrics_out.update(
         {
             "train/grad_norm": float(np.nanmean(grad_norms)) if grad_norms else 0.0,
             "train/lr": lr,
-            "train/tokens_per_s": _all_reduce_sum(real_tokens) / elapsed if elapsed > 0 else 0.0,
+            "train/tokens_per_s": real_tokens / elapsed if elapsed > 0 else 0.0,
+            "train/world_size": float(world),
             "train/padding_waste": 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0,
             "train/steps": float(n_updates),
             "train/global_step": float(step),
@@ -416,13 +449,24 @@ def full_state_dict(engine) -> dict[str, torch.Tensor]:
     )
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
+    masters: dict[str, torch.Tensor] = {}
+    if engine.bfloat16_enabled():  # save DeepSpeed's fp32 masters, not the rounded bf16 weights
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        masters = {n: safe_get_full_fp32_param(p) for n, p in model.named_parameters()}
+        missing = [n for n, v in masters.items() if v is None]
+        if missing:
+            raise StageError(
+                f"DeepSpeed exposes no fp32 master for {missing[:3]}; cannot save exactly"
+            )
     with gather:
         for name, value in model.state_dict(keep_vars=False).items():
             ptr = value.data_ptr()
             if ptr in seen:
                 continue
             seen.add(ptr)
-            out[name] = value.detach().cpu().clone()
+            value = masters.get(name, value)
+            out[name] = value.detach().float().cpu().clone()
     return out
 
 
@@ -480,8 +524,19 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     from components.generate.stage import device_and_dtype
 
     device, dtype = device_and_dtype(t.dtype)
+    rank, world = init_distributed(device)
+    if device == "cuda":  # one GPU per rank
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = f"cuda:{torch.cuda.current_device()}"
     torch.manual_seed(cfg.run.seed + iteration)
-    model, tokenizer = load_policy(ckpt_dir, dtype=dtype, device=device)
+    # Loaded in fp32: under bf16 DeepSpeed casts the module and keeps fp32 master copies, which
+    # are then set from these exact weights (checkpoints hold the fp32 masters).
+    model, tokenizer = load_policy(ckpt_dir, dtype=torch.float32, device=device)
+    masters = (
+        {n: p.detach().clone() for n, p in model.named_parameters()}
+        if dtype != torch.float32
+        else None
+    )
     ref_model = None
     if t.kl_coef > 0:  # the reference is loaded only when KL is on
         ref_model, _ = load_policy(
@@ -489,12 +544,17 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         )
         ref_model.eval().requires_grad_(False)
     model.config.use_cache = False
-    rank, world = init_distributed(device)
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
         config=deepspeed_config(t, world, dtype),
     )
+    if masters is not None:
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        for name, p in engine.module.named_parameters():
+            safe_set_full_fp32_param(p, masters[name])
+        del masters
     start_step = 0
     if prev_state is not None:
         start_step = train_state.restore(engine, *prev_state)

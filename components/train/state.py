@@ -43,17 +43,23 @@ def _base_optimizer(engine):
     return getattr(opt, "optimizer", opt)
 
 
+def _holds_directly(engine, p: torch.nn.Parameter) -> bool:
+    """Whether the torch optimizer keys its state on the model's own parameter (fp32 ZeRO-0).
+    Otherwise (ZeRO 1-3, bf16's fp32 master copies) DeepSpeed maps it to its flat partitions."""
+    opt = _base_optimizer(engine)
+    return any(q is p for g in opt.param_groups for q in g["params"])
+
+
 def collect(engine, step: int, extra: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
     """Tensors and JSON describing the optimizer state after `step` optimizer steps."""
     from deepspeed.utils import safe_get_full_optimizer_state
 
     model = engine.module
     tensors: dict[str, torch.Tensor] = {}
-    zero = _zero_stage(engine)
     state = _base_optimizer(engine).state
     for name, p in model.named_parameters():
         for key in MOMENTS:
-            if zero == 0:
+            if _holds_directly(engine, p):
                 value = state.get(p, {}).get(key)
             else:
                 value = safe_get_full_optimizer_state(p, key)
@@ -64,14 +70,17 @@ def collect(engine, step: int, extra: dict[str, Any]) -> tuple[dict[str, torch.T
         "state_version": STATE_VERSION,
         "step": step,
         "fingerprint": fingerprint(model),
-        "zero_stage": zero,
+        "zero_stage": _zero_stage(engine),
         **extra,
     }
     return tensors, meta
 
 
 def restore(engine, tensors: dict[str, torch.Tensor], meta: dict[str, Any], source: str) -> int:
-    """Load Adam moments and step into a fresh engine; returns the step count."""
+    """Load Adam moments and step into a fresh engine; returns the step count.
+
+    Every trainable parameter must have both moments once `step > 0`: a state that silently
+    restarted Adam would train differently from one continuous run."""
     from deepspeed.utils import safe_set_full_optimizer_state
 
     model = engine.module
@@ -86,16 +95,35 @@ def restore(engine, tensors: dict[str, torch.Tensor], meta: dict[str, Any], sour
             "to this checkpoint"
         )
     step = int(meta["step"])
-    zero = _zero_stage(engine)
     opt = _base_optimizer(engine)
+    # ZeRO-1/2 link each parameter to its slice of the flat optimizer state lazily (at the first
+    # step, or when DeepSpeed loads its own checkpoints); link now so the moments can be set.
+    # The torch optimizer creates its state at the first step; create the zero moments it would
+    # (on DeepSpeed's flat fp32 partitions too) so they can be overwritten with the saved ones.
+    for group in opt.param_groups:
+        for q in group["params"]:
+            st = opt.state[q]
+            for key in MOMENTS:
+                st.setdefault(key, torch.zeros_like(q, memory_format=torch.preserve_format))
+            st.setdefault("step", torch.tensor(0.0))
+    link = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+    if link is not None:
+        engine.optimizer._hp_optimizer_states_linked = False
+        link()
     for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
         for key in MOMENTS:
             value = tensors.get(f"{key}.{name}")
             if value is None:
+                if step > 0:
+                    raise TrainStateError(
+                        f"{source}: no {key} for parameter {name!r} after {step} steps; the "
+                        "train state is incomplete (start a new run or restore a complete state)"
+                    )
                 continue
-            if zero == 0:
-                st = opt.state[p]
-                st[key] = value.to(device=p.device, dtype=torch.float32).clone()
+            if _holds_directly(engine, p):
+                opt.state[p][key] = value.to(device=p.device, dtype=torch.float32).clone()
             else:
                 safe_set_full_optimizer_state(p, value.to(torch.float32), key)
     # torch's Adam keeps a per-parameter step tensor; it drives bias correction.
