@@ -320,6 +320,7 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
         click.echo("error: give exactly one of --checkpoint URI or --run-id ID", err=True)
         sys.exit(2)
     cfg = _load(config, overrides, run_id=run_id)
+    cfg.evaluate.num_shards = 1  # one local process evaluates everything; no shards to gather
     if checkpoint:
         result = run_stage(evaluate_external, cfg, checkpoint=checkpoint, force=force)
         Console().print(eval_table(result["root"]))

@@ -85,3 +85,10 @@ def test_dataset_accepts_chat_and_string_prompts(tmp_path, tiny_assets):
     pq.write_table(plain.slice(0, 0), tmp_path / "empty.parquet")
     with pytest.raises(SchemaError, match="no rows"):
         read_dataset(LocalStore(), str(tmp_path / "empty.parquet"))
+
+
+def test_unreadable_parquet_names_the_file(tmp_path):
+    bad = tmp_path / "part-00000.parquet"
+    bad.write_bytes(b"this is not parquet")
+    with pytest.raises(SchemaError, match=f"{bad}: not a readable Parquet file"):
+        read_records(LocalStore(), [str(bad)], "rollouts")

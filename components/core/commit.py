@@ -8,8 +8,8 @@ Protocol (docs/contracts.md, "Commit protocol"):
 2. The stage writes its files through `put_file` / `put_bytes`, which record bytes and sha256.
 3. `commit(stats, inputs)` writes `_SUCCESS` last: JSON listing every file with its bytes and
    sha256, the stage's stats, and the content digests of the inputs it was computed from.
-   Readers (`read_manifest`, `committed_files`, `materialize`) refuse a directory without it and
-   check what they fetch against it.
+   Readers (`read_manifest`, `committed_files`, `materialize`) refuse a directory without it;
+   `materialize` also checks sizes (local) or sha256 (S3 downloads) against it.
 
 Lineage: `lineage(store, uris, config)` digests each input directory's file list (not its
 timestamps or stats) plus the stage's config section. `up_to_date(inputs)` is true only when the

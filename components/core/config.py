@@ -230,7 +230,7 @@ class TrainSection(_Strict):
 class EvaluateSection(_Strict):
     ks: list[int] = Field(default_factory=list)
     """Extra k values for pass@k, beyond every power of two up to n."""
-    bootstrap_resamples: int = Field(1000, ge=0)
+    bootstrap_resamples: int = Field(1000, ge=1)
     seed: int = 1234
     every: int = Field(1, ge=1)
     """Evaluate every `every`-th checkpoint (the base and the last are always evaluated)."""
@@ -321,7 +321,8 @@ class ClusterSection(_Strict):
 
     image_repo: str = DEFAULT_IMAGE_REPO
     image_tag: str = DEFAULT_IMAGE_TAG
-    """A number-like tag from YAML or --set (1.0) is taken as the string it was written as."""
+    """An integer tag (7) becomes "7"; a decimal one must be quoted ("1.10"), since YAML would
+    read 1.10 as the number 1.1."""
     images: dict[str, str] = Field(default_factory=dict)
     """Per-stage image overrides (generate, verify, train, evaluate); default REPO/rlvr-STAGE:TAG."""
     stages: dict[str, StagePlacement] = Field(default_factory=_default_stages)
@@ -338,7 +339,9 @@ class ClusterSection(_Strict):
     @field_validator("image_tag", mode="before")
     @classmethod
     def _tag_as_text(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+        if isinstance(v, float):
+            raise ValueError(f'image_tag {v!r} was read as a number; quote it, e.g. "1.10"')
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("stages", mode="before")
     @classmethod
@@ -476,10 +479,12 @@ def load_config(
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     apply_overrides(raw, list(overrides or []))
+    if run_id is not None or iterations is not None:
+        raw["run"] = raw.get("run") or {}
     if run_id is not None:
-        raw.setdefault("run", {})["run_id"] = run_id
+        raw["run"]["run_id"] = run_id
     if iterations is not None:
-        raw.setdefault("run", {})["iterations"] = iterations
+        raw["run"]["iterations"] = iterations
     try:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as e:

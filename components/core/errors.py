@@ -23,5 +23,4 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     StageError,
     ValueError,
     FileNotFoundError,
-    KeyError,
 )

@@ -128,7 +128,13 @@ def validate_dataset(schema: pa.Schema, source: str) -> None:
 
 
 def read_parquet(store: Store, uri: str) -> pa.Table:
-    return pq.read_table(io.BytesIO(store.read_bytes(uri)))
+    data = store.read_bytes(uri)
+    try:
+        return pq.read_table(io.BytesIO(data))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise SchemaError(
+            f"{uri}: not a readable Parquet file ({e}); regenerate or replace it"
+        ) from None
 
 
 def read_records(store: Store, uris: Iterable[str], name: str) -> pa.Table:

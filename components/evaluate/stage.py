@@ -396,6 +396,7 @@ def evaluate_external(cfg: RunConfig, checkpoint: str, *, force: bool = False) -
     from components.core import run_setup
 
     cfg = cfg.model_copy(deep=True)
+    cfg.evaluate.num_shards = 1  # one local process: no shard fan-out to gather
     cfg.model.base = checkpoint
     cfg.run.run_id = "eval-" + hashlib.sha256(checkpoint.encode()).hexdigest()[:12]
     run_setup.run(cfg, force=True)  # re-import: a changed checkpoint gets a new content digest
@@ -412,6 +413,7 @@ def watch_run(
     """
     import time
 
+    cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"num_shards": 1})})
     store, layout = store_for(cfg), RunLayout.of(cfg)
     start = time.monotonic()
     done: set[int] = set()

@@ -83,9 +83,14 @@ class VLLMBackend:
             for req, out in zip(batch, outputs, strict=True):
                 for j, comp in enumerate(out.outputs):
                     token_ids = list(comp.token_ids)
+                    if comp.logprobs is None or len(comp.logprobs) != len(token_ids):
+                        raise RuntimeError(
+                            f"vLLM returned {len(comp.logprobs or [])} logprobs for "
+                            f"{len(token_ids)} tokens of prompt {req.prompt_id}"
+                        )
                     lps = [
                         float(step[tok].logprob)
-                        for step, tok in zip(comp.logprobs or [], token_ids, strict=False)
+                        for step, tok in zip(comp.logprobs, token_ids, strict=True)
                     ]
                     text = cut_at_stop(comp.text, spec.stop)[0] if spec.stop else comp.text
                     samples.append(
