@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("--store", default=str(ROOT / "rlvr-runs"))
     args = ap.parse_args()
 
-    # Prepare outside the timed region only if the example is missing: the build is a one-off.
+    # The timed region includes `prepare` when the example is not built yet (a one-off).
     cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", args.run_id,
            "--set", f"run.store={args.store}"]  # fmt: skip
     t0 = time.perf_counter()

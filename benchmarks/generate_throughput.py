@@ -8,7 +8,7 @@
    alternate between the two so machine noise hits both alike; the median of each is reported.
 2. Memory: peak RSS of the generate stage run as a subprocess with P and 10 x P prompts.
    Goal: ratio < 1.3 (rollouts stream to Parquet parts, so memory does not grow with prompts).
-3. With a GPU and vllm importable, also stage(vllm) / raw vLLM (goal >= 0.9).
+3. stage(vllm) / raw vLLM on a GPU node: benchmarks/vllm_throughput.py.
 """
 
 from __future__ import annotations
@@ -130,10 +130,8 @@ def main() -> None:
     stage_rates, bare_rates = [], []
     stage_generate(model, tok, prompts[:4], spec, args.batch)  # warm-up
     for r in range(args.rounds):
-        for name, fn, rates in (
-            ("stage", stage_generate, stage_rates),
-            ("bare", bare_generate, bare_rates),
-        ):
+        sides = [("stage", stage_generate, stage_rates), ("bare", bare_generate, bare_rates)]
+        for name, fn, rates in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
             torch.manual_seed(r)
             t0 = time.perf_counter()
             tokens = fn(model, tok, prompts, spec, args.batch)

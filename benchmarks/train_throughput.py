@@ -156,14 +156,22 @@ def main() -> None:
           f"{args.micro_tokens} tokens (bare: {rows_per_micro} rows)")  # fmt: skip
     stage_rates, bare_rates, stage_waste, bare_waste = [], [], [], []
     for r in range(args.rounds):
-        rate, waste = stage_round(engine, ro, t, tok.pad_token_id)
-        stage_rates.append(rate)
-        stage_waste.append(waste)
-        rate_b, waste_b = bare_round(
-            bare_model, opt, ro, rows_per_micro, args.mini_batches, tok.pad_token_id
-        )
-        bare_rates.append(rate_b)
-        bare_waste.append(waste_b)
+
+        def stage_side():
+            rate, waste = stage_round(engine, ro, t, tok.pad_token_id)
+            stage_rates.append(rate)
+            stage_waste.append(waste)
+
+        def bare_side():
+            rate_b, waste_b = bare_round(
+                bare_model, opt, ro, rows_per_micro, args.mini_batches, tok.pad_token_id
+            )
+            bare_rates.append(rate_b)
+            bare_waste.append(waste_b)
+
+        for side in (stage_side, bare_side) if r % 2 == 0 else (bare_side, stage_side):
+            side()  # alternate who goes first
+        rate, rate_b = stage_rates[-1], bare_rates[-1]
         print(f"  round {r}: stage {rate:,.0f} tok/s   bare {rate_b:,.0f} tok/s")
     s, b = statistics.median(stage_rates), statistics.median(bare_rates)
     print(f"\nthroughput   stage {s:,.0f} tok/s   bare PyTorch {b:,.0f} tok/s   stage/bare = {s / b:.2f}"

@@ -92,7 +92,8 @@ def main() -> int:
     raw()  # warm-up: CUDA graphs, prefix cache
     s_rates, r_rates = [], []
     for r in range(args.rounds):
-        for name, fn, rates in (("stage", stage, s_rates), ("raw", raw, r_rates)):
+        sides = [("stage", stage, s_rates), ("raw", raw, r_rates)]
+        for name, fn, rates in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
             t0 = time.perf_counter()
             tokens = fn()
             rates.append(tokens / (time.perf_counter() - t0))
