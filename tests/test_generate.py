@@ -12,6 +12,7 @@ from components.core.store import LocalStore
 from components.generate.backends import PromptRequest, SamplingSpec, cut_at_stop, sample_seed
 from components.generate.hf_backend import TransformersBackend, filter_logits, sample_inverse_cdf
 from components.generate.stage import select_indices
+from tests.invariance import assert_equal_up_to_rounding
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,13 @@ def test_samples_do_not_depend_on_batching(policy):
     reqs = requests(tok, 4)
     big = collect(TransformersBackend(model, tok, batch_size=64), reqs, spec)
     small = collect(TransformersBackend(model, tok, batch_size=4), reqs[2:], spec)
-    assert all(big[k].response_token_ids == v.response_token_ids for k, v in small.items())
+    prompt_ids = {r.prompt_id: r.prompt_token_ids for r in reqs}
+
+    def rows(samples):
+        return {k: {**s.__dict__, "prompt_token_ids": prompt_ids[k[0]]} for k, s in samples.items()}
+
+    ref = {k: v for k, v in rows(big).items() if k in small}
+    assert_equal_up_to_rounding(ref, rows(small), model, spec, 0, 0)
     # Different sample seeds give different samples.
     assert len({tuple(s.response_token_ids) for s in big.values()}) > len(reqs)
 
@@ -213,26 +220,22 @@ def test_missing_checkpoint_fails_before_work(cfg):
         run(cfg, 0)
 
 
-def test_shards_union_equals_unsharded(cfg):
-    """S shards together hold exactly the unsharded rows, with identical token ids; verify too."""
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_shards_union_equals_unsharded_up_to_rounding(cfg, threads):
+    """S shards together hold exactly the unsharded rows, with samples equal up to float
+    rounding of another batch layout (and another thread count), and the same rewards."""
     from components.core import run_setup
-    from components.core.commit import committed_files
+    from components.core.commit import NotCommittedError, committed_files
     from components.core.layout import RunLayout
     from components.core.schemas import read_records
-    from components.generate.stage import run
+    from components.generate.stage import run, spec_from
     from components.verify.stage import run as verify
 
     def rows(c, what):
         store, layout = LocalStore(), RunLayout.of(c)
         uri = layout.rollouts(0) if what == "rollouts" else layout.scored(0)
         t = read_records(store, committed_files(store, uri, ".parquet"), what)
-        keys = ("response_token_ids", "response_logprobs") + (
-            ("reward",) if what == "scored" else ()
-        )
-        return {
-            (r["prompt_id"], r["sample_index"]): tuple(str(r[k]) for k in keys)
-            for r in t.to_pylist()
-        }
+        return {(r["prompt_id"], r["sample_index"]): r for r in t.to_pylist()}
 
     cfg.data.prompts_per_iteration = 12
     run_setup.run(cfg)
@@ -241,22 +244,57 @@ def test_shards_union_equals_unsharded(cfg):
     whole, whole_scored = rows(cfg, "rollouts"), rows(cfg, "scored")
     sharded = cfg.model_copy(deep=True)
     sharded.run.run_id = "sharded"
+    sharded.generate.batch_size = 8  # another batch layout as well as another shard layout
     run_setup.run(sharded)
-    for s in range(3):
-        if s < 2:  # the reader refuses an incomplete set of shards
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for s in range(2):  # the reader refuses an incomplete set of shards
             run(sharded, 0, shard=s, num_shards=3)
-    from components.core.commit import NotCommittedError
-
-    with pytest.raises(NotCommittedError, match=r"shards \[2\] of 3 are not committed"):
-        verify(sharded, 0)
-    stats = run(sharded, 0, shard=2, num_shards=3)["stats"]
+        with pytest.raises(NotCommittedError, match=r"shards \[2\] of 3 are not committed"):
+            verify(sharded, 0)
+        stats = run(sharded, 0, shard=2, num_shards=3)["stats"]
+    finally:
+        torch.set_num_threads(before)
     assert stats["shard"] == 2 and stats["num_shards"] == 3
     for s in range(2):
         verify(sharded, 0, shard=s, num_shards=2)
-    assert rows(sharded, "rollouts") == whole
-    assert rows(sharded, "scored") == whole_scored
+    got, got_scored = rows(sharded, "rollouts"), rows(sharded, "scored")
+    model, _ = load_policy(RunLayout.of(cfg).checkpoint(0))
+    spec = spec_from(cfg.generate, cfg.run.seed)
+    diverged = assert_equal_up_to_rounding(whole, got, model, spec, cfg.run.seed, 0)
+    for key, r in whole_scored.items():  # the same tokens score the same
+        if key not in diverged:
+            assert (got_scored[key]["reward"], got_scored[key]["response"]) == (
+                r["reward"],
+                r["response"],
+            )
     with pytest.raises(ValueError, match="0 <= shard < num_shards"):
         run(sharded, 0, shard=3, num_shards=3)
+
+
+def test_draw_margin_finds_near_ties():
+    """draw_margin is the distance to the nearest decision boundary of each sampling rule."""
+    from components.generate.hf_backend import draw_margin, sampling_probs
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1)
+    cdf = sampling_probs(logits[None], spec)[0].cumsum(-1)
+    # A uniform right on the first boundary is a tie; one in the middle of a bin is far from it.
+    assert draw_margin(logits, float(cdf[0]), spec) < 1e-12
+    mid = float(cdf[0] + cdf[1]) / 2
+    assert draw_margin(logits, mid, spec) == pytest.approx(float(cdf[1] - cdf[0]) / 2, rel=1e-9)
+    # top-k: the k-th and (k+1)-th logits 1e-7 apart (relative to the largest logit) is a tie.
+    tied = torch.tensor([2.0, 1.0, 1.0 - 2e-7, -1.0], dtype=torch.float64)
+    k2 = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=2, max_new_tokens=1)
+    assert draw_margin(tied, mid, k2) == pytest.approx(1e-7, rel=1e-3)
+    # top-p: a nucleus whose mass before a token sits exactly at top_p is a tie.
+    p = torch.softmax(logits.double(), -1)
+    at = SamplingSpec(n=1, temperature=1.0, top_p=float(p[0]), top_k=0, max_new_tokens=1)
+    assert draw_margin(logits, mid, at) < 1e-9
+    # greedy: the gap between the two largest logits, relative.
+    greedy = SamplingSpec(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=1)
+    assert draw_margin(logits, 0.5, greedy) == pytest.approx(0.5)
 
 
 def test_stop_token_ids_end_responses_like_eos(policy):

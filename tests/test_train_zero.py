@@ -82,8 +82,11 @@ def test_gradient_and_state_invariant_to_zero_stage_and_world_size(scored, tmp_p
     for zero, world, budget in ((0, 2, 10**6), (2, 2, 64), (1, 1, 10**6), (3, 1, 64)):
         got = run_ranks(scored, tmp_path / f"z{zero}w{world}b{budget}", zero, world, budget)
         assert set(got["grads"]) == set(ref["grads"])
+        # Holds on any CPU: ZeRO stages, ranks and micro-batch budgets only regroup float32 sums
+        # of the same per-token terms (bucket flattening, gloo reduce-scatter / all-reduce), whose
+        # relative rounding is ~1e-7 for this model; 1e-5 on the norm leaves two orders of margin.
         assert rel(got["grads"], ref["grads"]) < 1e-5, (zero, world)
-        # Adam moments after the step, gathered per parameter name: the same for every layout.
+        # Adam moments (v ~ g^2, then a division) double the relative error; hence 1e-4. after the step, gathered per parameter name: the same for every layout.
         assert set(got["state"]) == set(ref["state"]), (zero, world)
         assert rel(got["state"], ref["state"]) < 1e-4, (zero, world)
 

@@ -10,7 +10,8 @@ Semantics shared by all backends (docs/contracts.md, "Sampling semantics"):
   in the text), at a stop string (kept in both; the text is cut right after the stop string), or
   at max_new_tokens (finish_reason "length").
 - Each sample's randomness derives from (run seed, iteration, prompt_id, sample_index), never
-  from batch position, so any batching or sharding reproduces the same samples.
+  from batch position, so another batching or sharding reproduces the same samples up to float
+  rounding of the logits (docs/contracts.md, "Batch and shard invariance").
 """
 
 from __future__ import annotations

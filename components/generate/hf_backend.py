@@ -37,16 +37,70 @@ def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return scaled
 
 
+def sampling_probs(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
+    """The distribution a sample is drawn from, in float64.  # [B, V] -> [B, V]
+
+    float64 from float32 logits (issue 15): the logits of one row differ in their last bits
+    between batch layouts (padding width, batch size and thread count change the kernels'
+    summation order), and a float32 cumulative sum over a large vocabulary adds its own
+    layout-free but sizeable rounding. In float64 the CDF carries the logits' rounding only, so a
+    draw moves between layouts only when its uniform lies within about 1e-7 of a CDF boundary.
+    """
+    scaled = logits.double() / spec.temperature
+    return torch.softmax(filter_logits(scaled, spec.top_k, spec.top_p), dim=-1)
+
+
 def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Draw one token per row with the given uniforms.  # probs [B, V], u [B] -> [B]"""
     cdf = probs.cumsum(-1)
-    tok = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
-    tok = tok.clamp(max=probs.shape[-1] - 1)
+    tok = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1), right=True)
+    tok = tok.squeeze(-1).clamp(max=probs.shape[-1] - 1)
     # Never pick a zero-probability token at the boundary of float round-off.
     bad = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1) <= 0
     if bad.any():
         tok = torch.where(bad, probs.argmax(-1), tok)
     return tok
+
+
+def sample_uniforms(seeds: list[int], steps: int) -> torch.Tensor:
+    """One float64 uniform per (sample, step), each sample from its own generator.  # [B, T]"""
+    return torch.stack(
+        [
+            torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+            for s in seeds
+        ]
+    )
+
+
+def draw_margin(logits: torch.Tensor, u: float, spec: SamplingSpec) -> float:
+    """How far one draw is from changing: the smallest relative perturbation of its inputs that
+    could pick another token.  # logits [V] (float32, one step of one sample), u in [0, 1)
+
+    The minimum of three distances, each relative (so one tolerance serves every vocabulary):
+    the uniform's distance to the nearest CDF boundary (in probability mass); with top-k, the gap
+    between the k-th and (k+1)-th logit over the logit scale; with top-p, the distance of the
+    nucleus's cumulative mass from `top_p`. Greedy: the gap between the two largest logits.
+    Two layouts can draw different tokens only where this is at the level of float rounding
+    (docs/contracts.md, "Batch and shard invariance").
+    """
+    logits = logits.double()
+    scale = float(logits.abs().max()) or 1.0
+    top2 = torch.topk(logits, 2).values
+    if spec.temperature == 0:
+        return float(top2[0] - top2[1]) / scale
+    margins = []
+    scaled = logits / spec.temperature
+    if spec.top_k and spec.top_k < logits.numel():
+        kk = torch.topk(scaled, spec.top_k + 1).values
+        margins.append(float(kk[-2] - kk[-1]) / (scale / spec.temperature))
+    if spec.top_p < 1.0:
+        p = torch.softmax(scaled, -1).sort(descending=True).values
+        margins.append(float((p.cumsum(-1) - p - spec.top_p).abs().min()))
+    probs = sampling_probs(logits[None], spec)[0]
+    cdf = probs.cumsum(-1)
+    target = u * float(cdf[-1])
+    margins.append(float((cdf[probs > 0] - target).abs().min()))
+    return min(margins)
 
 
 class TransformersBackend:
@@ -120,13 +174,7 @@ class TransformersBackend:
         for i, p in enumerate(prompts):
             ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
             attn[i, P - len(p) :] = 1
-        # One uniform per (sample, step), each sample from its own generator.
-        uniforms = torch.stack(
-            [
-                torch.rand(T, generator=torch.Generator().manual_seed(r.sample_seeds[j]))
-                for r, j in rows
-            ]
-        )
+        uniforms = sample_uniforms([r.sample_seeds[j] for r, j in rows], T)
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         # The mask for all steps, allocated once; step t feeds a view of its first P+t+1 columns.
@@ -155,8 +203,7 @@ class TransformersBackend:
             if spec.temperature == 0:
                 tok = scaled.argmax(-1)
             else:
-                probs = torch.softmax(filter_logits(scaled, spec.top_k, spec.top_p), dim=-1)
-                tok = sample_inverse_cdf(probs, uniforms[:, t])
+                tok = sample_inverse_cdf(sampling_probs(logits.float(), spec), uniforms[:, t])
             lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
             live = ~finished
             tokens[:, t] = torch.where(live, tok, pad_col)

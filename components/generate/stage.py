@@ -297,7 +297,8 @@ def run(
 
     With `num_shards` S > 1, prompts go to shards by a stable hash of their prompt_id and shard i
     commits `rollouts/shard-i-of-S/`; the union of the S shards has exactly the rows of an
-    unsharded run, with identical samples (seeds never depend on batch or shard).
+    unsharded run, with the same samples up to float rounding of another batch layout (seeds never
+    depend on batch or shard; docs/contracts.md, "Batch and shard invariance").
     """
     check_shard(shard, num_shards)
     store, layout = store_for(cfg), RunLayout.of(cfg)
