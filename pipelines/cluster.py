@@ -77,6 +77,60 @@ def submit(
     return Submitted(result.run_id, f"{host.rstrip('/')}/#/runs/details/{result.run_id}")
 
 
+def segment_run_name(cfg: RunConfig, segment: int) -> str:
+    return f"{cfg.run_id}-train-seg{segment:05d}"
+
+
+def submit_segment(
+    cfg: RunConfig,
+    params: dict[str, str],
+    *,
+    segment: int,
+    host: str,
+    experiment: str,
+    namespace: str | None,
+    token: str | None,
+) -> Submitted:
+    """Submit one segment of a training run (`rlvr submit`, and the last task of each segment
+    for the next one). The compiled pipeline is the same for every segment: its size does not
+    depend on run.iterations; the segment index is a run-time parameter."""
+    from pipelines.train import build_train_pipeline
+
+    arguments = {
+        **{k: v for k, v in params.items() if v != ""},
+        "segment": segment,
+        "chain": True,
+        "experiment": experiment,
+        "namespace": namespace or "",
+    }
+    return submit(
+        cfg, build_train_pipeline(cfg), host=host, experiment=experiment, namespace=namespace,
+        token=token, arguments=arguments, run_name=segment_run_name(cfg, segment),
+    )  # fmt: skip
+
+
+def chain_next_segment(
+    params: dict[str, str], *, segment: int, chain: bool, experiment: str, namespace: str
+) -> str:
+    """Body of the `next-segment` task: submit segment+1 of the run from inside the cluster
+    (`cluster.kfp_api`, the pod's service account token). Returns the new run id, or "" for the
+    last segment and when chaining is off."""
+    import logging
+
+    from components.core.config import effective_config
+    from components.core.warm import segments
+
+    cfg = effective_config(**params)
+    if not chain or segment + 1 >= len(segments(cfg)):
+        return ""
+    result = submit_segment(
+        cfg, params, segment=segment + 1, host=cfg.cluster.kfp_api, experiment=experiment,
+        namespace=namespace or None, token=None,
+    )  # fmt: skip
+    logging.getLogger("rlvr.chain").info("segment %d submitted as run %s", segment + 1, result.run_id)
+    return result.run_id
+
+
 def schedule(
     cfg: RunConfig,
     fn: Callable,

@@ -170,6 +170,116 @@ def report_stage(
     return json.dumps(paths)
 
 
+def generate_worker(
+    config_json: str,
+    run_id: str,
+    segment: int,
+    shard: int = 0,
+    num_shards: int = 1,
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
+) -> str:
+    """Serve generate for every iteration of a segment (one shard), the policy kept loaded."""
+    from components.core.stage_cli import serve_from_pipeline
+
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    return serve_from_pipeline("generate", params, segment=segment, shard=shard,
+                               num_shards=num_shards)  # fmt: skip
+
+
+def verify_worker(
+    config_json: str,
+    run_id: str,
+    segment: int,
+    shard: int = 0,
+    num_shards: int = 1,
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
+) -> str:
+    """Serve verify for every iteration of a segment (one shard)."""
+    from components.core.stage_cli import serve_from_pipeline
+
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    return serve_from_pipeline("verify", params, segment=segment, shard=shard,
+                               num_shards=num_shards)  # fmt: skip
+
+
+def train_worker(
+    config_json: str,
+    run_id: str,
+    segment: int,
+    metrics: Output[Metrics],
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
+) -> str:
+    """Serve train for every iteration of a segment, the DeepSpeed engine kept in memory; the KFP
+    UI shows the train metrics of the segment's last iteration."""
+    from components.core.commit import read_manifest
+    from components.core.config import effective_config
+    from components.core.layout import RunLayout, store_for
+    from components.core.stage_cli import serve_from_pipeline
+    from components.core.warm import segment as segment_of
+
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    out = serve_from_pipeline("train", params, segment=segment)
+    cfg = effective_config(**params)
+    last = segment_of(cfg, segment).stop
+    stats = read_manifest(store_for(cfg), RunLayout.of(cfg).checkpoint(last))["stats"]
+    for key, value in stats.items():
+        if isinstance(value, int | float) and key.startswith("train/"):
+            metrics.log_metric(key, float(value))
+    return out
+
+
+def evaluate_worker(
+    config_json: str,
+    run_id: str,
+    segment: int,
+    shard: int = 0,
+    num_shards: int = 1,
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
+) -> str:
+    """Evaluate each of the segment's checkpoints as it lands (one sampling shard, or the
+    gather / unsharded evaluation), the policy kept loaded."""
+    from components.core.stage_cli import serve_from_pipeline
+
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    return serve_from_pipeline("evaluate", params, segment=segment, shard=shard,
+                               num_shards=num_shards)  # fmt: skip
+
+
+def next_segment(
+    config_json: str,
+    run_id: str,
+    segment: int,
+    chain: bool = False,
+    experiment: str = "rlvr",
+    namespace: str = "",
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
+) -> str:
+    """After the segment's training: submit the next segment as a new run of this pipeline
+    (through the KFP API, with the pod's service account token), so a run of any length goes on
+    without a client attached. Does nothing for the last segment, or when `chain` is off (the
+    local runner drives segments itself)."""
+    from pipelines.cluster import chain_next_segment
+
+    params = dict(config_json=config_json, run_id=run_id, store=store,
+                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    return chain_next_segment(params, segment=segment, chain=chain, experiment=experiment,
+                              namespace=namespace)  # fmt: skip
+
+
 def resolve_stage(
     config_json: str,
     run_id: str,
@@ -194,6 +304,11 @@ STAGE_FUNCS: dict[str, Callable] = {
     "evaluate": evaluate_stage,
     "resolve": resolve_stage,
     "report": report_stage,
+    "generate_worker": generate_worker,
+    "verify_worker": verify_worker,
+    "train_worker": train_worker,
+    "evaluate_worker": evaluate_worker,
+    "next_segment": next_segment,
 }
 
 
@@ -206,14 +321,30 @@ class Ops:
     evaluate: Callable
     resolve: Callable
     report: Callable
+    generate_worker: Callable
+    verify_worker: Callable
+    train_worker: Callable
+    evaluate_worker: Callable
+    next_segment: Callable
 
 
 def make_ops(images: dict[str, str]) -> Ops:
     """KFP components for every stage, each on its stage's image (`images` has one per stage)."""
     image_of = {
-        "resolve": images["evaluate"],
+        "resolve": images["evaluate"],  # a lookup beside evaluate
         "report": images["evaluate"],
+        "generate_worker": images["generate"],
+        "verify_worker": images["verify"],
+        "train_worker": images["train"],
+        "evaluate_worker": images["evaluate"],
+        "next_segment": images["init"],
         **images,
-    }  # resolve is a lookup beside evaluate
-    built = {name: dsl.component(base_image=image_of[name])(fn) for name, fn in STAGE_FUNCS.items()}
+    }
+    # install_kfp_package=False: the images carry the exact kfp that compiles the pipeline
+    # (images/*/Dockerfile), so a task starts the KFP executor at once, with no start-up
+    # `pip install` (which needs the network and costs a second per task).
+    built = {
+        name: dsl.component(base_image=image_of[name], install_kfp_package=False)(fn)
+        for name, fn in STAGE_FUNCS.items()
+    }
     return Ops(**built)

@@ -1,97 +1,106 @@
-"""The KFP v2 training pipeline: init, then N unrolled iterations of generate -> verify -> train,
-each new checkpoint followed by evaluate.
+"""The KFP v2 training pipeline: one run serves one segment of a training run with warm workers.
 
-KFP v2 has no while loops, so iterations are unrolled when the pipeline is compiled; the run's
-state lives in the object store, so a rerun with the same run id resumes (committed stages skip).
+    init --> generate (worker; one per shard) --+--> next-segment (submits segment+1)
+         --> verify (worker; one per shard)   --+
+         --> train (worker)                   --+
+         --> evaluate (worker; + shards)      ------> report
+
+Each worker is one long-running task on its stage's image and node pool that serves every
+iteration of the segment (components/core/warm.py): its model, engine and optimizer are loaded
+once, and each iteration's output is committed to the store as before. Workers of a segment run
+side by side and meet only through the store's commit markers: generate of iteration i waits for
+checkpoint max(0, i - train.max_staleness), verify for the rollouts, train for the scored
+rollouts, evaluate for the checkpoints it evaluates. So stages overlap where the data allows (and
+more with bounded staleness), a failed worker is retried alone and resumes at its first
+uncommitted iteration, and a committed output is never recomputed.
+
+KFP v2 has no loops that span runs, so a run of any length is a chain of segments: the segment
+index is a run-time parameter, the compiled pipeline does not grow with run.iterations, and the
+`next-segment` task submits the next segment through the KFP API. Locally, `rlvr run` drives the
+segments itself, each on the concurrent local runner (pipelines/local_runner.py), because
+kfp.local runs one task at a time and workers that wait on each other need to run together.
 The pipeline function only wires tasks; Kubernetes placement is added by small helpers.
 """
 
 from collections.abc import Callable
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
+from components.core.commit import shard_name
 from components.core.config import RunConfig
+from components.core.warm import eval_checkpoints
 from pipelines.ops import make_ops
 from pipelines.placement import place
 
 STAGES = ("generate", "verify", "train", "evaluate")
 
-
-def eval_checkpoints(cfg: RunConfig) -> list[int]:
-    """Checkpoints the pipeline evaluates: the base, every `evaluate.every`-th, and the last."""
-    last = cfg.run.iterations
-    if not cfg.data.eval:
-        return []
-    every = cfg.evaluate.every
-    return sorted({0, last, *range(every, last + 1, every)})
+__all__ = ["STAGES", "build_train_pipeline", "compile_pipeline", "eval_checkpoints"]
 
 
 def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable:
-    """The pipeline function for this config (iterations and images fixed at compile time).
+    """The segment pipeline for this config (images, shard counts and placement fixed at compile
+    time; run id, store, base checkpoint, eval sets and the segment index at run time).
 
     `for_cluster=False` leaves out the Kubernetes placement (the local runner has no use for it).
     """
     ops = make_ops({s: cfg.cluster.image(s) for s in ("init", *STAGES)})
-    iterations = cfg.run.iterations
-    evaluated = set(eval_checkpoints(cfg))
 
-    def _placed(stage: str):
-        def apply(task: dsl.PipelineTask) -> dsl.PipelineTask:
-            if for_cluster:
-                return place(task, stage, cfg.cluster)
-            return task.set_caching_options(False)
+    def placed(task: dsl.PipelineTask, stage: str, name: str) -> dsl.PipelineTask:
+        task.set_display_name(name)
+        if for_cluster:
+            return place(task, stage, cfg.cluster)
+        return task.set_caching_options(False)
 
-        return apply
+    def shards_of(op, stage: str, count: int, after: dsl.PipelineTask, **kwargs):
+        """One worker per shard (shards are few and fixed by config, so they are unrolled).
+        Display names are the stages' task names, which also name their failure markers."""
+        if count == 1:
+            return [placed(op(**kwargs).after(after), stage, stage)]
+        return [
+            placed(op(**kwargs, shard=s, num_shards=count).after(after), stage,
+                   f"{stage}-{shard_name(s, count)}")  # fmt: skip
+            for s in range(count)
+        ]
 
-    def fan_out(stage, after, shards: int, **kwargs) -> dsl.PipelineTask:
-        """One task, or `shards` tasks under dsl.ParallelFor. A later task's .after() on the
-        returned task waits for every shard (the gather)."""
-        index = kwargs.get("iteration", kwargs.get("checkpoint"))
-        op, name = getattr(ops, stage), f"{stage}-{index:05d}"
-        if shards == 1:
-            return _placed(stage)(op(**kwargs)).after(after).set_display_name(name)
-        with dsl.ParallelFor(items=list(range(shards)), parallelism=shards) as shard:
-            task = _placed(stage)(op(**kwargs, shard=shard, num_shards=shards))
-            task.after(after).set_display_name(f"{name}-shard")
-        return task
-
-    @dsl.pipeline(name="rlvr-train", description="RLVR: generate -> verify -> train, evaluate")
+    @dsl.pipeline(
+        name="rlvr-train",
+        description="RLVR: one segment of warm generate / verify / train / evaluate workers",
+    )
     def rlvr_train(
         config_json: str = cfg.to_json(),
         run_id: str = cfg.run_id,
         store: str = "",
         base_checkpoint: str = "",
         eval_sets: str = "",
+        segment: int = 0,
+        chain: bool = False,
+        experiment: str = "rlvr",
+        namespace: str = "",
     ) -> None:
-        """Empty store / base_checkpoint / eval_sets (JSON list) keep the compiled-in config's."""
+        """Empty store / base_checkpoint / eval_sets (JSON list) keep the compiled-in config's.
+        `chain`: submit the next segment when this one's training is done (`rlvr submit`)."""
         common = dict(config_json=config_json, run_id=run_id, store=store,
                       base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-        init = _placed("init")(ops.init(**common)).set_display_name("init")
-
-        evals: list[dsl.PipelineTask] = []
-
-        def evaluate(c: int, after: dsl.PipelineTask) -> None:
-            shards = cfg.evaluate.num_shards
-            if shards > 1:  # sample+score shards in parallel, then gather the metrics
-                after = fan_out("evaluate", after, shards, **common, checkpoint=c)
-            task = _placed("evaluate")(ops.evaluate(**common, checkpoint=c))
-            evals.append(task.after(after).set_display_name(f"evaluate-{c:05d}"))
-
-        if 0 in evaluated:
-            evaluate(0, init)
-        prev = init
-        for i in range(iterations):
-            gen = fan_out("generate", prev, cfg.generate.num_shards, **common, iteration=i)
-            ver = fan_out("verify", gen, cfg.verify.num_shards, **common, iteration=i)
-            trn = _placed("train")(ops.train(**common, iteration=i))
-            trn.after(ver).set_display_name(f"train-{i:05d}")
-            if i + 1 in evaluated:
-                # Runs beside generate of iteration i+1 where resources allow: both follow train i.
-                evaluate(i + 1, trn)
-            prev = trn
-        if evals:  # evaluations may finish in any order: the run-level report comes last
-            report = _placed("init")(ops.report(**common)).set_display_name("report")
-            report.after(*evals)
+        init = placed(ops.init(**common), "init", "init")
+        seg = dict(**common, segment=segment)
+        training = [
+            *shards_of(ops.generate_worker, "generate", cfg.generate.num_shards, init, **seg),
+            *shards_of(ops.verify_worker, "verify", cfg.verify.num_shards, init, **seg),
+            placed(ops.train_worker(**seg).after(init), "train", "train"),
+        ]
+        nxt = ops.next_segment(**seg, chain=chain, experiment=experiment, namespace=namespace)
+        nxt = placed(nxt.after(*training), "init", "next-segment")
+        if for_cluster:  # Kubeflow's PodDefault projects the KFP API token into labelled pods
+            kubernetes.add_pod_label(nxt, "access-ml-pipeline", "true")
+        if cfg.data.eval:
+            evals = []
+            if cfg.evaluate.num_shards > 1:
+                evals += shards_of(ops.evaluate_worker, "evaluate", cfg.evaluate.num_shards,
+                                   init, **seg)  # fmt: skip
+            gather = "evaluate" if cfg.evaluate.num_shards == 1 else "evaluate-gather"
+            evals.append(placed(ops.evaluate_worker(**seg).after(init), "evaluate", gather))
+            # Evaluations finish in any order; the run-level report comes last.
+            placed(ops.report(**common).after(*evals), "init", "report")
 
     return rlvr_train
 
@@ -101,12 +110,3 @@ def compile_pipeline(cfg: RunConfig, out_path: str) -> str:
 
     compiler.Compiler().compile(build_train_pipeline(cfg), package_path=out_path)
     return out_path
-
-
-def run_local(cfg: RunConfig, pipeline_root: str) -> None:
-    """Execute the pipeline on KFP's local SubprocessRunner (no cluster, no Docker)."""
-    from kfp import local
-
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=pipeline_root)
-    pipeline = build_train_pipeline(cfg, for_cluster=False)
-    pipeline(config_json=cfg.to_json(), run_id=cfg.run_id)

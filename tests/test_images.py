@@ -140,8 +140,8 @@ def test_entrypoint_is_the_stage_module(stage):
 @pytest.mark.parametrize("stage", STAGES)
 def test_kfp_matches_the_compiling_kfp(stage):
     df = _parser(stage)
-    # Every KFP lightweight component starts with `pip install kfp==<compiler's version>
-    # --no-deps`; only an exact match makes that a network-free no-op in the pod.
+    # The components run the image's KFP executor (install_kfp_package=False, no start-up pip
+    # install): it must be the kfp that compiled the pipeline.
     installed = importlib.metadata.version("kfp")
     assert df.args.get("KFP_VERSION") == installed, (
         f"{stage}: ARG KFP_VERSION={df.args.get('KFP_VERSION')} but kfp here is {installed}: "

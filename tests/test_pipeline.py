@@ -10,40 +10,61 @@ import pytest
 import yaml
 
 from components.core.config import load_config
-from pipelines.train import eval_checkpoints
+from components.core.warm import eval_checkpoints
 
 
-def test_compile_unrolls_iterations_with_stage_images(workspace, tmp_path):
-    out = tmp_path / "pipeline.yaml"
+def _compile(workspace, out, *args):
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "compile", str(workspace), "-o", str(out),
-         "--iterations", "3", "--set", "cluster.image_tag=v9"],
+        [sys.executable, "-m", "pipelines.cli", "compile", str(workspace), "-o", str(out), *args],
         capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    ir, platform = yaml.safe_load_all(out.read_text())
+    return yaml.safe_load_all(out.read_text())
+
+
+def test_compile_segment_pipeline_with_stage_images(workspace, tmp_path):
+    ir, platform = _compile(workspace, tmp_path / "p.yaml", "--iterations", "3",
+                            "--set", "cluster.image_tag=v9", "--set", "verify.num_shards=2")  # fmt: skip
     tasks = ir["root"]["dag"]["tasks"]
     names = sorted(t["taskInfo"]["name"] for t in tasks.values())
-    for i in range(3):
-        for stage in ("generate", "verify", "train"):
-            assert f"{stage}-{i:05d}" in names
-    assert {"init", "evaluate-00000", "evaluate-00003", "report"} <= set(names)
+    assert names == sorted([
+        "init", "generate", "verify-shard-00000-of-00002", "verify-shard-00001-of-00002",
+        "train", "evaluate", "next-segment", "report",
+    ])  # fmt: skip
     executors = ir["deploymentSpec"]["executors"]
     images = {e["container"]["image"] for e in executors.values()}
     assert images == {
         f"ghcr.io/rlvr-project/rlvr-{s}:v9" for s in ("generate", "verify", "train", "evaluate")
     }
     for e in executors.values():
-        assert "components." in " ".join(e["container"]["command"])  # bodies import the stages
-    # Every task waits for the previous stage of its iteration.
+        command = " ".join(e["container"]["command"])
+        assert "components." in command or "pipelines." in command  # bodies import the stages
+        assert "pip install" not in command  # the images carry kfp: no start-up install
     by_name = {t["taskInfo"]["name"]: t for t in tasks.values()}
     deps = lambda n: {tasks[d]["taskInfo"]["name"] for d in by_name[n].get("dependentTasks", [])}  # noqa: E731
-    assert deps("verify-00001") == {"generate-00001"} and deps("generate-00001") == {"train-00000"}
-    assert deps("evaluate-00003") == {"train-00002"}
-    assert deps("report") == {f"evaluate-{c:05d}" for c in range(4)}
-    # evaluate of checkpoint i+1 and generate of iteration i+1 both wait only for train i, so
-    # they can run side by side.
-    assert deps("generate-00002") == {"train-00001"} == deps("evaluate-00002")
+    # Workers run side by side after init; they meet through the store, not the DAG.
+    for w in ("generate", "verify-shard-00000-of-00002", "train", "evaluate"):
+        assert deps(w) == {"init"}, w
+    assert deps("next-segment") == {
+        "generate", "verify-shard-00000-of-00002", "verify-shard-00001-of-00002", "train"
+    }
+    assert deps("report") == {"evaluate"}
+    params = ir["root"]["inputDefinitions"]["parameters"]
+    assert {"segment", "chain", "run_id", "store", "config_json"} <= set(params)
+
+
+def test_pipeline_size_does_not_grow_with_iterations(workspace, tmp_path):
+    """A 1,000-iteration run compiles, in seconds, to the same tasks as a 3-iteration one: the
+    segment is a run-time parameter (a KFP run on Argo must stay far below etcd's ~1.5 MiB)."""
+    import time
+
+    t0 = time.perf_counter()
+    _compile(workspace, tmp_path / "big.yaml", "--iterations", "1000")
+    seconds = time.perf_counter() - t0
+    _compile(workspace, tmp_path / "small.yaml", "--iterations", "3")
+    big, small = (tmp_path / "big.yaml").stat().st_size, (tmp_path / "small.yaml").stat().st_size
+    assert big < 500_000 and seconds < 30
+    assert abs(big - small) < 100  # only the embedded config's iteration count differs
 
 
 def test_compiled_placement_from_config(workspace, tmp_path, monkeypatch):
@@ -96,33 +117,79 @@ def test_eval_checkpoints_every(workspace):
 
 
 @pytest.mark.slow
-def test_rlvr_run_two_iterations_on_kfp_local_and_resume(workspace):
-    cmd = [sys.executable, "-m", "pipelines.cli", "run", str(workspace), "--iterations", "2",
-           "--set", "evaluate.every=2", "--set", "generate.num_shards=2"]  # fmt: skip
+def test_rlvr_run_in_segments_on_kfp_local_and_resume(workspace):
+    """Three iterations in two segments of warm workers (two generate shards), then a resume
+    that redoes only what is missing: a segment with nothing to do does not even start."""
+    cmd = [sys.executable, "-m", "pipelines.cli", "run", str(workspace), "--iterations", "3",
+           "--set", "run.segment_iterations=2", "--set", "evaluate.every=2",
+           "--set", "generate.num_shards=2"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workspace.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "3 iterations in 2 segment(s)" in proc.stderr
     root = workspace.parent / "runs" / "t"
-    for d in ("checkpoints/00000", "checkpoints/00001", "checkpoints/00002", "train_state/00002",
-              "iterations/00001/rollouts/shard-00000-of-00002",
-              "iterations/00001/rollouts/shard-00001-of-00002", "iterations/00001/scored", "evals/00000", "evals/00002"):  # fmt: skip
+    for d in ("checkpoints/00000", "checkpoints/00003", "train_state/00003",
+              "iterations/00002/rollouts/shard-00000-of-00002",
+              "iterations/00002/rollouts/shard-00001-of-00002", "iterations/00002/scored",
+              "evals/00000", "evals/00002", "evals/00003"):  # fmt: skip
         assert (root / d / "_SUCCESS").is_file(), d
     assert not (root / "evals/00001").exists()  # evaluate.every=2
     assert (root / "report/report.md").is_file() and (root / "report/history.png").is_file()
-    assert yaml.safe_load((root / "run.yaml").read_text())["run"]["iterations"] == 2
-    assert "held-out evaluation" in proc.stdout and "00002" in proc.stdout
-    state = json.loads((root / "train_state/00002/state.json").read_text())
-    assert state["step"] == 2
+    assert (root / "report/timeline.png").is_file()
+    assert yaml.safe_load((root / "run.yaml").read_text())["run"]["iterations"] == 3
+    assert "held-out evaluation" in proc.stdout and "00003" in proc.stdout
+    assert "an iteration" in proc.stderr  # the timing summary
+    state = json.loads((root / "train_state/00003/state.json").read_text())
+    assert state["step"] == 3
+    # One warm train worker per segment: it built its engine once and reused it.
+    engines = [json.loads((root / f"checkpoints/{c:05d}/_SUCCESS").read_text())["stats"]
+               ["train/engine"] for c in (1, 2, 3)]  # fmt: skip
+    assert engines == ["load", "reuse", "load"]
+    for i in range(3):
+        rollouts = root / f"iterations/{i:05d}/rollouts/shard-00000-of-00002/_SUCCESS"
+        stats = json.loads(rollouts.read_text())["stats"]
+        assert stats["policy_version"] == i and stats["timeline"]["task"].startswith("generate")
+    # Each worker's whole output is kept in a log file per segment.
+    assert "train 00002" in (root / "logs/segment-00001/train.log").read_text()
 
     # Resume: drop the last train output; a rerun redoes only what is missing.
     stamps = {p: p.stat().st_mtime_ns for p in root.glob("**/_SUCCESS")}
     import shutil
 
-    shutil.rmtree(root / "checkpoints/00002")
+    shutil.rmtree(root / "checkpoints/00003")
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workspace.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "segment 0 (iterations 0..1): done" in proc.stderr
     redone = {p.relative_to(root).parent.as_posix() for p, t in stamps.items()
               if not p.exists() or p.stat().st_mtime_ns != t}  # fmt: skip
-    # (the run-level report is always regenerated from whatever evaluations exist)
-    assert redone == {"checkpoints/00002", "train_state/00002", "report"}
-    # evals/00002 was committed before and is kept, as documented (use --force to redo).
-    assert (root / "checkpoints/00002/_SUCCESS").is_file()
+    # Training is deterministic: checkpoint 3 comes back with the same content, so its
+    # evaluation is still up to date; the run-level report is always regenerated.
+    assert redone == {"checkpoints/00003", "train_state/00003", "report"}
+    assert (root / "checkpoints/00003/_SUCCESS").is_file()
+
+
+@pytest.mark.slow
+def test_a_failing_worker_stops_the_run_with_its_error(workspace):
+    """A verifier that fails every sample: verify's worker fails at iteration 0, the other
+    workers stop waiting at once, and `rlvr run` ends with the stage's own message, the task's
+    log file and how to resume; committed outputs stay."""
+    import time
+
+    plugin = workspace.parent / "broken_plugin.py"
+    plugin.write_text("def compute_score(*args, **kwargs):\n    raise KeyError('no grader')\n")
+    cmd = [sys.executable, "-m", "pipelines.cli", "run", str(workspace), "--iterations", "2",
+           "--set", f"verify.rewards.arithmetic={plugin}:compute_score",
+           "--set", "run.wait_timeout_s=600"]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workspace.parent)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 120  # nobody waited out run.wait_timeout_s
+    err = proc.stderr
+    assert "task verify failed" in err and "samples errored or timed out" in err, err
+    assert "no grader" in err and "ERROR:root" not in err
+    assert "verify.log" in err and "rerun the same command to resume" in err
+    root = workspace.parent / "runs" / "t"
+    assert (root / "iterations/00000/rollouts/_SUCCESS").is_file()  # committed work is kept
+    assert not (root / "iterations/00000/scored/_SUCCESS").exists()
+    failed = json.loads((root / "status/failed/train.json").read_text())
+    # (evaluate of the base checkpoint scores with the same verifier, so it may fail first)
+    assert "of this run failed" in failed["error"] and "no grader" in failed["error"]

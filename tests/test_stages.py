@@ -163,7 +163,8 @@ def test_weighted_reward_components_and_overlong_penalty():
     for i, (resp, gt, length) in enumerate(cases):
         values = dict(prompt_id=f"p{i}", sample_index=0, data_source="mix", ground_truth=gt, prompt="q",
                       prompt_token_ids=[1], response=resp, response_token_ids=list(range(length)),
-                      response_logprobs=[0.0] * length, finish_reason="stop", checkpoint="c", extra_info=None)  # fmt: skip
+                      response_logprobs=[0.0] * length, finish_reason="stop", checkpoint="c", extra_info=None,
+                      policy_version=0)  # fmt: skip
         for k, v in values.items():
             rows[k].append(v)
     table = pa.Table.from_pydict(rows, schema=ROLLOUTS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,11 @@ def write_checkpoint(
     out: OutputDir,
     stats: dict[str, Any] | None = None,
     inputs: dict[str, str] | None = None,
+    *,
+    before_commit: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Save model + tokenizer as an HF directory into `out` and commit it."""
+    """Save model + tokenizer as an HF directory into `out` and commit it. `before_commit` may
+    add to the stats once every file is written (e.g. the save's throughput)."""
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-ckpt-"))
     try:
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
@@ -74,6 +78,9 @@ def write_checkpoint(
             model.generation_config.save_pretrained(tmp)
         check_hf_dir(tmp, str(out.uri))
         out.put_tree(tmp)
+        stats = dict(stats or {})
+        if before_commit is not None:
+            stats = before_commit(stats)
         return out.commit(stats, inputs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -33,7 +33,19 @@ class RunSection(_Strict):
     run_id: str | None = None
     """Run id; defaults to the config file's parent directory name."""
     iterations: int = Field(2, ge=1)
-    """RL iterations (generate -> verify -> train), unrolled when the pipeline is compiled."""
+    """RL iterations (generate -> verify -> train). Any number: the pipeline runs them in
+    segments of `segment_iterations`, so its size does not grow with them."""
+    segment_iterations: int = Field(50, ge=1)
+    """Iterations served by one set of warm workers (one pipeline run on a cluster; the next
+    segment is submitted by the last task of this one). Bounds a worker pod's lifetime."""
+    wait_timeout_s: float = Field(3600.0, gt=0)
+    """How long a worker waits for an input (another stage's commit) before it gives up."""
+    local_threads: int | None = Field(None, ge=1)
+    """CPU threads of every worker under `rlvr run` (OMP_NUM_THREADS). None: by stage, so that
+    workers computing at the same time do not oversubscribe the cores (pipelines/cli.py)."""
+    poll_max_s: float | None = Field(None, gt=0)
+    """Longest pause between two looks at the store while a worker waits (backoff from 20 ms).
+    None: 0.05 s on a local store (a stat per look), 1 s on S3 (a LIST request per look)."""
     seed: int = 0
     """Root seed: prompt selection and sampling derive from it."""
     s3_endpoint_url: str | None = None
@@ -201,6 +213,10 @@ class TrainSection(_Strict):
     moments are then saved per parameter; checkpoints hold the fp32 masters)."""
     processes: int | None = Field(None, ge=1)
     """Data-parallel processes in the train pod (None: one per visible GPU, one on CPU)."""
+    max_staleness: int = Field(0, ge=0)
+    """Bounded staleness k: generate of iteration i samples with checkpoint max(0, i - k), so
+    it overlaps train of the k iterations before. 0 is on-policy. Train refuses rollouts staler
+    than k; set rollout_correction (tis) to correct for the lag (docs/algorithms.md)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """KL penalty against the frozen base policy (checkpoint 00000); 0 disables it and the
     reference model is not loaded."""
@@ -335,6 +351,9 @@ class ClusterSection(_Strict):
     """Pod security context: the images' non-root uid/gid."""
     service_account: str | None = "rlvr-pipeline-runner"
     """Service account the pipeline's pods run as (manifests/base)."""
+    kfp_api: str = "http://ml-pipeline.kubeflow.svc.cluster.local:8888"
+    """The KFP API as seen from inside the cluster: the last task of a segment submits the next
+    segment there, with the service account's token (KF_PIPELINES_SA_TOKEN_PATH)."""
 
     @field_validator("image_tag", mode="before")
     @classmethod

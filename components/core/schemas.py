@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 
 from components.core.store import Store
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: rollouts carry `policy_version` (the checkpoint that sampled them; bounded staleness)."""
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
@@ -43,6 +44,7 @@ ROLLOUTS = pa.schema(
         ("finish_reason", pa.string()),
         ("checkpoint", pa.string()),
         ("extra_info", pa.string()),  # the dataset row's extra_info as JSON (nullable)
+        ("policy_version", pa.int32()),  # index of the checkpoint that sampled the row
     ]
 )
 

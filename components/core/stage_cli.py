@@ -37,8 +37,10 @@ def run_stage(fn: StageFn, cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
         sys.exit(2)
 
 
-def stage_command(name: str, fn: StageFn, *, shardable: bool = False) -> click.Command:
-    @click.command(name=name, help=f"Run the {name} stage of one iteration.")
+def stage_command(
+    name: str, fn: StageFn, *, shardable: bool = False, serve: StageFn | None = None
+) -> click.Command:
+    @click.command(name=name, help=f"Run the {name} stage of one iteration (or serve a segment).")
     @click.argument("config", type=click.Path(dir_okay=False))
     @click.option("--run-id", default=None, help="Run id (default: from the config).")
     @click.option("--iteration", "-i", type=int, default=0, show_default=True)
@@ -46,6 +48,8 @@ def stage_command(name: str, fn: StageFn, *, shardable: bool = False) -> click.C
     @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
     @click.option("--shard", type=int, default=0, show_default=True, hidden=not shardable)
     @click.option("--num-shards", type=int, default=1, show_default=True, hidden=not shardable)
+    @click.option("--segment", type=int, default=None, hidden=serve is None,
+                  help="Serve every iteration of this segment, warm (what a worker task runs).")  # fmt: skip
     def cmd(
         config: str,
         run_id: str | None,
@@ -54,6 +58,7 @@ def stage_command(name: str, fn: StageFn, *, shardable: bool = False) -> click.C
         overrides: tuple,
         shard: int,
         num_shards: int,
+        segment: int | None,
     ) -> None:
         from components.core.config import ConfigError
 
@@ -67,7 +72,13 @@ def stage_command(name: str, fn: StageFn, *, shardable: bool = False) -> click.C
         if not shardable and (shard, num_shards) != (0, 1):
             click.echo(f"error: the {name} stage is not sharded", err=True)
             sys.exit(2)
-        result = run_stage(fn, cfg, iteration=iteration, force=force, **kwargs)
+        if segment is not None:
+            if serve is None:
+                click.echo(f"error: the {name} stage has no --segment worker", err=True)
+                sys.exit(2)
+            result = run_stage(serve, cfg, segment=segment, **kwargs)
+        else:
+            result = run_stage(fn, cfg, iteration=iteration, force=force, **kwargs)
         click.echo(json.dumps(result, indent=2, default=str))
 
     return cmd
@@ -92,3 +103,17 @@ def run_from_pipeline(stage: str, params: dict[str, str], **kwargs: Any) -> str:
     cfg = effective_config(**params)
     result = importlib.import_module(STAGE_MODULES[stage]).run(cfg, **kwargs)
     return json.dumps({k: v for k, v in result.items() if k != "metrics"}, default=str)
+
+
+def serve_from_pipeline(stage: str, params: dict[str, str], **kwargs: Any) -> str:
+    """What a worker component does: rebuild the effective config, serve one segment of one
+    stage (components/core/warm.py), return JSON."""
+    import importlib
+
+    from components.core.config import effective_config
+
+    setup_logging()
+    cfg = effective_config(**params)
+    result = importlib.import_module(STAGE_MODULES[stage]).serve(cfg, **kwargs)
+    return json.dumps(result, default=str)
+

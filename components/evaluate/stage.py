@@ -22,12 +22,12 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from components.core.checkpoint import local_checkpoint
 from components.core.commit import (
     OutputDir,
     check_shard,
@@ -36,13 +36,16 @@ from components.core.commit import (
     content_digest,
     lineage,
     shard_dir,
+    shard_name,
     shard_of,
 )
 from components.core.config import EvalSetConfig, RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.schemas import read_records, stamp
-from components.core.store import Store, join
+from components.core.store import Store, StoreError, join
+from components.core.warm import Timeline, run_once, segment_eval_checkpoints, serve_stage
+from components.core.warm import segment as warm_segment
 from components.evaluate.metrics import (
     CORRECT_THRESHOLD,
     ProblemSamples,
@@ -52,11 +55,11 @@ from components.evaluate.metrics import (
 )
 from components.evaluate.plots import plot_history, plot_pass_at_k
 from components.evaluate.report import render_markdown
+from components.generate.engine import PolicyEngine
 from components.generate.stage import (
     dataset_uri,
     generate_rollouts,
     load_prompts,
-    make_backend,
     spec_from,
 )
 from components.verify.stage import resolve_rewards, score_table
@@ -180,11 +183,17 @@ def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> dict[str
 
 
 def _sample_and_score(
-    cfg: RunConfig, store: Store, layout: RunLayout, c: int, shard: int, num_shards: int
+    cfg: RunConfig,
+    store: Store,
+    layout: RunLayout,
+    c: int,
+    shard: int,
+    num_shards: int,
+    engine: PolicyEngine,
+    timeline: Timeline,
 ) -> dict[str, dict[str, Any]]:
     """Sample and score every eval set (this shard's prompts); nothing is committed here."""
     ckpt_uri = layout.checkpoint(c)
-    ckpt_dir = local_checkpoint(store, ckpt_uri)
     sets = []
     for ev in cfg.data.eval:
         uri = dataset_uri(store, layout.eval_data(ev.name))
@@ -210,7 +219,8 @@ def _sample_and_score(
                 cfg.generate, cfg.evaluate.seed, n=1, temperature=0.0, **common
             )
         sets.append((ev, prompts, specs))
-    backend, tokenizer = make_backend(cfg.generate, ckpt_dir, cfg.evaluate.seed)
+    backend, tokenizer, load = engine.ensure(store, ckpt_uri)
+    timeline.add("load", load.start, load.end)
     scratch_root = join(layout.root, "eval_scratch", f"{c:05d}-{shard}-of-{num_shards}")
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -222,7 +232,7 @@ def _sample_and_score(
                     scratch, backend, tokenizer, prompts, spec,
                     iteration=EVAL_SEED_ITERATION, checkpoint_uri=ckpt_uri,
                     max_prompt_tokens=cfg.generate.max_prompt_tokens,
-                    rows_per_part=cfg.generate.rows_per_part,
+                    rows_per_part=cfg.generate.rows_per_part, policy_version=c,
                     desc=f"evaluate {c:05d} {ev.name}" + (" (greedy)" if kind != "samples" else ""),
                     allow_empty=num_shards > 1,
                 )  # fmt: skip
@@ -262,97 +272,174 @@ def greedy_metrics(table) -> dict[str, Any]:
     return {"overall": acc(problems), "by_data_source": {k: acc(v) for k, v in sorted(by.items())}}
 
 
+class EvaluateStage:
+    """Warm evaluate worker (components/core/warm.py): the policy stays loaded and each step takes
+    checkpoint c's weights in place.
+
+    With `evaluate.num_shards` S > 1 the work is split: a stage with `shard=i, num_shards=S`
+    samples and scores shard i's prompts into `eval_shards/<c>/shard-i-of-S/`, and the plain stage
+    (no shard) then computes the metrics from all S shards: identical to an unsharded evaluation
+    whenever the samples are (docs/contracts.md, "Batch and shard invariance").
+    """
+
+    def __init__(self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1) -> None:
+        check_shard(shard, num_shards)
+        self.cfg, self.shard, self.num_shards = cfg, shard, num_shards
+        self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
+        if num_shards > 1:
+            self.task = f"evaluate-{shard_name(shard, num_shards)}"
+        else:
+            self.task = "evaluate-gather" if cfg.evaluate.num_shards > 1 else "evaluate"
+        self.engine = PolicyEngine(cfg.generate, cfg.evaluate.seed)
+
+    def needs(self, c: int) -> list[str]:
+        layout = self.layout
+        if self.num_shards == 1 and self.cfg.evaluate.num_shards > 1:
+            return [join(layout.root, "eval_shards", f"{c:05d}"), layout.checkpoint(c)]
+        return [layout.checkpoint(c), *(layout.eval_data(e.name) for e in self.cfg.data.eval)]
+
+    def up_to_date(self, c: int) -> bool:
+        """Whether checkpoint c's evaluation (this shard's part of it) is committed and current."""
+        store, layout = self.store, self.layout
+        inputs = _inputs(store, layout, self.cfg, c)
+        shards_uri = join(layout.root, "eval_shards", f"{c:05d}")
+        if self.num_shards > 1:
+            uri = shard_dir(shards_uri, self.shard, self.num_shards)
+            return OutputDir(store, uri, "evaluate").up_to_date(inputs)
+        if self.cfg.evaluate.num_shards > 1:
+            try:
+                inputs = {**inputs, "shards": content_digest(store, shards_uri)}
+            except StoreError:
+                return False
+        return OutputDir(store, layout.evals(c), "evaluate").up_to_date(inputs)
+
+    def step(self, c: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
+        """Evaluate checkpoint `c` on every eval set (or sample this shard's part of it)."""
+        cfg, store, layout = self.cfg, self.store, self.layout
+        shard, num_shards = self.shard, self.num_shards
+        validate_eval_sets(cfg)
+        inputs = _inputs(store, layout, cfg, c)
+        shards_uri = join(layout.root, "eval_shards", f"{c:05d}")
+        tmp = Path(tempfile.mkdtemp(prefix="rlvr-eval-"))
+        try:
+            if num_shards > 1:  # a sampling shard
+                out = OutputDir(store, shard_dir(shards_uri, shard, num_shards), "evaluate")
+                if out.up_to_date(inputs) and not force:
+                    return {"skipped": True, "uri": out.uri}
+                with timeline.span("work"):
+                    results = _sample_and_score(
+                        cfg, store, layout, c, shard, num_shards, self.engine, timeline
+                    )
+                t0 = time.time()
+                clear_other_layouts(store, shards_uri, num_shards)
+                out.begin(force=True)
+                for name, res in results.items():
+                    for kind in ("samples", "greedy_samples"):
+                        if kind in res:
+                            _write_table(out, res[kind], f"{name}/{kind}.parquet", tmp)
+                timeline.add("commit", t0, time.time())
+                stats = {"shard": shard, "num_shards": num_shards, "timeline": timeline.record()}
+                out.commit(stats, inputs)
+                return {"skipped": False, "uri": out.uri}
+
+            out = OutputDir(store, layout.evals(c), "evaluate")
+            sharded = cfg.evaluate.num_shards > 1
+            if sharded:
+                inputs = {**inputs, "shards": content_digest(store, shards_uri)}
+            if out.up_to_date(inputs) and not force:
+                log.info("evaluation of checkpoint %05d already committed; skipping", c)
+                return {"skipped": True, "uri": out.uri}
+            if sharded:
+                with timeline.span("read"):
+                    results = {}
+                    for ev in cfg.data.eval:
+                        results[ev.name] = {}
+                        for kind in ("samples", "greedy_samples") if ev.greedy else ("samples",):
+                            files = [f for f in committed_files(store, shards_uri, ".parquet")
+                                     if f.endswith(f"/{ev.name}/{kind}.parquet")]  # fmt: skip
+                            results[ev.name][kind] = read_records(store, files, "scored")
+            else:
+                with timeline.span("work"):
+                    results = _sample_and_score(
+                        cfg, store, layout, c, 0, 1, self.engine, timeline
+                    )
+            t0 = time.time()
+            top = _write_outputs(cfg, store, layout, c, results, out, tmp)
+            timeline.add("commit", t0, time.time())
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        overall = top["overall"]
+        stats = {"checkpoint_index": c, "pass@1": overall["pass@1"], "n": top["n"],
+                 "timeline": timeline.record()}  # fmt: skip
+        out.commit(stats, inputs)
+        log.info("evaluate %05d: pass@1 %.4f", c, overall["pass@1"])
+        return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _write_outputs(
+    cfg: RunConfig,
+    store: Store,
+    layout: RunLayout,
+    c: int,
+    results: dict[str, dict[str, Any]],
+    out: OutputDir,
+    tmp: Path,
+) -> dict[str, Any]:
+    """Samples, metrics, plots and the report of checkpoint c into `out` (not committed)."""
+    ckpt_uri = layout.checkpoint(c)
+    out.begin(force=True)
+    all_metrics: dict[str, dict] = {}
+    for ev in cfg.data.eval:
+        res = results[ev.name]
+        scored = res["samples"]
+        _write_table(out, scored, f"{ev.name}/samples.parquet", tmp)
+        metrics = compute_metrics(scored, ev, cfg, ckpt_uri)
+        if "samples_verify" in res:
+            v = res["samples_verify"]
+            metrics["verify"] = {k: v[k] for k in ("errors", "timeouts", "error_fraction")}
+        if ev.greedy:
+            _write_table(out, res["greedy_samples"], f"{ev.name}/greedy_samples.parquet", tmp)
+            g = greedy_metrics(res["greedy_samples"])
+            metrics["overall"]["greedy_pass@1"] = g["overall"]
+            for ds, value in g["by_data_source"].items():
+                metrics["by_data_source"].setdefault(ds, {})["greedy_pass@1"] = value
+        out.put_bytes(json.dumps(metrics, indent=2).encode(), f"{ev.name}/metrics.json")
+        all_metrics[ev.name] = metrics
+
+    primary = all_metrics[cfg.data.eval[0].name]
+    top = {**primary, "checkpoint_index": c, "sets": all_metrics}
+    out.put_bytes(json.dumps(top, indent=2).encode(), "metrics.json")
+    images = _plots(store, layout, c, top, tmp, out)
+    report = render_markdown(
+        {
+            "model": ckpt_uri,
+            "checkpoint": f"{c:05d}",
+            **{k: primary[k] for k in ("overall", "by_data_source")},
+        },
+        history(store, layout, c, top),
+        images,
+    )
+    out.put_bytes(report.encode(), "report.md")
+    return top
+
+
 def run(
     cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
 ) -> dict[str, Any]:
-    """Evaluate checkpoint `iteration` on every eval set.
+    """Evaluate checkpoint `iteration` (or sample one shard of it), cold."""
+    return run_once(EvaluateStage(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
 
-    With `evaluate.num_shards` S > 1 the work is split: `--shard i --num-shards S` samples and
-    scores shard i's prompts into `eval_shards/<c>/shard-i-of-S/`, and the plain call (no shard)
-    then computes the metrics from all S shards: identical to an unsharded evaluation, since
-    sample seeds depend only on prompt_id and sample index.
-    """
-    check_shard(shard, num_shards)
-    store, layout = store_for(cfg), RunLayout.of(cfg)
-    c = iteration
-    validate_eval_sets(cfg)
-    inputs = _inputs(store, layout, cfg, c)
-    shards_uri = join(layout.root, "eval_shards", f"{c:05d}")
-    tmp = Path(tempfile.mkdtemp(prefix="rlvr-eval-"))
-    try:
-        if num_shards > 1:  # a sampling shard
-            out = OutputDir(store, shard_dir(shards_uri, shard, num_shards), "evaluate")
-            if out.up_to_date(inputs) and not force:
-                return {"skipped": True, "uri": out.uri}
-            results = _sample_and_score(cfg, store, layout, c, shard, num_shards)
-            clear_other_layouts(store, shards_uri, num_shards)
-            out.begin(force=True)
-            for name, res in results.items():
-                for kind in ("samples", "greedy_samples"):
-                    if kind in res:
-                        _write_table(out, res[kind], f"{name}/{kind}.parquet", tmp)
-            out.commit({"shard": shard, "num_shards": num_shards}, inputs)
-            return {"skipped": False, "uri": out.uri}
 
-        out = OutputDir(store, layout.evals(c), "evaluate")
-        sharded = cfg.evaluate.num_shards > 1
-        if sharded:
-            inputs = {**inputs, "shards": content_digest(store, shards_uri)}
-        if out.up_to_date(inputs) and not force:
-            log.info("evaluation of checkpoint %05d already committed; skipping", c)
-            return {"skipped": True, "uri": out.uri}
-        if sharded:
-            results = {}
-            for ev in cfg.data.eval:
-                results[ev.name] = {}
-                for kind in ("samples", "greedy_samples") if ev.greedy else ("samples",):
-                    files = [f for f in committed_files(store, shards_uri, ".parquet")
-                             if f.endswith(f"/{ev.name}/{kind}.parquet")]  # fmt: skip
-                    results[ev.name][kind] = read_records(store, files, "scored")
-        else:
-            results = _sample_and_score(cfg, store, layout, c, 0, 1)
-
-        ckpt_uri = layout.checkpoint(c)
-        out.begin(force=True)
-        all_metrics: dict[str, dict] = {}
-        for ev in cfg.data.eval:
-            res = results[ev.name]
-            scored = res["samples"]
-            _write_table(out, scored, f"{ev.name}/samples.parquet", tmp)
-            metrics = compute_metrics(scored, ev, cfg, ckpt_uri)
-            if "samples_verify" in res:
-                v = res["samples_verify"]
-                metrics["verify"] = {k: v[k] for k in ("errors", "timeouts", "error_fraction")}
-            if ev.greedy:
-                _write_table(out, res["greedy_samples"], f"{ev.name}/greedy_samples.parquet", tmp)
-                g = greedy_metrics(res["greedy_samples"])
-                metrics["overall"]["greedy_pass@1"] = g["overall"]
-                for ds, value in g["by_data_source"].items():
-                    metrics["by_data_source"].setdefault(ds, {})["greedy_pass@1"] = value
-            out.put_bytes(json.dumps(metrics, indent=2).encode(), f"{ev.name}/metrics.json")
-            all_metrics[ev.name] = metrics
-
-        primary = all_metrics[cfg.data.eval[0].name]
-        top = {**primary, "checkpoint_index": c, "sets": all_metrics}
-        out.put_bytes(json.dumps(top, indent=2).encode(), "metrics.json")
-        images = _plots(store, layout, c, top, tmp, out)
-        report = render_markdown(
-            {
-                "model": ckpt_uri,
-                "checkpoint": f"{c:05d}",
-                **{k: primary[k] for k in ("overall", "by_data_source")},
-            },
-            history(store, layout, c, top),
-            images,
-        )
-        out.put_bytes(report.encode(), "report.md")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    overall = primary["overall"]
-    stats = {"checkpoint_index": c, "pass@1": overall["pass@1"], "n": primary["n"]}
-    out.commit(stats, inputs)
-    log.info("checkpoint %05d: pass@1 %.4f", c, overall["pass@1"])
-    return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
+def serve(cfg: RunConfig, segment: int, *, shard: int = 0, num_shards: int = 1) -> dict[str, Any]:
+    """The evaluate worker of one segment: each checkpoint to evaluate, as it lands, warm."""
+    seg = warm_segment(cfg, segment)
+    stage = EvaluateStage(cfg, shard=shard, num_shards=num_shards)
+    results = serve_stage(stage, segment_eval_checkpoints(cfg, seg), cfg=cfg)
+    return {"task": stage.task, "segment": segment, "steps": len(results),
+            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
 
 
 def _plots(
@@ -411,68 +498,90 @@ def watch_run(
 
     Returns once the run's last checkpoint (run.iterations) is evaluated, or after timeout_s.
     """
-    import time
-
     cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"num_shards": 1})})
     store, layout = store_for(cfg), RunLayout.of(cfg)
     start = time.monotonic()
     done: set[int] = set()
-    while True:
-        for c in committed_indices(store, join(layout.root, "checkpoints")):
-            if c not in done:
-                run(cfg, c, force=force)
-                done.add(c)
-        if cfg.run.iterations in done:
-            return {"evaluated": sorted(done)}
-        if timeout_s is not None and time.monotonic() - start >= timeout_s:
-            return {"evaluated": sorted(done), "timed_out": True}
-        log.info(
-            "watching %s: evaluated %s; next poll in %.0f s", layout.root, sorted(done), poll_s
-        )
-        time.sleep(poll_s)
+    stage = EvaluateStage(cfg)  # warm: each new checkpoint's weights go into the loaded policy
+    try:
+        while True:
+            for c in committed_indices(store, join(layout.root, "checkpoints")):
+                if c not in done:
+                    stage.step(c, force=force, timeline=Timeline(stage.task, c))
+                    done.add(c)
+            if cfg.run.iterations in done:
+                return {"evaluated": sorted(done)}
+            if timeout_s is not None and time.monotonic() - start >= timeout_s:
+                return {"evaluated": sorted(done), "timed_out": True}
+            log.info(
+                "watching %s: evaluated %s; next poll in %.0f s", layout.root, sorted(done), poll_s
+            )
+            time.sleep(poll_s)
+    finally:
+        stage.close()
 
 
 def write_run_report(store: Store, root: str) -> dict[str, str]:
     """Regenerate the run-level plots and report under `<run>/report/` from every committed eval:
     pass@1 / mean@n / reward over checkpoints, and pass@k curves of the base, the best and the
-    last checkpoint. The committed eval directories are left as they are."""
+    last checkpoint; plus where the time went: a Gantt chart of every task with the critical
+    path (components/evaluate/timeline.py). The committed eval directories are left as they
+    are."""
+    from components.evaluate.timeline import format_summary, load_timeline, plot_timeline, summary
+
     layout = RunLayout(root.rstrip("/"))
     done = committed_indices(store, join(layout.root, "evals"))
-    if not done:
-        raise StageError(f"{root} has no committed evaluation yet")
-    tops = {c: json.loads(store.read_text(join(layout.evals(c), "metrics.json"))) for c in done}
-    last = done[-1]
-    rows = history(store, layout, last, tops[last])
-    best = max(done, key=lambda c: tops[c]["overall"]["pass@1"])
-
-    def curve(m: dict) -> dict[int, float]:
-        return {
-            int(k.split("@")[1]): v
-            for k, v in m["overall"].items()
-            if k.startswith("pass@") and "_" not in k
-        }
-
-    curves = {}
-    for label, c in (("base", done[0]), ("best", best), ("last", last)):
-        curves.setdefault(f"{label} ({c:05d})", curve(tops[c]))
+    timeline = load_timeline(store, layout.root)
+    if not done and not timeline.steps:
+        raise StageError(f"{root} has no committed evaluation or stage output yet")
     out = OutputDir(store, join(layout.root, "report"), "report")
     out.begin(force=True)
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-report-"))
+    names = []
     try:
-        out.put_file(plot_history(rows, tmp / "history.png"), "history.png")
-        out.put_file(
-            plot_pass_at_k(curves, tmp / "pass_at_k.png", "pass@k: base, best, last"),
-            "pass_at_k.png",
-        )
-        primary = tops[last]
-        md = render_markdown(
-            {"model": primary["checkpoint"], "checkpoint": f"{last:05d}",
-             "overall": primary["overall"], "by_data_source": primary["by_data_source"]},
-            rows,
-            {"history": "history.png", "pass@k": "pass_at_k.png"},
-        )  # fmt: skip
+        md = "# Run report\n\n_No evaluation yet._\n"
+        best = None
+        if done:
+            tops = {
+                c: json.loads(store.read_text(join(layout.evals(c), "metrics.json"))) for c in done
+            }
+            last = done[-1]
+            rows = history(store, layout, last, tops[last])
+            best = max(done, key=lambda c: tops[c]["overall"]["pass@1"])
+            curves = {}
+            for label, c in (("base", done[0]), ("best", best), ("last", last)):
+                curves.setdefault(f"{label} ({c:05d})", _pass_curve(tops[c]))
+            out.put_file(plot_history(rows, tmp / "history.png"), "history.png")
+            out.put_file(
+                plot_pass_at_k(curves, tmp / "pass_at_k.png", "pass@k: base, best, last"),
+                "pass_at_k.png",
+            )
+            names += ["history.png", "pass_at_k.png"]
+            primary = tops[last]
+            md = render_markdown(
+                {"model": primary["checkpoint"], "checkpoint": f"{last:05d}",
+                 "overall": primary["overall"], "by_data_source": primary["by_data_source"]},
+                rows,
+                {"history": "history.png", "pass@k": "pass_at_k.png"},
+            )  # fmt: skip
+        if timeline.steps:
+            out.put_file(plot_timeline(timeline, tmp / "timeline.png"), "timeline.png")
+            names.append("timeline.png")
+            md += (
+                "\n## Where the time went\n\n![timeline](timeline.png)\n\n```\n"
+                + format_summary(summary(timeline))
+                + "\n```\n"
+            )
         out.put_bytes(md.encode(), "report.md")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out.commit({"checkpoints": done, "best": best})
-    return {name: join(out.uri, name) for name in ("report.md", "history.png", "pass_at_k.png")}
+    return {name: join(out.uri, name) for name in ("report.md", *names)}
+
+
+def _pass_curve(m: dict) -> dict[int, float]:
+    return {
+        int(k.split("@")[1]): v
+        for k, v in m["overall"].items()
+        if k.startswith("pass@") and "_" not in k
+    }

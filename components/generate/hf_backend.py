@@ -10,6 +10,7 @@ stop rules. Sampling uses inverse-CDF draws from a per-sample uniform stream: sa
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -129,6 +130,26 @@ class TransformersBackend:
         self.device = device
         self.eos_ids = _eos_ids(model, tokenizer)
         self.info = BackendInfo("transformers", transformers.__version__)
+
+    def load_weights(self, checkpoint_dir: Path) -> None:
+        """Load a checkpoint's weights into the running model, in place (a warm engine taking a
+        new policy). Every parameter must be set, except those tied to one that is (lm_head to
+        the embeddings); config and tokenizer are the caller's to check (PolicyEngine)."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
+        weights: dict[str, torch.Tensor] = {}
+        for f in files:
+            weights.update(load_file(str(f)))
+        state = self.model.state_dict()
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        loaded = {state[k].data_ptr() for k in weights if k in state}
+        untied = [k for k in missing if state[k].data_ptr() not in loaded]
+        if unexpected or untied:
+            raise ValueError(
+                f"checkpoint {checkpoint_dir} does not fit the loaded model: missing "
+                f"{untied[:3]}, unexpected {list(unexpected)[:3]}"
+            )
 
     def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
         # Sort by prompt length to cut padding; whole prompts per batch, so every prompt's n

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from components.core.checkpoint import load_policy, local_checkpoint
+from components.core.checkpoint import load_policy
 from components.core.commit import (
     OutputDir,
     check_shard,
@@ -31,6 +31,7 @@ from components.core.commit import (
     committed_files,
     lineage,
     shard_dir,
+    shard_name,
     shard_of,
 )
 from components.core.config import GenerateSection, RunConfig
@@ -38,7 +39,10 @@ from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
 from components.core.store import Store
+from components.core.warm import Timeline, policy_version, run_once, serve_stage
+from components.core.warm import segment as warm_segment
 from components.generate.backends import Backend, PromptRequest, SamplingSpec, sample_seed
+from components.generate.engine import PolicyEngine
 
 log = logging.getLogger("rlvr.generate")
 
@@ -175,6 +179,7 @@ def generate_rollouts(
     checkpoint_uri: str,
     max_prompt_tokens: int,
     rows_per_part: int,
+    policy_version: int,
     desc: str = "generate",
     allow_empty: bool = False,
 ) -> dict[str, Any]:
@@ -229,7 +234,10 @@ def generate_rollouts(
 
     t0 = time.perf_counter()
     try:
-        with tqdm(total=len(requests), desc=desc, unit="prompt", dynamic_ncols=True) as bar:
+        # disable=None: a bar on a terminal, none in a worker's piped log (which gets one line).
+        with tqdm(
+            total=len(requests), desc=desc, unit="prompt", dynamic_ncols=True, disable=None
+        ) as bar:
             for batch in backend.generate(requests, spec):
                 for s in batch:
                     row = by_id[s.prompt_id]
@@ -247,6 +255,7 @@ def generate_rollouts(
                         "finish_reason": s.finish_reason,
                         "checkpoint": checkpoint_uri,
                         "extra_info": row.extra_info,
+                        "policy_version": policy_version,
                     }
                     for k, v in values.items():
                         buf.setdefault(k, []).append(v)
@@ -290,56 +299,114 @@ def generate_rollouts(
     }
 
 
-def run(
-    cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
-) -> dict[str, Any]:
-    """Generate the rollouts of one iteration (or of one shard of its prompts).
+class GenerateStage:
+    """Warm generate worker (components/core/warm.py): the policy stays loaded; each step takes
+    checkpoint max(0, i - train.max_staleness) in place and samples iteration i's prompts.
 
-    With `num_shards` S > 1, prompts go to shards by a stable hash of their prompt_id and shard i
-    commits `rollouts/shard-i-of-S/`; the union of the S shards has exactly the rows of an
+    With `num_shards` S > 1, prompts go to shards by a stable hash of their prompt_id and shard s
+    commits `rollouts/shard-s-of-S/`; the union of the S shards has exactly the rows of an
     unsharded run, with the same samples up to float rounding of another batch layout (seeds never
     depend on batch or shard; docs/contracts.md, "Batch and shard invariance").
     """
-    check_shard(shard, num_shards)
-    store, layout = store_for(cfg), RunLayout.of(cfg)
-    out = OutputDir(store, shard_dir(layout.rollouts(iteration), shard, num_shards), "generate")
-    ckpt_uri = layout.checkpoint(iteration)
-    inputs = lineage(
-        store,
-        [ckpt_uri, layout.train_data],
-        {
-            "generate": cfg.generate.model_dump(mode="json"),
-            "prompts_per_iteration": cfg.data.prompts_per_iteration,
-            "seed": cfg.run.seed,
-        },
-    )
-    if out.up_to_date(inputs) and not force:
-        log.info("rollouts of iteration %d (%s) already committed; skipping", iteration, out.uri)
-        return {"skipped": True, "uri": out.uri}
-    # Every input is checked before the output directory is touched.
-    ckpt_dir = local_checkpoint(store, ckpt_uri)
-    spec = spec_from(cfg.generate, cfg.run.seed)
-    train_uri = dataset_uri(store, layout.train_data)
-    num_rows = read_dataset(store, train_uri).num_rows
-    indices = select_indices(num_rows, cfg.data.prompts_per_iteration, cfg.run.seed, iteration)
-    prompts = load_prompts(store, train_uri, "train", indices)
-    prompts = [p for p in prompts if shard_of(p.prompt_id, num_shards) == shard]
-    backend, tokenizer = make_backend(cfg.generate, ckpt_dir, cfg.run.seed)
-    clear_other_layouts(store, layout.rollouts(iteration), num_shards)
-    stats = generate_rollouts(
-        out,
-        backend,
-        tokenizer,
-        prompts,
-        spec,
-        iteration=iteration,
-        checkpoint_uri=ckpt_uri,
-        max_prompt_tokens=cfg.generate.max_prompt_tokens,
-        rows_per_part=cfg.generate.rows_per_part,
-        desc=f"generate {iteration:05d}"
-        + (f" shard {shard}/{num_shards}" if num_shards > 1 else ""),
-        allow_empty=num_shards > 1,
-    )
-    stats.update(iteration=iteration, shard=shard, num_shards=num_shards)
-    manifest = out.commit(stats, inputs)
-    return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}
+
+    def __init__(self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1) -> None:
+        check_shard(shard, num_shards)
+        self.cfg, self.shard, self.num_shards = cfg, shard, num_shards
+        self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
+        self.task = "generate" + (f"-{shard_name(shard, num_shards)}" if num_shards > 1 else "")
+        self.engine = PolicyEngine(cfg.generate, cfg.run.seed)
+
+    def needs(self, iteration: int) -> list[str]:
+        return [self.layout.checkpoint(policy_version(self.cfg, iteration)), self.layout.train_data]
+
+    def _plan(self, iteration: int) -> tuple[OutputDir, dict[str, str]]:
+        """The output directory and the lineage it must carry to count as up to date."""
+        cfg, store, layout = self.cfg, self.store, self.layout
+        out = OutputDir(
+            store, shard_dir(layout.rollouts(iteration), self.shard, self.num_shards), "generate"
+        )
+        version = policy_version(cfg, iteration)
+        inputs = lineage(
+            store,
+            [layout.checkpoint(version), layout.train_data],
+            {
+                "generate": cfg.generate.model_dump(mode="json"),
+                "prompts_per_iteration": cfg.data.prompts_per_iteration,
+                "seed": cfg.run.seed,
+                "policy_version": version,
+            },
+        )
+        return out, inputs
+
+    def up_to_date(self, iteration: int) -> bool:
+        out, inputs = self._plan(iteration)
+        return out.up_to_date(inputs)
+
+    def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
+        cfg, store, layout = self.cfg, self.store, self.layout
+        out, inputs = self._plan(iteration)
+        version = policy_version(cfg, iteration)
+        ckpt_uri = layout.checkpoint(version)
+        if out.up_to_date(inputs) and not force:
+            log.info("rollouts of iteration %d (%s) already committed; skipping", iteration, out.uri)
+            return {"skipped": True, "uri": out.uri}
+        # Every input is checked before the output directory is touched.
+        with timeline.span("read"):
+            spec = spec_from(cfg.generate, cfg.run.seed)
+            train_uri = dataset_uri(store, layout.train_data)
+            num_rows = read_dataset(store, train_uri).num_rows
+            indices = select_indices(
+                num_rows, cfg.data.prompts_per_iteration, cfg.run.seed, iteration
+            )
+            prompts = load_prompts(store, train_uri, "train", indices)
+            prompts = [p for p in prompts if shard_of(p.prompt_id, self.num_shards) == self.shard]
+        backend, tokenizer, load = self.engine.ensure(store, ckpt_uri)
+        timeline.add("load", load.start, load.end)
+        clear_other_layouts(store, layout.rollouts(iteration), self.num_shards)
+        shard_desc = f" shard {self.shard}/{self.num_shards}" if self.num_shards > 1 else ""
+        with timeline.span("work"):
+            stats = generate_rollouts(
+                out,
+                backend,
+                tokenizer,
+                prompts,
+                spec,
+                iteration=iteration,
+                checkpoint_uri=ckpt_uri,
+                max_prompt_tokens=cfg.generate.max_prompt_tokens,
+                rows_per_part=cfg.generate.rows_per_part,
+                policy_version=version,
+                desc=f"generate {iteration:05d}{shard_desc}",
+                allow_empty=self.num_shards > 1,
+            )
+        stats.update(load.stats())
+        stats.update(
+            iteration=iteration, shard=self.shard, num_shards=self.num_shards,
+            policy_version=version, timeline=timeline.record(),
+        )  # fmt: skip
+        manifest = out.commit(stats, inputs)
+        log.info(
+            "generate %05d%s: %d samples from checkpoint %05d, %.0f tokens/s, %.2f s",
+            iteration, shard_desc, stats["samples"], version, stats["tokens_per_s"],
+            stats["seconds"],
+        )  # fmt: skip
+        return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def run(
+    cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
+) -> dict[str, Any]:
+    """Generate the rollouts of one iteration (or of one shard of its prompts), cold."""
+    return run_once(GenerateStage(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
+
+
+def serve(cfg: RunConfig, segment: int, *, shard: int = 0, num_shards: int = 1) -> dict[str, Any]:
+    """The generate worker of one segment: every iteration of it, warm."""
+    seg = warm_segment(cfg, segment)
+    stage = GenerateStage(cfg, shard=shard, num_shards=num_shards)
+    results = serve_stage(stage, seg.iterations, cfg=cfg)
+    return {"task": stage.task, "segment": segment, "steps": len(results),
+            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip

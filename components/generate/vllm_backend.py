@@ -13,6 +13,7 @@ compares definitions before it trusts them.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from components.generate.backends import (
     BackendInfo,
@@ -50,9 +51,22 @@ class VLLMBackend:
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        # Every worker process gets `load_checkpoint` (components/generate/vllm_worker.py), so a
+        # new policy reaches the running engine through `collective_rpc` (vLLM >= 0.8.3).
+        kwargs["worker_extension_cls"] = "components.generate.vllm_worker.CheckpointLoader"
         self.llm = vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.info = BackendInfo("vllm", vllm.__version__, VLLM_LOGPROB_DEFINITION)
+
+    def load_weights(self, checkpoint_dir: Path) -> None:
+        """A new policy into the running engine: each worker loads the checkpoint's safetensors
+        through the model's own `load_weights` (which handles vLLM's fused and sharded layouts);
+        the prefix cache, which holds the old policy's KV, is then dropped."""
+        self.llm.collective_rpc("load_checkpoint", args=(str(checkpoint_dir),))
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        self.llm = None  # vLLM shuts its engine down when the LLM is collected
 
     def sampling_params(self, spec: SamplingSpec, seed: int):
         from vllm import SamplingParams

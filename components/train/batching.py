@@ -108,24 +108,36 @@ def plan_micro_batches(lengths: list[int], rows: list[int], token_budget: int) -
 
 
 def collate(ro: Rollouts, rows: list[int], pad_id: int) -> MicroBatch:
-    seqs = [ro.prompt_tokens[r] + ro.response_tokens[r] for r in rows]
-    S = max(len(s) for s in seqs)
-    L = max(max(len(ro.response_tokens[r]) for r in rows), 1)
-    b = len(rows)
-    input_ids = torch.full((b, S), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, S), dtype=torch.long)
-    index = torch.zeros((b, L), dtype=torch.long)
-    tokens = torch.full((b, L), pad_id, dtype=torch.long)
-    mask = torch.zeros((b, L), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        s, p, q = seqs[i], len(ro.prompt_tokens[r]), len(ro.response_tokens[r])
-        input_ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
-        if q:
-            index[i, :q] = torch.arange(p - 1, p - 1 + q)
-            tokens[i, :q] = torch.tensor(ro.response_tokens[r])
-            mask[i, :q] = True
-    return MicroBatch(rows, input_ids, attn, index, tokens, mask)
+    """Right-padded tensors of `rows`, built in numpy with one flat copy per array (no per-row
+    tensor construction: a mini-batch holds thousands of rows)."""
+    p_len = np.fromiter((len(ro.prompt_tokens[r]) for r in rows), np.int64, len(rows))
+    q_len = np.fromiter((len(ro.response_tokens[r]) for r in rows), np.int64, len(rows))
+    seq_len = p_len + q_len
+    b, S, L = len(rows), int(seq_len.max()), max(int(q_len.max()), 1)
+    flat = np.fromiter(
+        (t for r in rows for t in (*ro.prompt_tokens[r], *ro.response_tokens[r])),
+        np.int64,
+        int(seq_len.sum()),
+    )
+    col = np.arange(S)
+    filled = col[None, :] < seq_len[:, None]  # [b, S]
+    input_ids = np.full((b, S), pad_id, np.int64)
+    input_ids[filled] = flat  # row-major order of `filled` is the order of `flat`
+    resp_col = np.arange(L)
+    mask = resp_col[None, :] < q_len[:, None]  # [b, L]
+    # Position whose logits predict response token t: prompt length - 1 + t (0 where padded).
+    index = np.where(mask, p_len[:, None] - 1 + resp_col[None, :], 0)
+    tokens = np.full((b, L), pad_id, np.int64)
+    # Response tokens sit in input_ids right after the prompt.
+    tokens[mask] = input_ids[np.arange(b)[:, None], np.where(mask, index + 1, 0)][mask]
+    return MicroBatch(
+        rows,
+        torch.from_numpy(input_ids),
+        torch.from_numpy(filled.astype(np.int64)),
+        torch.from_numpy(index),
+        torch.from_numpy(tokens),
+        torch.from_numpy(mask),
+    )
 
 
 def learning_rate(

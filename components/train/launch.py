@@ -32,23 +32,20 @@ def processes(cfg: RunConfig) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
-def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
-    """The train stage on as many local processes as configured (see the module docstring)."""
-    from components.train import stage
+def _launched() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
-    n = processes(cfg)
-    if n <= 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # one process, or already a launched rank
-        return stage.run(cfg, iteration, force=force)
+
+def _relaunch(cfg: RunConfig, n: int, stage_args: list[str]) -> dict[str, Any]:
+    """Run `python -m components.train CONFIG <stage_args>` as n ranks; rank 0's JSON result."""
     with tempfile.TemporaryDirectory(prefix="rlvr-launch-") as tmp:
         config = Path(tmp) / "config.yaml"
         config.write_text(cfg.to_json())  # JSON is YAML; every path in it is already resolved
         args = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={n}", "-m", "components.train", str(config),
-            "--run-id", cfg.run_id, "--iteration", str(iteration),
+            "--run-id", cfg.run_id, *stage_args,
         ]  # fmt: skip
-        if force:
-            args.append("--force")
         env = {
             k: v
             for k, v in os.environ.items()
@@ -64,3 +61,24 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
         return json.loads(last)
     except json.JSONDecodeError:
         return {"skipped": False, "processes": n}
+
+
+def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
+    """The train stage on as many local processes as configured (see the module docstring)."""
+    from components.train import stage
+
+    n = processes(cfg)
+    if n <= 1 or _launched():  # one process, or already a launched rank
+        return stage.run(cfg, iteration, force=force)
+    return _relaunch(cfg, n, ["--iteration", str(iteration), *(["--force"] if force else [])])
+
+
+def serve(cfg: RunConfig, segment: int) -> dict[str, Any]:
+    """The warm train worker of one segment, on as many local processes as configured: every
+    rank serves the segment's iterations with its engine kept in memory."""
+    from components.train import stage
+
+    n = processes(cfg)
+    if n <= 1 or _launched():
+        return stage.serve(cfg, segment)
+    return _relaunch(cfg, n, ["--segment", str(segment)])

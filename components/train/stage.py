@@ -33,8 +33,10 @@ from tqdm import tqdm
 
 from components.core.checkpoint import load_policy, local_checkpoint, write_checkpoint
 from components.core.commit import (
+    NotCommittedError,
     OutputDir,
     committed_files,
+    content_digest,
     lineage,
     materialize,
     read_manifest,
@@ -43,7 +45,10 @@ from components.core.config import RunConfig, TrainSection
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
+from components.core.warm import Timeline, run_once, serve_stage
+from components.core.warm import segment as warm_segment
 from components.generate.backends import LOGPROB_DEFINITION
+from components.generate.engine import WEIGHT_SUFFIXES
 from components.train import algorithms as algos
 from components.train import state as train_state
 from components.train.batching import (
@@ -470,155 +475,325 @@ def full_state_dict(engine) -> dict[str, torch.Tensor]:
     return out
 
 
-def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
-    """Take one iteration's policy update. Returns the checkpoint manifest stats (or the skip)."""
-    import deepspeed
-
-    store, layout = store_for(cfg), RunLayout.of(cfg)
-    t = cfg.train
-    ckpt_out = OutputDir(store, layout.checkpoint(iteration + 1), "train")
-    state_out = OutputDir(store, layout.train_state(iteration + 1), "train")
-    check_algorithm_names(t)
-    sources = [layout.scored(iteration), layout.checkpoint(iteration)]
-    if iteration > 0:
-        sources.append(layout.train_state(iteration))
-    inputs = lineage(
-        store,
-        sources,
-        {
-            "train": t.model_dump(mode="json"),
-            "iterations": cfg.run.iterations,
-            "seed": cfg.run.seed,
-        },
-    )
-    if ckpt_out.up_to_date(inputs) and state_out.up_to_date(inputs) and not force:
-        log.info("checkpoint %05d already committed; skipping", iteration + 1)
-        return {"skipped": True, "uri": ckpt_out.uri}
-
-    # --- setup: every input is checked before anything is written ---
-    scored_parts = committed_files(store, layout.scored(iteration), ".parquet")
-    table = read_records(store, scored_parts, "scored")
-    if table.num_rows == 0:
-        raise StageError(f"{layout.scored(iteration)} holds no scored rollouts")
-    ro = Rollouts.from_table(table, layout.scored(iteration))
-    gen_stats = generation_stats(store, layout.rollouts(iteration))
-    temperature = float(gen_stats.get("sampling", {}).get("temperature", cfg.generate.temperature))
-    if t.rollout_correction is not None:
-        definition = gen_stats.get("logprob_definition")
-        if definition != LOGPROB_DEFINITION:
-            raise StageError(
-                f"train.rollout_correction needs rollout logprobs defined as the trainer computes "
-                f"them ({LOGPROB_DEFINITION!r}); the rollouts record {definition!r}. Regenerate "
-                "with a matching backend, or turn rollout_correction off"
-            )
-    ckpt_dir = local_checkpoint(store, layout.checkpoint(iteration))
-    prev_state = None
-    if iteration > 0:
-        sdir = materialize(store, layout.train_state(iteration))
-        prev_state = (
-            load_file(str(sdir / "optimizer.safetensors")),
-            json.loads((sdir / "state.json").read_text()),
-            layout.train_state(iteration),
-        )
-
-    from components.generate.stage import device_and_dtype
-
-    device, dtype = device_and_dtype(t.dtype)
-    rank, world = init_distributed(device)
-    if device == "cuda":  # one GPU per rank
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        device = f"cuda:{torch.cuda.current_device()}"
-    torch.manual_seed(cfg.run.seed + iteration)
-    # Loaded in fp32: under bf16 DeepSpeed casts the module and keeps fp32 master copies, which
-    # are then set from these exact weights (checkpoints hold the fp32 masters).
-    model, tokenizer = load_policy(ckpt_dir, dtype=torch.float32, device=device)
-    masters = (
-        {n: p.detach().clone() for n, p in model.named_parameters()}
-        if dtype != torch.float32
-        else None
-    )
-    ref_model = None
-    if t.kl_coef > 0:  # the reference is loaded only when KL is on
-        ref_model, _ = load_policy(
-            local_checkpoint(store, layout.checkpoint(0)), dtype=dtype, device=device
-        )
-        ref_model.eval().requires_grad_(False)
-    model.config.use_cache = False
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=deepspeed_config(t, world, dtype),
-    )
-    if masters is not None:
-        from deepspeed.utils import safe_set_full_fp32_param
-
-        for name, p in engine.module.named_parameters():
-            safe_set_full_fp32_param(p, masters[name])
-        del masters
-    start_step = 0
-    if prev_state is not None:
-        start_step = train_state.restore(engine, *prev_state)
-    expected = iteration * steps_per_iteration(t)
-    if start_step != expected:
+def check_staleness(table, iteration: int, max_staleness: int, source: str) -> dict[str, float]:
+    """Refuse rollouts sampled by a policy more than `max_staleness` checkpoints behind; return
+    the staleness metrics."""
+    versions = np.asarray(table.column("policy_version").to_numpy(zero_copy_only=False), np.int64)
+    lag = iteration - versions
+    if lag.size and (lag.max() > max_staleness or lag.min() < 0):
+        worst = int(versions[np.argmax(np.abs(lag - max_staleness / 2))])
         raise StageError(
-            f"train state of iteration {iteration} is at step {start_step}, expected {expected} "
-            "(train.ppo_epochs x train.mini_batches changed mid-run?); start a new run"
+            f"{source}: rollouts were sampled by checkpoint {worst:05d}, but iteration {iteration} "
+            f"trains checkpoint {iteration:05d} and train.max_staleness={max_staleness} allows "
+            f"checkpoints {max(0, iteration - max_staleness):05d}..{iteration:05d}; regenerate "
+            "them (rlvr stage generate --force) or raise train.max_staleness"
         )
+    return {
+        "train/staleness_mean": float(lag.mean()) if lag.size else 0.0,
+        "train/staleness_max": float(lag.max()) if lag.size else 0.0,
+    }
 
-    # --- train ---
-    total_steps = cfg.run.iterations * steps_per_iteration(t)
-    horizon = t.loss_agg_horizon or cfg.generate.max_new_tokens
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    step, metrics = train_iteration(
-        engine,
-        ro,
-        t,
-        temperature=temperature,
-        horizon=horizon,
-        start_step=start_step,
-        total_steps=total_steps,
-        seed=cfg.run.seed,
-        iteration=iteration,
-        pad_id=pad_id,
-        device=device,
-        rank=rank,
-        world=world,
-        ref_model=ref_model,
-    )
-    metrics["iteration"] = iteration
 
-    # --- save: train state first, the checkpoint's _SUCCESS last ---
-    tensors, meta = train_state.collect(engine, step, {"iteration": iteration + 1})
-    weights = full_state_dict(engine)
-    if rank == 0:
-        state_out.begin(force=True)
-        ckpt_out.begin(force=True)
-        tmp = Path(tempfile.mkdtemp(prefix="rlvr-state-"))
+class TrainStage:
+    """Warm train worker (components/core/warm.py). The DeepSpeed engine, its optimizer state and
+    the reference model stay in memory across iterations: step i trains checkpoint i into i+1 and
+    commits both the checkpoint and the train state (so any iteration can be resumed or rerun
+    cold). The engine is rebuilt from the store only when it does not hold exactly the committed
+    checkpoint and state of iteration i (first step, or an iteration redone out of band), so a
+    warm run and N cold invocations train identically (tested)."""
+
+    task = "train"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg, self.t = cfg, cfg.train
+        self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.ref_model: Any = None
+        self.rank, self.world = 0, 1
+        self.device = "cpu"
+        self.holds: tuple | None = None
+        """(iteration, checkpoint digest, train state digest) the engine holds."""
+        self.built = "reuse"
+        """How the engine came to hold the current iteration: reuse, load or reload."""
+
+    def needs(self, iteration: int) -> list[str]:
+        layout = self.layout
+        extra = [layout.train_state(iteration)] if iteration > 0 else []
+        return [layout.scored(iteration), layout.checkpoint(iteration), *extra]
+
+    def warm_needs(self, iteration: int) -> list[str]:
+        extra = [self.layout.train_state(iteration)] if iteration > 0 else []
+        return [self.layout.checkpoint(iteration), *extra]
+
+    def warm(self, iteration: int) -> None:
+        """Build the engine from checkpoint i before iteration i's rollouts are scored (a
+        worker's first iteration, or after an out-of-band rerun); a no-op when it holds i."""
+        if self.up_to_date(iteration):
+            return  # nothing to train: do not build an engine for a skipped step
+        position = self._position(iteration)
+        if self.engine is None or self.holds != position:
+            self.built = "load" if self.engine is None else "reload"
+            self._build(iteration)
+            self.holds = position
+
+    def _position(self, iteration: int) -> tuple:
+        state = content_digest(self.store, self.layout.train_state(iteration)) if iteration else None
+        return (iteration, content_digest(self.store, self.layout.checkpoint(iteration)), state)
+
+    def _build(self, iteration: int) -> None:
+        """(Re)build the engine from checkpoint `iteration` and its train state."""
+        import deepspeed
+
+        cfg, t, store, layout = self.cfg, self.t, self.store, self.layout
+        ckpt_dir = local_checkpoint(store, layout.checkpoint(iteration))
+        prev_state = None
+        if iteration > 0:
+            sdir = materialize(store, layout.train_state(iteration))
+            prev_state = (
+                load_file(str(sdir / "optimizer.safetensors")),
+                json.loads((sdir / "state.json").read_text()),
+                layout.train_state(iteration),
+            )
+        self.close()
+        from components.generate.stage import device_and_dtype
+
+        device, dtype = device_and_dtype(t.dtype)
+        self.rank, self.world = init_distributed(device)
+        if device == "cuda":  # one GPU per rank
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            device = f"cuda:{torch.cuda.current_device()}"
+        self.device = device
+        torch.manual_seed(cfg.run.seed + iteration)
+        # Loaded in fp32: under bf16 DeepSpeed casts the module and keeps fp32 master copies,
+        # which are then set from these exact weights (checkpoints hold the fp32 masters).
+        model, self.tokenizer = load_policy(ckpt_dir, dtype=torch.float32, device=device)
+        self.tokenizer_files = TokenizerFiles(ckpt_dir)
+        masters = (
+            {n: p.detach().clone() for n, p in model.named_parameters()}
+            if dtype != torch.float32
+            else None
+        )
+        if t.kl_coef > 0 and self.ref_model is None:  # the reference is loaded only with KL
+            self.ref_model, _ = load_policy(
+                local_checkpoint(store, layout.checkpoint(0)), dtype=dtype, device=device
+            )
+            self.ref_model.eval().requires_grad_(False)
+        model.config.use_cache = False
+        self.engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=deepspeed_config(t, self.world, dtype),
+        )
+        if masters is not None:
+            from deepspeed.utils import safe_set_full_fp32_param
+
+            for name, p in self.engine.module.named_parameters():
+                safe_set_full_fp32_param(p, masters[name])
+            del masters
+        start_step = 0
+        if prev_state is not None:
+            start_step = train_state.restore(self.engine, *prev_state)
+        expected = iteration * steps_per_iteration(t)
+        if start_step != expected:
+            raise StageError(
+                f"train state of iteration {iteration} is at step {start_step}, expected "
+                f"{expected} (train.ppo_epochs x train.mini_batches changed mid-run?); start a "
+                "new run"
+            )
+
+    def _plan(self, iteration: int) -> tuple[OutputDir, OutputDir, dict[str, str]]:
+        cfg, t, store, layout = self.cfg, self.t, self.store, self.layout
+        ckpt_out = OutputDir(store, layout.checkpoint(iteration + 1), "train")
+        state_out = OutputDir(store, layout.train_state(iteration + 1), "train")
+        sources = [layout.scored(iteration), layout.checkpoint(iteration)]
+        if iteration > 0:
+            sources.append(layout.train_state(iteration))
+        inputs = lineage(
+            store,
+            sources,
+            {
+                "train": t.model_dump(mode="json"),
+                "iterations": cfg.run.iterations,
+                "seed": cfg.run.seed,
+            },
+        )
+        return ckpt_out, state_out, inputs
+
+    def up_to_date(self, iteration: int) -> bool:
         try:
-            save_file(tensors, str(tmp / "optimizer.safetensors"))
-            state_out.put_file(tmp / "optimizer.safetensors", "optimizer.safetensors")
-            state_out.put_bytes(train_state.dumps(meta), "state.json")
-            state_out.put_bytes(json.dumps(metrics, indent=2).encode(), "metrics.json")
-            state_out.commit(metrics, inputs)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        engine.module.config.use_cache = True
-        _write_hf(engine.module, tokenizer, weights, ckpt_out, metrics, inputs)
-    log.info(
-        "iteration %d: loss %.4f reward %.3f grad_norm %.3f tokens/s %.0f",
-        iteration,
-        metrics.get("train/loss", 0.0),
-        metrics["train/reward_mean"],
-        metrics["train/grad_norm"],
-        metrics["train/tokens_per_s"],
-    )
-    return {"skipped": False, "uri": ckpt_out.uri, "stats": metrics}
+            ckpt_out, state_out, inputs = self._plan(iteration)
+        except NotCommittedError:  # an input is not there yet: the step is still to do
+            return False
+        return ckpt_out.up_to_date(inputs) and state_out.up_to_date(inputs)
+
+    def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
+        """Take one iteration's policy update; returns the checkpoint manifest stats (or skip)."""
+        cfg, t, store, layout = self.cfg, self.t, self.store, self.layout
+        check_algorithm_names(t)
+        ckpt_out, state_out, inputs = self._plan(iteration)
+        if ckpt_out.up_to_date(inputs) and state_out.up_to_date(inputs) and not force:
+            log.info("checkpoint %05d already committed; skipping", iteration + 1)
+            return {"skipped": True, "uri": ckpt_out.uri}
+
+        # --- read: every input is checked before anything is written ---
+        with timeline.span("read"):
+            scored_parts = committed_files(store, layout.scored(iteration), ".parquet")
+            table = read_records(store, scored_parts, "scored")
+            if table.num_rows == 0:
+                raise StageError(f"{layout.scored(iteration)} holds no scored rollouts")
+            staleness = check_staleness(
+                table, iteration, t.max_staleness, layout.scored(iteration)
+            )
+            ro = Rollouts.from_table(table, layout.scored(iteration))
+            gen_stats = generation_stats(store, layout.rollouts(iteration))
+            temperature = float(
+                gen_stats.get("sampling", {}).get("temperature", cfg.generate.temperature)
+            )
+            if t.rollout_correction is not None:
+                definition = gen_stats.get("logprob_definition")
+                if definition != LOGPROB_DEFINITION:
+                    raise StageError(
+                        f"train.rollout_correction needs rollout logprobs defined as the trainer "
+                        f"computes them ({LOGPROB_DEFINITION!r}); the rollouts record "
+                        f"{definition!r}. Regenerate with a matching backend, or turn "
+                        "rollout_correction off"
+                    )
+            position = self._position(iteration)
+
+        # --- setup: only when the engine does not hold exactly iteration i's inputs ---
+        load, self.built = self.built, "reuse"  # what warm() did, if anything
+        if self.engine is None or self.holds != position:
+            load = "load" if self.engine is None else "reload"
+            with timeline.span("load"):
+                self._build(iteration)
+            self.holds = position
+        start_step = iteration * steps_per_iteration(t)
+
+        # --- train ---
+        torch.manual_seed(cfg.run.seed + iteration)
+        total_steps = cfg.run.iterations * steps_per_iteration(t)
+        horizon = t.loss_agg_horizon or cfg.generate.max_new_tokens
+        tok = self.tokenizer
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+        with timeline.span("work"):
+            step, metrics = train_iteration(
+                self.engine,
+                ro,
+                t,
+                temperature=temperature,
+                horizon=horizon,
+                start_step=start_step,
+                total_steps=total_steps,
+                seed=cfg.run.seed,
+                iteration=iteration,
+                pad_id=pad_id,
+                device=self.device,
+                rank=self.rank,
+                world=self.world,
+                ref_model=self.ref_model,
+            )
+        metrics.update(staleness)
+        metrics["iteration"] = iteration
+        metrics["train/engine"] = load
+        metrics["train/seconds"] = timeline.seconds("work")
+
+        # --- save: train state first, the checkpoint's _SUCCESS last ---
+        t0 = time.time()
+        tensors, meta = train_state.collect(self.engine, step, {"iteration": iteration + 1})
+        weights = full_state_dict(self.engine)
+        if self.rank == 0:
+            state_out.begin(force=True)
+            ckpt_out.begin(force=True)
+            tmp = Path(tempfile.mkdtemp(prefix="rlvr-state-"))
+            try:
+                save_file(tensors, str(tmp / "optimizer.safetensors"))
+                state_out.put_file(tmp / "optimizer.safetensors", "optimizer.safetensors")
+                state_out.put_bytes(train_state.dumps(meta), "state.json")
+                state_out.put_bytes(json.dumps(metrics, indent=2).encode(), "metrics.json")
+                state_out.commit(metrics, inputs)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            module = self.engine.module
+            module.config.use_cache = True
+            saved = _write_hf(
+                module, self.tokenizer_files, weights, ckpt_out, metrics, inputs, timeline, t0
+            )
+            module.config.use_cache = False
+            metrics.update(saved)
+        _barrier()  # every rank sees the commit before it records what it holds
+        self.holds = self._position(iteration + 1)
+        log.info(
+            "train %05d: loss %.4f reward %.3f grad_norm %.3f tokens/s %.0f (%s engine)",
+            iteration,
+            metrics.get("train/loss", 0.0),
+            metrics["train/reward_mean"],
+            metrics["train/grad_norm"],
+            metrics["train/tokens_per_s"],
+            load,
+        )
+        return {"skipped": False, "uri": ckpt_out.uri, "stats": metrics}
+
+    def close(self) -> None:
+        """Drop the engine (the process group stays: it is per process)."""
+        if self.engine is not None:
+            import gc
+
+            self.engine.destroy()
+            self.engine = None
+            self.holds = None
+            gc.collect()
+
+
+class TokenizerFiles:
+    """Saves a checkpoint's tokenizer files by copying them from the checkpoint trained from,
+    byte for byte: every checkpoint of a run then carries the base's tokenizer files unchanged
+    (a re-save through transformers adds keys), so a warm generate engine sees the same tokenizer
+    and takes each new checkpoint as weights only (components/generate/engine.py)."""
+
+    SKIP = ("config.json", "generation_config.json", "_SUCCESS")
+
+    def __init__(self, source: Path) -> None:
+        self.source = Path(source)
+
+    def save_pretrained(self, path) -> None:
+        for f in sorted(self.source.iterdir()):
+            if f.is_file() and f.name not in self.SKIP and not f.name.endswith(WEIGHT_SUFFIXES):
+                shutil.copyfile(f, Path(path) / f.name)
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
+    """Take one iteration's policy update, cold (`rlvr stage train`, a rerun)."""
+    return run_once(TrainStage(cfg), iteration, force=force)
+
+
+def serve(cfg: RunConfig, segment: int) -> dict[str, Any]:
+    """The train worker of one segment: the engine stays warm across its iterations."""
+    stage = TrainStage(cfg)
+    results = serve_stage(stage, warm_segment(cfg, segment).iterations, cfg=cfg)
+    return {"task": stage.task, "segment": segment, "steps": len(results),
+            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
 
 
 def _write_hf(
-    model, tokenizer, weights: dict[str, torch.Tensor], out: OutputDir, stats: dict, inputs: dict
-) -> None:
-    """Write the gathered weights as a standard HF checkpoint (no merger step needed to load)."""
+    model,
+    tokenizer,
+    weights: dict[str, torch.Tensor],
+    out: OutputDir,
+    stats: dict,
+    inputs: dict,
+    timeline: Timeline,
+    commit_start: float,
+) -> dict[str, float]:
+    """Write the gathered weights as a standard HF checkpoint (no merger step needed to load);
+    the manifest records the save throughput and the step's timeline."""
 
     class _Saver:
         """Adapter so write_checkpoint saves `weights` rather than the (maybe partitioned) module."""
@@ -629,4 +804,16 @@ def _write_hf(
         def save_pretrained(self, path, **kwargs):
             model.save_pretrained(path, state_dict=weights, **kwargs)
 
-    write_checkpoint(_Saver(), tokenizer, out, stats, inputs)
+    t0 = time.time()
+    nbytes = sum(v.numel() * v.element_size() for v in weights.values())
+
+    def finish(stats: dict) -> dict:
+        seconds = time.time() - t0
+        timeline.add("commit", commit_start, time.time())
+        saved = {"train/checkpoint_bytes": float(nbytes),
+                 "train/checkpoint_save_bytes_per_s": nbytes / seconds if seconds > 0 else 0.0}  # fmt: skip
+        stats.update(saved, timeline=timeline.record())
+        return stats
+
+    write_checkpoint(_Saver(), tokenizer, out, stats, inputs, before_commit=finish)
+    return {k: v for k, v in stats.items() if k.startswith("train/checkpoint")}

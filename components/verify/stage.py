@@ -32,12 +32,15 @@ from components.core.commit import (
     committed_files,
     lineage,
     shard_dir,
+    shard_name,
     shard_of,
 )
 from components.core.config import OverlongPenalty, RewardSpec, RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import SCORED, read_records, stamp
+from components.core.warm import Timeline, run_once, serve_stage
+from components.core.warm import segment as warm_segment
 from components.verify.executor import ScoreItem, score_batch
 from components.verify.format import soft_overlong_penalty
 
@@ -186,51 +189,94 @@ def score_table(
     return scored.select(SCORED.names + extra_cols), stats
 
 
+class VerifyStage:
+    """Warm verify worker (components/core/warm.py): scores iteration i's rollouts (or one shard
+    of them, by prompt_id hash). Verifier plugins and the math verifier's imports are loaded once
+    per process, not once per iteration."""
+
+    def __init__(self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1) -> None:
+        check_shard(shard, num_shards)
+        self.cfg, self.shard, self.num_shards = cfg, shard, num_shards
+        self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
+        self.task = "verify" + (f"-{shard_name(shard, num_shards)}" if num_shards > 1 else "")
+
+    def needs(self, iteration: int) -> list[str]:
+        return [self.layout.rollouts(iteration)]
+
+    def _plan(self, iteration: int) -> tuple[OutputDir, dict[str, str]]:
+        layout = self.layout
+        uri = shard_dir(layout.scored(iteration), self.shard, self.num_shards)
+        out = OutputDir(self.store, uri, "verify")
+        return out, lineage(self.store, [layout.rollouts(iteration)], self.cfg.verify)
+
+    def up_to_date(self, iteration: int) -> bool:
+        out, inputs = self._plan(iteration)
+        return out.up_to_date(inputs)
+
+    def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
+        cfg, store, layout = self.cfg, self.store, self.layout
+        shard, num_shards = self.shard, self.num_shards
+        out, inputs = self._plan(iteration)
+        if out.up_to_date(inputs) and not force:
+            log.info(
+                "scored rollouts of iteration %d (%s) already committed; skipping",
+                iteration, out.uri,
+            )  # fmt: skip
+            return {"skipped": True, "uri": out.uri}
+        with timeline.span("read"):
+            parts = committed_files(store, layout.rollouts(iteration), ".parquet")
+            table = read_records(store, parts, "rollouts")
+            if num_shards > 1:
+                ids = table.column("prompt_id").to_pylist()
+                table = table.filter(pa.array([shard_of(p, num_shards) == shard for p in ids]))
+        with timeline.span("work"):
+            scored, stats = score_table(
+                table,
+                cfg.verify.rewards,
+                num_workers=cfg.verify.num_workers,
+                timeout_s=cfg.verify.timeout_s,
+                max_error_fraction=cfg.verify.max_error_fraction,
+                overlong=cfg.verify.overlong_penalty,
+            )
+        t0 = time.time()
+        clear_other_layouts(store, layout.scored(iteration), num_shards)
+        out.begin(force=True)
+        tmp = Path(tempfile.mkdtemp(prefix="rlvr-verify-"))
+        try:
+            path = tmp / "part-00000.parquet"
+            pq.write_table(
+                scored.replace_schema_metadata(stamp(scored.schema, "scored").metadata),
+                path,
+                compression="zstd",
+            )
+            out.put_file(path, path.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        timeline.add("commit", t0, time.time())
+        stats.update(
+            iteration=iteration, shard=shard, num_shards=num_shards, timeline=timeline.record()
+        )
+        manifest = out.commit(stats, inputs)
+        log.info(
+            "verify %05d: reward mean %.4f over %d samples, %.0f verifications/s",
+            iteration, stats["reward_mean"], stats["samples"], stats["verifications_per_s"],
+        )  # fmt: skip
+        return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}
+
+    def close(self) -> None:
+        pass
+
+
 def run(
     cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
 ) -> dict[str, Any]:
-    """Score the rollouts of one iteration (or one shard of them, by prompt_id hash)."""
-    check_shard(shard, num_shards)
-    store, layout = store_for(cfg), RunLayout.of(cfg)
-    out = OutputDir(store, shard_dir(layout.scored(iteration), shard, num_shards), "verify")
-    inputs = lineage(store, [layout.rollouts(iteration)], cfg.verify)
-    if out.up_to_date(inputs) and not force:
-        log.info(
-            "scored rollouts of iteration %d (%s) already committed; skipping", iteration, out.uri
-        )
-        return {"skipped": True, "uri": out.uri}
-    parts = committed_files(store, layout.rollouts(iteration), ".parquet")
-    table = read_records(store, parts, "rollouts")
-    if num_shards > 1:
-        ids = table.column("prompt_id").to_pylist()
-        table = table.filter(pa.array([shard_of(p, num_shards) == shard for p in ids]))
-    scored, stats = score_table(
-        table,
-        cfg.verify.rewards,
-        num_workers=cfg.verify.num_workers,
-        timeout_s=cfg.verify.timeout_s,
-        max_error_fraction=cfg.verify.max_error_fraction,
-        overlong=cfg.verify.overlong_penalty,
-    )
-    clear_other_layouts(store, layout.scored(iteration), num_shards)
-    out.begin(force=True)
-    tmp = Path(tempfile.mkdtemp(prefix="rlvr-verify-"))
-    try:
-        path = tmp / "part-00000.parquet"
-        pq.write_table(
-            scored.replace_schema_metadata(stamp(scored.schema, "scored").metadata),
-            path,
-            compression="zstd",
-        )
-        out.put_file(path, path.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    stats.update(iteration=iteration, shard=shard, num_shards=num_shards)
-    manifest = out.commit(stats, inputs)
-    log.info(
-        "iteration %d: reward mean %.4f over %d samples",
-        iteration,
-        stats["reward_mean"],
-        stats["samples"],
-    )
-    return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}
+    """Score the rollouts of one iteration (or one shard of them, by prompt_id hash), cold."""
+    return run_once(VerifyStage(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
+
+
+def serve(cfg: RunConfig, segment: int, *, shard: int = 0, num_shards: int = 1) -> dict[str, Any]:
+    """The verify worker of one segment."""
+    stage = VerifyStage(cfg, shard=shard, num_shards=num_shards)
+    results = serve_stage(stage, warm_segment(cfg, segment).iterations, cfg=cfg)
+    return {"task": stage.task, "segment": segment, "steps": len(results),
+            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip

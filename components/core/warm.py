@@ -1,0 +1,318 @@
+"""Warm stages: set up once, step through many iterations, commit each one.
+
+A stage object keeps the recipe's shape (STYLE.md): its model, tokenizer, engine and optimizer are
+set up once (lazily, on the first step that has work), `step(iteration)` reads that iteration's
+inputs, works and commits its output, and `close()` releases everything. `run_once` is what
+`rlvr stage NAME -i I` and a one-iteration KFP task run; `serve` is what a long-running worker
+task runs for a segment of iterations (docs/design.md): before each step it waits for the step's
+inputs to be committed in the store by the workers of the other stages. There is one code path.
+
+The store is the only channel between workers:
+
+- inputs are ready when their `_SUCCESS` exists (all shards, for a sharded output);
+- a worker that fails writes `<run>/status/failed/<task>.json` with its error, so that peers
+  waiting on its outputs stop at once instead of waiting for `run.wait_timeout_s`;
+- each committed output's manifest carries the step's `timeline` (process start, wait, setup,
+  read, load, work, commit spans in epoch seconds), from which the run report draws its Gantt
+  chart and computes the critical path (components/evaluate/timeline.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from components.core.commit import NotCommittedError, committed_parts
+from components.core.config import RunConfig
+from components.core.layout import RunLayout, store_for
+from components.core.store import Store, StoreError, join
+
+log = logging.getLogger("rlvr.warm")
+
+
+def process_start_time() -> float:
+    """When this process started (epoch seconds): the start of its cold-start span."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # starttime, in clock ticks after boot
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED_AT
+
+
+_IMPORTED_AT = time.time()
+
+
+@dataclass
+class Timeline:
+    """Spans of one step, in epoch seconds: [name, start, end]. Recorded in its manifest."""
+
+    task: str
+    iteration: int
+    spans: list[list[Any]] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.spans.append([name, t0, time.time()])
+
+    def add(self, name: str, start: float, end: float) -> None:
+        self.spans.append([name, start, end])
+
+    def seconds(self, name: str) -> float:
+        return sum(e - s for n, s, e in self.spans if n == name)
+
+    def record(self) -> dict[str, Any]:
+        """The manifest entry: spans plus where they ran."""
+        return {
+            "task": self.task,
+            "iteration": self.iteration,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "spans": [list(s) for s in self.spans],
+            "seconds": {n: round(self.seconds(n), 6) for n in dict.fromkeys(s[0] for s in self.spans)},
+        }
+
+
+class WarmStage(Protocol):
+    """What `serve` and `run_once` drive (every stage implements it)."""
+
+    task: str
+    """The worker's name: `generate`, `verify-shard-00001-of-00002`, `train`, ..."""
+
+    def needs(self, iteration: int) -> list[str]:
+        """URIs that must be committed before `step(iteration)` can run."""
+        ...
+
+    def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
+        """Do one iteration (or skip it when its output is up to date) and commit."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Prewarms(Protocol):
+    """Optional: a stage that can load its model or engine before a step's inputs are all in
+    (train builds its engine from checkpoint i while generate and verify of iteration i run)."""
+
+    def warm_needs(self, iteration: int) -> list[str]: ...
+
+    def warm(self, iteration: int) -> None: ...
+
+
+class PeerFailed(RuntimeError):
+    """Another worker of this run failed; waiting for its output is pointless."""
+
+
+class RunStatus:
+    """Failure markers under `<run>/status/failed/`, one JSON per failed task."""
+
+    def __init__(self, store: Store, root: str) -> None:
+        self.store, self.dir = store, join(root, "status", "failed")
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> RunStatus:
+        return cls(store_for(cfg), RunLayout.of(cfg).root)
+
+    def mark_failed(self, task: str, error: BaseException | str) -> None:
+        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        record = {"task": task, "error": message, "at": time.time(), "host": socket.gethostname()}
+        try:
+            self.store.write_text(join(self.dir, f"{task}.json"), json.dumps(record))
+        except StoreError:  # the store itself may be why we failed; the exit status still tells
+            log.exception("could not record the failure of %s", task)
+
+    def clear(self, task: str | None = None) -> None:
+        """Forget one task's failure (it is being retried), or every failure (a new attempt)."""
+        if task is None:
+            self.store.delete_tree(self.dir)
+        else:
+            self.store.delete(join(self.dir, f"{task}.json"))
+
+    def failures(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name in self.store.list_files(self.dir):
+            if name.endswith(".json"):
+                with contextlib.suppress(StoreError, ValueError):
+                    out[name[: -len(".json")]] = json.loads(
+                        self.store.read_text(join(self.dir, name))
+                    )
+        return out
+
+
+def is_committed(store: Store, uri: str) -> bool:
+    """Committed, counting a sharded output only once every shard is."""
+    try:
+        committed_parts(store, uri)
+        return True
+    except NotCommittedError:
+        return False
+
+
+def wait_committed(
+    store: Store,
+    uris: list[str],
+    *,
+    status: RunStatus,
+    task: str,
+    timeout_s: float,
+    poll_max_s: float = 1.0,
+) -> float:
+    """Block until every URI is committed; returns the seconds waited.
+
+    Polls with a backoff from 20 ms to `poll_max_s` (one listing per poll on S3). Raises
+    PeerFailed as soon as another task of the run records a failure, TimeoutError after
+    `timeout_s`."""
+    t0 = time.monotonic()
+    delay = 0.02
+    pending = list(uris)
+    while True:
+        pending = [u for u in pending if not is_committed(store, u)]
+        if not pending:
+            return time.monotonic() - t0
+        failed = {k: v for k, v in status.failures().items() if k != task}
+        if failed:  # name the first failure: the others may only have stopped because of it
+            peer, rec = min(failed.items(), key=lambda kv: (kv[1].get("at", 0.0), kv[0]))
+            raise PeerFailed(
+                f"{task} stopped: task {peer} of this run failed ({rec.get('error')}); fix that "
+                "and rerun (committed iterations are kept)"
+            )
+        waited = time.monotonic() - t0
+        if waited > timeout_s:
+            raise TimeoutError(
+                f"{task} waited {waited:.0f} s (run.wait_timeout_s) for {pending[0]} to be "
+                "committed; is the task that writes it running?"
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, poll_max_s)
+
+
+_cold_start_taken = False
+
+
+def _cold_start(timeline: Timeline) -> None:
+    """The first timeline of a process gets its cold start: process start (interpreter, imports,
+    the KFP executor) until the stage object begins its first step."""
+    global _cold_start_taken
+    if not _cold_start_taken:
+        _cold_start_taken = True
+        timeline.add("start", process_start_time(), time.time())
+
+
+def run_once(stage: WarmStage, iteration: int, *, force: bool = False) -> dict[str, Any]:
+    """One iteration, cold: what `rlvr stage` and the one-stage pipeline run."""
+    timeline = Timeline(stage.task, iteration)
+    _cold_start(timeline)
+    try:
+        return stage.step(iteration, force=force, timeline=timeline)
+    finally:
+        stage.close()
+
+
+def serve(
+    stage: WarmStage,
+    iterations: Iterable[int],
+    *,
+    status: RunStatus,
+    store: Store,
+    timeout_s: float,
+    poll_max_s: float = 1.0,
+) -> list[dict[str, Any]]:
+    """Step through `iterations` in order, waiting for each step's inputs; the stage stays warm.
+
+    On any error the task's failure marker is written (peers stop waiting) and the error is
+    re-raised; a retried task clears its own marker first."""
+    status.clear(stage.task)
+    results = []
+    try:
+        for i in iterations:
+            timeline = Timeline(stage.task, i)
+            _cold_start(timeline)
+            wait = dict(status=status, task=stage.task, timeout_s=timeout_s, poll_max_s=poll_max_s)
+            if hasattr(stage, "warm"):
+                t0 = time.time()
+                wait_committed(store, stage.warm_needs(i), **wait)
+                timeline.add("wait", t0, time.time())
+                with timeline.span("load"):
+                    stage.warm(i)
+            t0 = time.time()
+            wait_committed(store, stage.needs(i), **wait)
+            timeline.add("wait", t0, time.time())
+            results.append(stage.step(i, timeline=timeline))
+    except BaseException as e:
+        status.mark_failed(stage.task, e)
+        raise
+    finally:
+        stage.close()
+    return results
+
+
+def serve_stage(stage: WarmStage, iterations: Iterable[int], *, cfg: RunConfig) -> list[dict]:
+    """`serve` with the run's store, failure markers and wait settings."""
+    store = store_for(cfg)
+    poll = cfg.run.poll_max_s or (1.0 if cfg.run.store.startswith("s3://") else 0.05)
+    return serve(
+        stage, iterations, status=RunStatus.of(cfg), store=store,
+        timeout_s=cfg.run.wait_timeout_s, poll_max_s=poll,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Iterations [start, stop) of a run, served by one set of warm workers."""
+
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def iterations(self) -> range:
+        return range(self.start, self.stop)
+
+
+def segments(cfg: RunConfig) -> list[Segment]:
+    k, n = cfg.run.segment_iterations, cfg.run.iterations
+    return [Segment(s, a, min(a + k, n)) for s, a in enumerate(range(0, n, k))]
+
+
+def segment(cfg: RunConfig, index: int) -> Segment:
+    segs = segments(cfg)
+    if not 0 <= index < len(segs):
+        raise ValueError(
+            f"segment {index} does not exist: run.iterations={cfg.run.iterations} with "
+            f"run.segment_iterations={cfg.run.segment_iterations} makes {len(segs)} segment(s)"
+        )
+    return segs[index]
+
+
+def eval_checkpoints(cfg: RunConfig) -> list[int]:
+    """Checkpoints the pipeline evaluates: the base, every `evaluate.every`-th, and the last."""
+    if not cfg.data.eval:
+        return []
+    last, every = cfg.run.iterations, cfg.evaluate.every
+    return sorted({0, last, *range(every, last + 1, every)})
+
+
+def segment_eval_checkpoints(cfg: RunConfig, seg: Segment) -> list[int]:
+    """The checkpoints a segment's evaluate worker handles: those its train worker writes
+    (start+1 .. stop), plus the base in the first segment."""
+    lo = -1 if seg.index == 0 else seg.start
+    return [c for c in eval_checkpoints(cfg) if lo < c <= seg.stop]
+
+
+def policy_version(cfg: RunConfig, iteration: int) -> int:
+    """The checkpoint that samples iteration i: i - train.max_staleness (never before 0)."""
+    return max(0, iteration - cfg.train.max_staleness)

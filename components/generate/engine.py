@@ -1,0 +1,89 @@
+"""A generation backend that stays loaded across iterations (generate and evaluate workers).
+
+`PolicyEngine.ensure(store, checkpoint_uri)` returns a backend holding that checkpoint's policy:
+
+- the same checkpoint content as last time: nothing happens;
+- new weights with the same config and tokenizer files (every checkpoint a run writes): the
+  weights are loaded into the running engine in place (`backend.load_weights`), with no new
+  process, model construction or engine start;
+- anything else (first use, another architecture or tokenizer): a full load.
+
+What happened and how long it took goes into the step's timeline and manifest.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.core.checkpoint import local_checkpoint
+from components.core.commit import content_digest, read_manifest
+from components.core.config import GenerateSection
+from components.core.store import Store
+
+WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+
+
+@dataclass
+class LoadInfo:
+    action: str
+    """`reuse`, `weights` (loaded in place) or `load` (a new engine)."""
+    seconds: float
+    bytes: int
+    start: float
+    end: float
+
+    def stats(self) -> dict[str, Any]:
+        out = {"policy_load": self.action, "policy_load_s": self.seconds}
+        if self.action != "reuse" and self.seconds > 0:
+            out["policy_load_bytes_per_s"] = self.bytes / self.seconds
+        return out
+
+
+def _signature(manifest: dict[str, Any]) -> dict[str, str]:
+    """The checkpoint's non-weight files (config, tokenizer, generation config) by sha256."""
+    return {f["path"]: f["sha256"] for f in manifest["files"] if not f["path"].endswith(WEIGHT_SUFFIXES)}
+
+
+def _weight_bytes(manifest: dict[str, Any]) -> int:
+    return sum(f["bytes"] for f in manifest["files"] if f["path"].endswith(".safetensors"))
+
+
+class PolicyEngine:
+    """Holds one backend (transformers or vLLM) and the identity of the policy it serves."""
+
+    def __init__(self, gen: GenerateSection, seed: int) -> None:
+        self.gen, self.seed = gen, seed
+        self.backend: Any = None
+        self.tokenizer: Any = None
+        self.digest: str | None = None
+        self.signature: dict[str, str] | None = None
+
+    def ensure(self, store: Store, checkpoint_uri: str) -> tuple[Any, Any, LoadInfo]:
+        from components.generate.stage import make_backend
+
+        t0 = time.time()
+        digest = content_digest(store, checkpoint_uri)
+        if self.backend is not None and digest == self.digest:
+            return self.backend, self.tokenizer, LoadInfo("reuse", 0.0, 0, t0, t0)
+        manifest = read_manifest(store, checkpoint_uri)
+        signature = _signature(manifest)
+        ckpt_dir = local_checkpoint(store, checkpoint_uri)
+        if self.backend is not None and signature == self.signature:
+            self.backend.load_weights(Path(ckpt_dir))
+            action = "weights"
+        else:
+            self.close()
+            self.backend, self.tokenizer = make_backend(self.gen, ckpt_dir, self.seed)
+            action = "load"
+        self.digest, self.signature = digest, signature
+        t1 = time.time()
+        return self.backend, self.tokenizer, LoadInfo(action, t1 - t0, _weight_bytes(manifest), t0, t1)
+
+    def close(self) -> None:
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+        self.backend = self.tokenizer = self.digest = self.signature = None

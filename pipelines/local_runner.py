@@ -1,0 +1,279 @@
+"""Run a compiled KFP pipeline on one machine with its tasks side by side.
+
+kfp.local's SubprocessRunner executes a pipeline's tasks one at a time. The training pipeline's
+workers wait on each other through the store (pipelines/train.py), so they have to run together.
+This runner keeps everything of kfp.local that runs a task (argument resolution, the executor
+input, the KFP executor in a subprocess of this Python, outputs, the IO store, retries) and
+replaces only the scheduling: every task whose upstream tasks have finished starts at once, in a
+thread of its own. The compiled pipeline is the same one a cluster runs.
+
+For the duration of `run_pipeline`, five names of kfp.local (pinned to kfp==2.17.0; a test fails
+loudly if an upgrade moves them) are replaced:
+
+- `dag_orchestrator.run_dag`: the concurrent scheduler below;
+- `logging_utils.local_logger_context`, `indented_print` and `print_horizontal_line`: the
+  originals swap the root logger's handlers and `builtins.print` around each task (not
+  thread-safe) and decorate sequential output;
+- `subprocess_task_handler.run_local_subprocess`: each task's output goes whole to its own log
+  file, and only its `rlvr` log lines (and errors) to the console, prefixed with the task name.
+
+A task that fails stops the run: its failure is recorded for the other workers (which stop
+waiting), running tasks finish, no new task starts, and `LocalRunError` names the task, its error
+and its log file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("rlvr.local")
+
+#: Lines of a task's output that also go to the console: this project's log records, errors.
+CONSOLE_LINE = re.compile(r" rlvr\.[\w.]+ (INFO|WARNING|ERROR) |^error: |Error: |^Traceback")
+
+
+class LocalRunError(RuntimeError):
+    """A task of a locally run pipeline failed."""
+
+    def __init__(self, task: str, message: str, log_file: Path | None) -> None:
+        super().__init__(f"task {task} failed: {message}")
+        self.task, self.message, self.log_file = task, message, log_file
+
+
+_current = threading.local()
+
+
+def _task_log_path(log_dir: Path, task: str) -> Path:
+    return log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', task)}.log"
+
+
+TaskEnv = Callable[[str], dict[str, str]]
+"""Extra environment variables of a task, by its display name."""
+
+
+def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., int]:
+    def run_local_subprocess(full_command: list[str], env_vars: dict[str, str] | None = None) -> int:
+        import os
+
+        task = getattr(_current, "task", "task")
+        path = _task_log_path(log_dir, task)
+        env = {**os.environ, **task_env(task), **(env_vars or {})}
+        with open(path, "w") as out, subprocess.Popen(
+            full_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            bufsize=1, env=env,
+        ) as proc:  # fmt: skip
+            assert proc.stdout is not None
+            for line in iter(proc.stdout.readline, ""):
+                out.write(line)
+                out.flush()
+                if CONSOLE_LINE.search(line):
+                    print(f"[{task}] {line.rstrip()}", flush=True)
+            return proc.wait()
+
+    return run_local_subprocess
+
+
+@contextlib.contextmanager
+def _quiet_context(*_: Any, **__: Any) -> Iterator[None]:
+    yield
+
+
+def _make_run_dag(on_failure: Callable[[str], None], failed: list[str]) -> Callable[..., Any]:
+    from kfp.local import io, status
+    from kfp.local.orchestrator import task_executor
+    from kfp.local.orchestrator.orchestrator_utils import OrchestratorUtils
+
+    def run_dag(
+        pipeline_resource_name: str,
+        dag_component_spec: Any,
+        executors: dict,
+        components: dict,
+        dag_arguments: dict[str, Any],
+        pipeline_root: str,
+        runner: Any,
+        unique_pipeline_id: str,
+        fail_stack: list[str],
+        parent_io_store: Any = None,
+    ) -> tuple[dict[str, Any], Any]:
+        """kfp.local's run_dag with every ready task started at once."""
+        args = OrchestratorUtils.join_user_inputs_and_defaults(
+            dag_arguments=dag_arguments, dag_inputs_spec=dag_component_spec.input_definitions
+        )
+        io_store = io.IOStore(parent=parent_io_store)
+        for k, v in args.items():
+            io_store.put_parent_input(k, v)
+        tasks = dict(dag_component_spec.dag.tasks.items())
+        deps = {name: set(spec.dependent_tasks) for name, spec in tasks.items()}
+        done: set[str] = set()
+        running: dict[str, threading.Thread] = {}
+        results: dict[str, tuple[dict, Any]] = {}
+        lock = threading.Condition()
+
+        def execute(name: str) -> None:
+            _current.task = tasks[name].task_info.name or name
+            try:
+                spec = tasks[name]
+                component = components[spec.component_ref.name]
+                if component.WhichOneof("implementation") == "dag":
+                    out = run_dag(
+                        pipeline_resource_name, component, executors, components,
+                        OrchestratorUtils.make_task_arguments(spec.inputs, io_store),
+                        pipeline_root, runner, unique_pipeline_id, fail_stack, io_store,
+                    )  # fmt: skip
+                else:
+                    out = task_executor.execute_single_task(
+                        task_name=name, task_spec=spec,
+                        pipeline_resource_name=pipeline_resource_name, components=components,
+                        executors=executors, io_store=io_store, pipeline_root=pipeline_root,
+                        runner=runner, unique_pipeline_id=unique_pipeline_id,
+                        fail_stack=fail_stack,
+                    )  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - a crash of the runner is this task's failure
+                log.exception("task %s could not run", name)
+                out = ({}, status.Status.FAILURE)
+                del e
+            with lock:
+                results[name] = out
+                lock.notify_all()
+
+        with lock:
+            while True:
+                for name, (outputs, st) in list(results.items()):
+                    del results[name]
+                    running.pop(name).join()
+                    if st == status.Status.SUCCESS:
+                        for key, value in outputs.items():
+                            io_store.put_task_output(name, key, value)
+                        done.add(name)
+                    else:
+                        display = tasks[name].task_info.name or name
+                        if not failed:
+                            fail_stack.append(name)
+                        failed.append(display)
+                        on_failure(display)
+                if not failed:
+                    for name in tasks:
+                        if name not in done and name not in running and deps[name] <= done:
+                            thread = threading.Thread(target=execute, args=(name,), daemon=True)
+                            running[name] = thread
+                            thread.start()
+                if not running:
+                    break
+                lock.wait()
+        if failed:
+            return {}, status.Status.FAILURE
+        return (
+            OrchestratorUtils.get_dag_outputs(
+                dag_outputs_spec=dag_component_spec.dag.outputs, io_store=io_store
+            ),
+            status.Status.SUCCESS,
+        )
+
+    return run_dag
+
+
+@contextlib.contextmanager
+def concurrent_local_runner(
+    log_dir: Path,
+    on_failure: Callable[[str], None],
+    failed: list[str],
+    task_env: TaskEnv | None = None,
+) -> Iterator[None]:
+    """Patch kfp.local to run ready tasks side by side (see the module docstring)."""
+    from kfp.local import logging_utils, subprocess_task_handler
+    from kfp.local.orchestrator import dag_orchestrator
+
+    patches = [
+        (dag_orchestrator, "run_dag", _make_run_dag(on_failure, failed)),
+        (logging_utils, "local_logger_context", _quiet_context),
+        (logging_utils, "indented_print", _quiet_context),
+        (logging_utils, "print_horizontal_line", lambda: None),
+        (subprocess_task_handler, "run_local_subprocess",
+         _make_subprocess_runner(log_dir, task_env or (lambda task: {}))),  # fmt: skip
+    ]
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    for mod, name, value in patches:
+        setattr(mod, name, value)
+    try:
+        yield
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
+def run_pipeline(
+    pipeline_func: Callable[..., Any],
+    arguments: dict[str, Any],
+    *,
+    pipeline_root: str,
+    log_dir: Path,
+    on_failure: Callable[[str], None] = lambda task: None,
+    failure_message: Callable[[str], str | None] = lambda task: None,
+    task_env: TaskEnv | None = None,
+) -> None:
+    """Run `pipeline_func(**arguments)` on kfp.local with concurrent tasks.
+
+    `on_failure(task)` is called as soon as a task fails (before the others finish);
+    `failure_message(task)` supplies the task's own error for the raised LocalRunError."""
+    from kfp import local
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=pipeline_root,
+        raise_on_error=False,
+    )
+    failed: list[str] = []
+    root = logging.getLogger()
+    quiet = _DropKfpLocalRecords()
+    root.addFilter(quiet)  # kfp.local logs each task's status; the error below says it better
+    with (
+        concurrent_local_runner(log_dir, on_failure, failed, task_env),
+        warnings.catch_warnings(),
+    ):
+        # kfp.local warns per task that placement settings and the stage images do not apply
+        # locally; that is by design here (the same pipeline serves the cluster).
+        warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
+        warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
+        try:
+            pipeline_func(**arguments)
+        finally:
+            root.removeFilter(quiet)
+    if failed:
+        task = failed[0]
+        path = _task_log_path(log_dir, task)
+        message = failure_message(task) or _last_error(path) or "see its log"
+        raise LocalRunError(task, message, path if path.exists() else None)
+
+
+class _DropKfpLocalRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "kfp/local" not in record.pathname.replace("\\", "/")
+
+
+def _last_error(path: Path) -> str | None:
+    """The last `error:` line or exception line of a task's log."""
+    if not path.exists():
+        return None
+    lines = path.read_text(errors="replace").splitlines()
+    for line in reversed(lines):
+        s = line.strip()
+        if s.startswith("error: ") or re.match(r"^[\w.]+(Error|Exception|Failed): ", s):
+            return s
+    return None
+
+
+def print_error(err: LocalRunError, rerun_hint: str) -> None:
+    print(f"error: {err}", file=sys.stderr)
+    if err.log_file is not None:
+        print(f"  log: {err.log_file}", file=sys.stderr)
+    print(f"  {rerun_hint}", file=sys.stderr)

@@ -1,0 +1,95 @@
+"""What `rlvr run` shows and checks between segments: live progress read from the store, and
+whether a segment has anything left to do.
+
+Progress comes from the store, not from the workers' output: one bar per stage, advanced as the
+stage's commits land (rollouts, scored rollouts, checkpoints, evaluations of the segment). The
+workers' own log lines stream above the bars, prefixed with the task name.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from components.core.config import RunConfig
+from components.core.layout import RunLayout, store_for
+from components.core.store import StoreError
+from components.core.warm import Segment, is_committed, segment_eval_checkpoints
+
+
+def segment_up_to_date(cfg: RunConfig, seg: Segment) -> bool:
+    """Every output of the segment is committed and was computed from the current inputs and
+    config (the same test each stage makes before it skips an iteration)."""
+    from components.evaluate.stage import EvaluateStage
+    from components.generate.stage import GenerateStage
+    from components.train.stage import TrainStage
+    from components.verify.stage import VerifyStage
+
+    stages: list[Any] = [
+        *(GenerateStage(cfg, shard=s, num_shards=cfg.generate.num_shards)
+          for s in range(cfg.generate.num_shards)),
+        *(VerifyStage(cfg, shard=s, num_shards=cfg.verify.num_shards)
+          for s in range(cfg.verify.num_shards)),
+        TrainStage(cfg),
+    ]  # fmt: skip
+    try:
+        for i in seg.iterations:
+            if not all(st.up_to_date(i) for st in stages):
+                return False
+        if cfg.data.eval:
+            ev = EvaluateStage(cfg)
+            return all(ev.up_to_date(c) for c in segment_eval_checkpoints(cfg, seg))
+        return True
+    except StoreError:  # an input is not committed yet
+        return False
+
+
+class RunMonitor:
+    """A rich progress display of one segment, refreshed from the store by a thread."""
+
+    def __init__(self, cfg: RunConfig, seg: Segment, console: Console, every_s: float = 0.5):
+        self.cfg, self.seg, self.every_s = cfg, seg, every_s
+        self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
+        self.progress = Progress(
+            TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=console, transient=False,
+        )  # fmt: skip
+        lay, its = self.layout, list(seg.iterations)
+        self.watch = {
+            "generate": [lay.rollouts(i) for i in its],
+            "verify": [lay.scored(i) for i in its],
+            "train": [lay.checkpoint(i + 1) for i in its],
+        }
+        if cfg.data.eval:
+            self.watch["evaluate"] = [lay.evals(c) for c in segment_eval_checkpoints(cfg, seg)]
+        self.bars = {
+            name: self.progress.add_task(name, total=len(uris)) for name, uris in self.watch.items()
+        }
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def refresh(self) -> None:
+        for name, uris in self.watch.items():
+            try:
+                done = sum(is_committed(self.store, u) for u in uris)
+            except StoreError:
+                continue
+            self.progress.update(self.bars[name], completed=done)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.refresh()
+
+    def __enter__(self) -> RunMonitor:
+        self.progress.start()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.refresh()
+        self.progress.stop()

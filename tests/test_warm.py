@@ -1,0 +1,128 @@
+"""The warm-worker protocol (components/core/warm.py): waiting on commits, failure markers,
+segments, the serve loop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from components.core.commit import OutputDir, shard_dir
+from components.core.config import load_config
+from components.core.store import LocalStore, join
+from components.core.warm import (
+    PeerFailed,
+    RunStatus,
+    Timeline,
+    eval_checkpoints,
+    policy_version,
+    process_start_time,
+    segment,
+    segment_eval_checkpoints,
+    segments,
+    serve,
+    wait_committed,
+)
+
+
+def _commit(store, uri: str) -> None:
+    out = OutputDir(store, uri, "test")
+    out.begin(force=True)
+    out.put_bytes(b"x", "f")
+    out.commit({})
+
+
+def test_wait_returns_once_every_input_is_committed(tmp_path):
+    store, status = LocalStore(), RunStatus(LocalStore(), str(tmp_path))
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    _commit(store, a)
+    # b is sharded: it counts only once both shards are committed.
+    threading.Timer(0.15, _commit, (store, shard_dir(b, 0, 2))).start()
+    threading.Timer(0.3, _commit, (store, shard_dir(b, 1, 2))).start()
+    t0 = time.monotonic()
+    waited = wait_committed(store, [a, b], status=status, task="t", timeout_s=10, poll_max_s=0.02)
+    assert 0.28 < waited < 5 and time.monotonic() - t0 >= 0.28
+
+
+def test_a_peer_failure_stops_the_wait_but_not_ones_own(tmp_path):
+    store = LocalStore()
+    status = RunStatus(store, str(tmp_path))
+    status.mark_failed("me", "an old failure of my own")  # a retried task ignores its own
+    threading.Timer(0.1, status.mark_failed, ("verify-worker", ValueError("bad plugin"))).start()
+    with pytest.raises(PeerFailed, match=r"task verify-worker of this run failed \(ValueError: bad plugin\)"):
+        wait_committed(store, [str(tmp_path / "never")], status=status, task="me", timeout_s=10)
+    assert set(status.failures()) == {"me", "verify-worker"}
+    status.clear("me")
+    assert set(status.failures()) == {"verify-worker"}
+    status.clear()
+    assert status.failures() == {}
+
+
+def test_wait_times_out_naming_the_missing_input(tmp_path):
+    store = LocalStore()
+    with pytest.raises(TimeoutError, match=r"waited 0 s .* for .*/missing to be committed"):
+        wait_committed(store, [str(tmp_path / "missing")], status=RunStatus(store, str(tmp_path)),
+                       task="t", timeout_s=0.1, poll_max_s=0.02)  # fmt: skip
+
+
+class FakeStage:
+    """Steps record what they saw; iteration `fail_at` raises."""
+
+    task = "fake"
+
+    def __init__(self, root: str, fail_at: int | None = None) -> None:
+        self.root, self.fail_at, self.steps, self.closed = root, fail_at, [], False
+
+    def needs(self, i: int) -> list[str]:
+        return [join(self.root, f"in{i}")]
+
+    def step(self, i: int, *, force: bool = False, timeline: Timeline) -> dict:
+        if i == self.fail_at:
+            raise ValueError(f"iteration {i} is bad")
+        self.steps.append((i, [s[0] for s in timeline.spans]))
+        return {"skipped": False}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_serve_steps_in_order_records_waits_and_marks_failures(tmp_path):
+    store = LocalStore()
+    status = RunStatus(store, str(tmp_path))
+    for i in range(3):
+        _commit(store, str(tmp_path / f"in{i}"))
+    stage = FakeStage(str(tmp_path), fail_at=2)
+    with pytest.raises(ValueError, match="iteration 2 is bad"):
+        serve(stage, range(3), status=status, store=store, timeout_s=5, poll_max_s=0.02)
+    assert [i for i, _ in stage.steps] == [0, 1] and stage.closed
+    assert stage.steps[1][1] == ["wait"]
+    assert status.failures()["fake"]["error"] == "ValueError: iteration 2 is bad"
+    # A retry clears its own marker first and resumes.
+    ok = FakeStage(str(tmp_path))
+    serve(ok, range(3), status=status, store=store, timeout_s=5, poll_max_s=0.02)
+    assert [i for i, _ in ok.steps] == [0, 1, 2] and status.failures() == {}
+
+
+def test_segments_eval_checkpoints_and_policy_versions(workspace):
+    cfg = load_config(workspace, ["run.iterations=7", "run.segment_iterations=3",
+                                  "evaluate.every=2", "train.max_staleness=2"])  # fmt: skip
+    assert [(s.start, s.stop) for s in segments(cfg)] == [(0, 3), (3, 6), (6, 7)]
+    assert eval_checkpoints(cfg) == [0, 2, 4, 6, 7]
+    # Each segment's evaluate worker takes the checkpoints its train worker writes (+ the base).
+    assert [segment_eval_checkpoints(cfg, s) for s in segments(cfg)] == [[0, 2], [4, 6], [7]]
+    assert [policy_version(cfg, i) for i in range(5)] == [0, 0, 0, 1, 2]
+    with pytest.raises(ValueError, match=r"segment 3 does not exist: .* makes 3 segment\(s\)"):
+        segment(cfg, 3)
+
+
+def test_timeline_record_and_process_start():
+    tl = Timeline("generate", 4)
+    with tl.span("work"):
+        time.sleep(0.01)
+    tl.add("wait", 1.0, 1.5)
+    rec = tl.record()
+    assert rec["task"] == "generate" and rec["iteration"] == 4
+    assert [s[0] for s in rec["spans"]] == ["work", "wait"]
+    assert rec["seconds"]["wait"] == pytest.approx(0.5) and rec["seconds"]["work"] >= 0.01
+    assert time.time() - 3600 < process_start_time() <= time.time()
