@@ -16,8 +16,9 @@ is rlvr's math verifier on both sides.
 2. Learning: every `evaluate.every`-th checkpoint of both runs is scored afterwards by rlvr's
    evaluator with the same sample seeds (untimed): held-out pass@1 with its 95% bootstrap CI;
    "within CI" means each side's value lies inside the other's interval.
-3. The fixed-cost share of rlvr's run: 1 - (stage work on the critical path) / wall
-   (components/evaluate/timeline.py); goal under 20%.
+3. rlvr's fixed cost: the share of a steady-state iteration (end of train i-1 to end of train i)
+   that is not stage work (components/evaluate/timeline.py; goal under 20%), and the one-off
+   start-up before the first stage work.
 
 `--trl-first` runs TRL first (alternate it between repeats so machine drift hits both alike).
 """
@@ -27,13 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import compare_table, evaluate_dirs, evaluate_run, timed  # noqa: E402
 
 
 def trl_worker(args) -> None:
@@ -90,39 +92,13 @@ def trl_worker(args) -> None:
     print(json.dumps({"checkpoints": want, "steps_per_iteration": steps}))
 
 
-def timed(cmd: list[str], log: Path) -> float:
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.exit(f"{cmd[:4]} failed ({proc.returncode}); see {log}")
-    return wall
-
-
 def evaluate_all(cfg, run_id: str, trl_dir: Path, steps: int) -> dict[str, dict[int, dict]]:
     """pass@1 and CI of every evaluated checkpoint of both sides, by rlvr's evaluator."""
-    from components.core.layout import RunLayout
-    from components.core.warm import Timeline, eval_checkpoints
-    from components.evaluate.stage import EvaluateStage, evaluate_external
+    from components.core.warm import eval_checkpoints
 
-    out: dict[str, dict[int, dict]] = {"rlvr": {}, "trl": {}}
-    rcfg = cfg.model_copy(deep=True)
-    rcfg.run.run_id = run_id
-    stage = EvaluateStage(rcfg)
-    try:
-        for c in eval_checkpoints(rcfg):
-            res = stage.step(c, timeline=Timeline("evaluate", c))
-            m = res.get("metrics") or json.loads(Path(RunLayout.of(rcfg).evals(c), "metrics.json").read_text())
-            out["rlvr"][c] = m["overall"]
-    finally:
-        stage.close()
-    for c in eval_checkpoints(cfg):
-        src = cfg.model.base if c == 0 else str(trl_dir / f"checkpoint-{c * steps}")
-        res = evaluate_external(cfg, src)
-        m = json.loads(Path(res["root"], "evals", "00000", "metrics.json").read_text())
-        out["trl"][c] = m["overall"]
-    return out
+    trl = {c: cfg.model.base if c == 0 else str(trl_dir / f"checkpoint-{c * steps}")
+           for c in eval_checkpoints(cfg)}  # fmt: skip
+    return {"rlvr": evaluate_run(cfg, run_id), "trl": evaluate_dirs(cfg, trl)}
 
 
 def main() -> int:
@@ -167,25 +143,20 @@ def main() -> int:
     rcfg = cfg.model_copy(deep=True)
     rcfg.run.run_id = run_id
     tl = summary(load_timeline(store_for(rcfg), RunLayout.of(rcfg).root))
-    print("evaluating every checkpoint of both runs with rlvr's evaluator (untimed) ...", flush=True)
+    print(
+        "evaluating every checkpoint of both runs with rlvr's evaluator (untimed) ...", flush=True
+    )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     scores = evaluate_all(cfg, run_id, bench / "trl", steps)
 
-    print(f"\n{'checkpoint':>10}  {'rlvr pass@1 [95% CI]':>26}  {'TRL pass@1 [95% CI]':>26}  within CI")
-    all_within = True
-    for c in sorted(scores["rlvr"]):
-        a, b = scores["rlvr"][c], scores["trl"][c]
-        (al, ah), (bl, bh) = a["pass@1_ci95"], b["pass@1_ci95"]
-        within = bl <= a["pass@1"] <= bh and al <= b["pass@1"] <= ah
-        all_within &= within
-        print(f"{c:>10}  {a['pass@1']:.3f} [{al:.3f}, {ah:.3f}]{'':>5}  "
-              f"{b['pass@1']:.3f} [{bl:.3f}, {bh:.3f}]{'':>5}  {'yes' if within else 'NO'}")  # fmt: skip
+    all_within = compare_table(scores["rlvr"], scores["trl"], ("rlvr", "TRL"))
     ratio = walls["rlvr"] / walls["trl"]
     print(f"\nwall, whole process: rlvr {walls['rlvr']:.1f} s, TRL {walls['trl']:.1f} s")
     print(f"rlvr / TRL wall ratio: {ratio:.2f}   (goal <= 1.0)")
-    print(f"rlvr fixed-cost share: {100 * tl['fixed_share']:.0f}% of the wall time "
-          f"(critical path {tl['critical_path_s']:.1f} s, of it stage work "
-          f"{tl['critical_path_work_s']:.1f} s; goal < 20%)")  # fmt: skip
+    print(f"rlvr fixed cost: {100 * tl['iteration_fixed_share']:.0f}% of an iteration "
+          f"({tl['iteration_s']:.2f} s; goal < 20%); start-up {tl['startup_s']:.1f} s; over the "
+          f"whole run {100 * tl['fixed_share']:.0f}% of the wall time is not stage work on the "
+          "critical path")  # fmt: skip
     print(f"learning within CI at every checkpoint: {'yes' if all_within else 'NO'}")
     print(f"outputs: {bench}")
     return 0

@@ -311,13 +311,31 @@ def _arguments(cfg: RunConfig, pipeline: str, checkpoint: str | None) -> dict:
 @_cluster_options
 @_pipeline_options
 @click.option("--checkpoint", default=None, help="With --pipeline eval: an index or 'latest'.")
+@click.option("--segment", type=int, default=0, show_default=True,
+              help="Training: the segment to start from (each submits the next when done).")  # fmt: skip
 def submit(config, host, experiment, namespace, token, pipeline, stage_name, iteration, run_id,
-           iterations, overrides, checkpoint) -> None:  # fmt: skip
+           iterations, overrides, checkpoint, segment) -> None:  # fmt: skip
     from pipelines.cluster import submit as do_submit
 
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
     fn = _build(cfg, pipeline, stage_name, iteration)
     kind = "stage" if stage_name else pipeline
+    if kind == "train":
+        from components.core.warm import segments
+        from pipelines.cluster import submit_segment
+
+        n = len(segments(cfg))
+        if not 0 <= segment < n:
+            click.echo(f"error: --segment {segment}: the run has segments 0..{n - 1}", err=True)
+            sys.exit(2)
+        result = submit_segment(
+            cfg, _arguments(cfg, kind, None), segment=segment, host=host, experiment=experiment,
+            namespace=namespace, token=token,
+        )  # fmt: skip
+        click.echo(f"run id: {result.run_id} (segment {segment} of {n}; each segment submits "
+                   "the next when its training is done)")  # fmt: skip
+        click.echo(f"link:   {result.url}")
+        return
     name = f"{cfg.run_id}-{kind}" + (f"-{stage_name}-{iteration:05d}" if stage_name else "")
     result = do_submit(
         cfg, fn, host=host, experiment=experiment, namespace=namespace, token=token,

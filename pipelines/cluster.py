@@ -112,9 +112,10 @@ def submit_segment(
 def chain_next_segment(
     params: dict[str, str], *, segment: int, chain: bool, experiment: str, namespace: str
 ) -> str:
-    """Body of the `next-segment` task: submit segment+1 of the run from inside the cluster
-    (`cluster.kfp_api`, the pod's service account token). Returns the new run id, or "" for the
-    last segment and when chaining is off."""
+    """Body of the `next-segment` task: once the segment's last checkpoint is committed, submit
+    segment+1 of the run from inside the cluster (`cluster.kfp_api`, the pod's service account
+    token). Returns the new run id, or "" for the last segment and when chaining is off. It
+    fails, submitting nothing, when a worker of the segment fails."""
     import logging
 
     from components.core.config import effective_config
@@ -123,6 +124,17 @@ def chain_next_segment(
     cfg = effective_config(**params)
     if not chain or segment + 1 >= len(segments(cfg)):
         return ""
+    # Started beside the workers: wait, like them, for the segment's training to be committed.
+    from components.core.layout import RunLayout, store_for
+    from components.core.warm import RunStatus, wait_committed
+    from components.core.warm import segment as segment_of
+
+    layout, stop = RunLayout.of(cfg), segment_of(cfg, segment).stop
+    wait_committed(
+        store_for(cfg), [layout.checkpoint(stop), layout.train_state(stop)],
+        status=RunStatus.of(cfg), task="next-segment", timeout_s=cfg.run.wait_timeout_s
+        * max(1, cfg.run.segment_iterations), poll_max_s=cfg.run.poll_max_s or 5.0,
+    )  # fmt: skip
     result = submit_segment(
         cfg, params, segment=segment + 1, host=cfg.cluster.kfp_api, experiment=experiment,
         namespace=namespace or None, token=None,

@@ -1,9 +1,11 @@
 """The KFP v2 training pipeline: one run serves one segment of a training run with warm workers.
 
-    init --> generate (worker; one per shard) --+--> next-segment (submits segment+1)
-         --> verify (worker; one per shard)   --+
-         --> train (worker)                   --+
-         --> evaluate (worker; + shards)      ------> report
+    init                                  (copies the base policy and data into the run)
+    generate (worker; one per shard)      \
+    verify (worker; one per shard)         |  all start at once and meet in the store
+    train (worker)                         |
+    next-segment                          /   (submits segment+1 once train commits the last)
+    evaluate (worker; + shards) --> report
 
 Each worker is one long-running task on its stage's image and node pool that serves every
 iteration of the segment (components/core/warm.py): its model, engine and optimizer are loaded
@@ -51,13 +53,13 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
             return place(task, stage, cfg.cluster)
         return task.set_caching_options(False)
 
-    def shards_of(op, stage: str, count: int, after: dsl.PipelineTask, **kwargs):
+    def shards_of(op, stage: str, count: int, **kwargs):
         """One worker per shard (shards are few and fixed by config, so they are unrolled).
         Display names are the stages' task names, which also name their failure markers."""
         if count == 1:
-            return [placed(op(**kwargs).after(after), stage, stage)]
+            return [placed(op(**kwargs), stage, stage)]
         return [
-            placed(op(**kwargs, shard=s, num_shards=count).after(after), stage,
+            placed(op(**kwargs, shard=s, num_shards=count), stage,
                    f"{stage}-{shard_name(s, count)}")  # fmt: skip
             for s in range(count)
         ]
@@ -81,24 +83,25 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         `chain`: submit the next segment when this one's training is done (`rlvr submit`)."""
         common = dict(config_json=config_json, run_id=run_id, store=store,
                       base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-        init = placed(ops.init(**common), "init", "init")
+        # Every task starts at once: workers wait for init's commits (checkpoint 00000, the
+        # data) like for any other input, so their cold start overlaps init's copy.
+        placed(ops.init(**common), "init", "init")
         seg = dict(**common, segment=segment)
-        training = [
-            *shards_of(ops.generate_worker, "generate", cfg.generate.num_shards, init, **seg),
-            *shards_of(ops.verify_worker, "verify", cfg.verify.num_shards, init, **seg),
-            placed(ops.train_worker(**seg).after(init), "train", "train"),
-        ]
+        shards_of(ops.generate_worker, "generate", cfg.generate.num_shards, **seg)
+        shards_of(ops.verify_worker, "verify", cfg.verify.num_shards, **seg)
+        placed(ops.train_worker(**seg), "train", "train")
+        # Waits (in the store) for the segment's last checkpoint, then submits the next segment.
         nxt = ops.next_segment(**seg, chain=chain, experiment=experiment, namespace=namespace)
-        nxt = placed(nxt.after(*training), "init", "next-segment")
+        placed(nxt, "init", "next-segment")
         if for_cluster:  # Kubeflow's PodDefault projects the KFP API token into labelled pods
             kubernetes.add_pod_label(nxt, "access-ml-pipeline", "true")
         if cfg.data.eval:
             evals = []
             if cfg.evaluate.num_shards > 1:
                 evals += shards_of(ops.evaluate_worker, "evaluate", cfg.evaluate.num_shards,
-                                   init, **seg)  # fmt: skip
+                                   **seg)  # fmt: skip
             gather = "evaluate" if cfg.evaluate.num_shards == 1 else "evaluate-gather"
-            evals.append(placed(ops.evaluate_worker(**seg).after(init), "evaluate", gather))
+            evals.append(placed(ops.evaluate_worker(**seg), "evaluate", gather))
             # Evaluations finish in any order; the run-level report comes last.
             placed(ops.report(**common).after(*evals), "init", "report")
 

@@ -79,17 +79,70 @@ def test_submit_sends_the_pipeline_spec_and_parameters(workspace, kfp_server, mo
     assert f"{kfp_server.url}/#/runs/details/run-123" in result.output
     assert [e["display_name"] for e in kfp_server.posts("/apis/v2beta1/experiments")] == ["exp-a"]
     (run,) = kfp_server.posts("/apis/v2beta1/runs")
-    assert run["experiment_id"] == "exp-1" and run["display_name"] == "t-train"
+    assert run["experiment_id"] == "exp-1" and run["display_name"] == "t-train-seg00000"
     spec = run["pipeline_spec"]
     assert spec["pipeline_spec"]["pipelineInfo"]["name"] == "rlvr-train"
     tasks = spec["pipeline_spec"]["root"]["dag"]["tasks"]
     names = {t["taskInfo"]["name"] for t in tasks.values()}
-    assert {"train-00002", "evaluate-00003"} <= names and "train-00003" not in names
+    assert {"generate", "verify", "train", "evaluate", "next-segment"} <= names
     assert "kubernetes" in spec["platform_spec"]["platforms"]
     params = run["runtime_config"]["parameters"]
-    assert params["run_id"] == "t"
+    assert params["run_id"] == "t" and params["segment"] == 0 and params["chain"] is True
+    assert params["experiment"] == "exp-a"
     assert json.loads(params["config_json"])["run"]["iterations"] == 3
     assert "never-in-the-request" not in json.dumps(kfp_server.requests)
+
+
+def test_each_segment_submits_the_next_until_the_last(workspace, kfp_server, monkeypatch):
+    """The body of the `next-segment` task, run as it runs in a pod: it submits segment+1 of the
+    run to the in-cluster KFP API (here the recording server) with the same parameters, and
+    nothing after the last segment or when chaining is off."""
+    import threading
+
+    from components.core.commit import OutputDir
+    from components.core.config import load_config
+    from components.core.layout import RunLayout, store_for
+    from pipelines.cluster import chain_next_segment
+
+    cfg = load_config(workspace, ["run.iterations=5", "run.segment_iterations=2",
+                                  f"cluster.kfp_api={kfp_server.url}"])  # fmt: skip
+    params = dict(config_json=cfg.to_json(), run_id="t", store="", base_checkpoint="",
+                  eval_sets="")  # fmt: skip
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+
+    def train_commits(c: int) -> None:  # what the segment's train worker leaves behind
+        for uri in (layout.checkpoint(c), layout.train_state(c)):
+            out = OutputDir(store, uri, "train")
+            out.begin(force=True)
+            out.put_bytes(b"{}", "state.json")
+            out.commit({})
+
+    assert chain_next_segment(params, segment=0, chain=False, experiment="e", namespace="") == ""
+    # It waits for segment 0's last checkpoint (00002) before it submits segment 1.
+    threading.Timer(0.3, train_commits, (2,)).start()
+    assert (
+        chain_next_segment(params, segment=0, chain=True, experiment="e", namespace="") == "run-123"
+    )
+    assert layout.checkpoint(2) and (store.exists(layout.checkpoint(2) + "/_SUCCESS"))
+    train_commits(4)
+    assert (
+        chain_next_segment(params, segment=1, chain=True, experiment="e", namespace="") == "run-123"
+    )
+    assert chain_next_segment(params, segment=2, chain=True, experiment="e", namespace="") == ""
+    runs = kfp_server.posts("/apis/v2beta1/runs")
+    assert [r["display_name"] for r in runs] == ["t-train-seg00001", "t-train-seg00002"]
+    assert [r["runtime_config"]["parameters"]["segment"] for r in runs] == [1, 2]
+    assert all(r["runtime_config"]["parameters"]["chain"] is True for r in runs)
+    assert all("store" not in r["runtime_config"]["parameters"] for r in runs)  # "" = default
+    # The next segment is the same compiled pipeline: its size does not depend on the segment.
+    specs = {json.dumps(r["pipeline_spec"], sort_keys=True) for r in runs}
+    assert len(specs) == 1
+
+
+def test_submit_refuses_a_segment_past_the_end(workspace, kfp_server):
+    result = invoke("submit", str(workspace), "--host", kfp_server.url, "--segment", "5")
+    assert result.exit_code == 2 and "segments 0..0" in result.output
+    assert kfp_server.posts("/apis/v2beta1/runs") == []
 
 
 def test_submit_single_stage_rerun(workspace, kfp_server):

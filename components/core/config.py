@@ -45,7 +45,7 @@ class RunSection(_Strict):
     workers computing at the same time do not oversubscribe the cores (pipelines/cli.py)."""
     poll_max_s: float | None = Field(None, gt=0)
     """Longest pause between two looks at the store while a worker waits (backoff from 20 ms).
-    None: 0.05 s on a local store (a stat per look), 1 s on S3 (a LIST request per look)."""
+    None: 0.01 s on a local store (a few stats per look), 1 s on S3 (a LIST request per look)."""
     seed: int = 0
     """Root seed: prompt selection and sampling derive from it."""
     s3_endpoint_url: str | None = None

@@ -51,6 +51,9 @@ def process_start_time() -> float:
 
 
 _IMPORTED_AT = time.time()
+_STARTED_AT = process_start_time()
+MARKER_SLACK_S = 5.0
+"""Clock skew allowed between the pod that wrote a failure marker and the one reading it."""
 
 
 @dataclass
@@ -183,7 +186,14 @@ def wait_committed(
         pending = [u for u in pending if not is_committed(store, u)]
         if not pending:
             return time.monotonic() - t0
-        failed = {k: v for k, v in status.failures().items() if k != task}
+        # Only failures recorded since this process started belong to this attempt: a marker
+        # left by an earlier run of the pipeline must not stop a fresh worker (a failed peer of
+        # this attempt that is retried clears its own marker when it starts again).
+        failed = {
+            k: v
+            for k, v in status.failures().items()
+            if k != task and v.get("at", 0.0) >= _STARTED_AT - MARKER_SLACK_S
+        }
         if failed:  # name the first failure: the others may only have stopped because of it
             peer, rec = min(failed.items(), key=lambda kv: (kv[1].get("at", 0.0), kv[0]))
             raise PeerFailed(
@@ -263,7 +273,7 @@ def serve(
 def serve_stage(stage: WarmStage, iterations: Iterable[int], *, cfg: RunConfig) -> list[dict]:
     """`serve` with the run's store, failure markers and wait settings."""
     store = store_for(cfg)
-    poll = cfg.run.poll_max_s or (1.0 if cfg.run.store.startswith("s3://") else 0.05)
+    poll = cfg.run.poll_max_s or (1.0 if cfg.run.store.startswith("s3://") else 0.01)
     return serve(
         stage, iterations, status=RunStatus.of(cfg), store=store,
         timeout_s=cfg.run.wait_timeout_s, poll_max_s=poll,

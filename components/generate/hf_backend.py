@@ -184,7 +184,7 @@ class TransformersBackend:
             batches.append(cur)
         return batches
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
         rows = [(r, j) for r in batch for j in range(spec.n)]
         prompts = [r.prompt_token_ids for r, _ in rows]

@@ -29,6 +29,7 @@ from components.core.commit import (
     check_shard,
     clear_other_layouts,
     committed_files,
+    content_digest,
     lineage,
     shard_dir,
     shard_name,
@@ -67,7 +68,11 @@ def load_prompts(
     store: Store, uri: str, prefix: str, indices: list[int] | None = None
 ) -> list[PromptRow]:
     """Rows of a verl-format dataset as PromptRows; prompt_id is `<prefix>-<row index>`."""
-    table = read_dataset(store, uri)
+    return prompts_from(read_dataset(store, uri), uri, prefix, indices)
+
+
+def prompts_from(table, uri: str, prefix: str, indices: list[int] | None = None) -> list[PromptRow]:
+    """PromptRows of (some rows of) a validated dataset table read from `uri`."""
     if indices is not None:
         table = table.take(indices)
     else:
@@ -315,6 +320,7 @@ class GenerateStage:
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
         self.task = "generate" + (f"-{shard_name(shard, num_shards)}" if num_shards > 1 else "")
         self.engine = PolicyEngine(cfg.generate, cfg.run.seed)
+        self._train: tuple[str, str, Any] | None = None
 
     def needs(self, iteration: int) -> list[str]:
         return [self.layout.checkpoint(policy_version(self.cfg, iteration)), self.layout.train_data]
@@ -348,17 +354,18 @@ class GenerateStage:
         version = policy_version(cfg, iteration)
         ckpt_uri = layout.checkpoint(version)
         if out.up_to_date(inputs) and not force:
-            log.info("rollouts of iteration %d (%s) already committed; skipping", iteration, out.uri)
+            log.info(
+                "rollouts of iteration %d (%s) already committed; skipping", iteration, out.uri
+            )
             return {"skipped": True, "uri": out.uri}
         # Every input is checked before the output directory is touched.
         with timeline.span("read"):
             spec = spec_from(cfg.generate, cfg.run.seed)
-            train_uri = dataset_uri(store, layout.train_data)
-            num_rows = read_dataset(store, train_uri).num_rows
+            train_uri, table = self._train_set()
             indices = select_indices(
-                num_rows, cfg.data.prompts_per_iteration, cfg.run.seed, iteration
+                table.num_rows, cfg.data.prompts_per_iteration, cfg.run.seed, iteration
             )
-            prompts = load_prompts(store, train_uri, "train", indices)
+            prompts = prompts_from(table, train_uri, "train", indices)
             prompts = [p for p in prompts if shard_of(p.prompt_id, self.num_shards) == self.shard]
         backend, tokenizer, load = self.engine.ensure(store, ckpt_uri)
         timeline.add("load", load.start, load.end)
@@ -392,8 +399,17 @@ class GenerateStage:
         )  # fmt: skip
         return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}
 
+    def _train_set(self):
+        """The run's train set, read once per worker (again only if its content changed)."""
+        digest = content_digest(self.store, self.layout.train_data)
+        if self._train is None or self._train[0] != digest:
+            uri = dataset_uri(self.store, self.layout.train_data)
+            self._train = (digest, uri, read_dataset(self.store, uri))
+        return self._train[1], self._train[2]
+
     def close(self) -> None:
         self.engine.close()
+        self._train = None
 
 
 def run(

@@ -555,7 +555,11 @@ class TrainStage:
                 json.loads((sdir / "state.json").read_text()),
                 layout.train_state(iteration),
             )
-        self.close()
+        if self.engine is not None:  # a rebuild: free the old engine before making another
+            import gc
+
+            self.close()
+            gc.collect()
         from components.generate.stage import device_and_dtype
 
         device, dtype = device_and_dtype(t.dtype)
@@ -737,12 +741,9 @@ class TrainStage:
     def close(self) -> None:
         """Drop the engine (the process group stays: it is per process)."""
         if self.engine is not None:
-            import gc
-
             self.engine.destroy()
             self.engine = None
             self.holds = None
-            gc.collect()
 
 
 class TokenizerFiles:

@@ -1,0 +1,74 @@
+"""Helpers shared by the benchmarks that compare learning: evaluate every checkpoint of a run
+with rlvr's evaluator (the same sample seeds for every checkpoint and side), and compare."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def timed(cmd: list[str], log: Path) -> float:
+    """Wall seconds of `cmd` as a whole process (its output goes to `log`)."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd[:4])} failed ({proc.returncode}); see {log}")
+    return wall
+
+
+def evaluate_run(cfg, run_id: str) -> dict[int, dict]:
+    """The `overall` metrics of every checkpoint the config evaluates, for run `run_id` (trained
+    without evaluation: the eval sets are copied into it first)."""
+    from components.core import run_setup
+    from components.core.layout import RunLayout
+    from components.core.warm import Timeline, eval_checkpoints
+    from components.evaluate.stage import EvaluateStage
+
+    rcfg = cfg.model_copy(deep=True)
+    rcfg.run.run_id = run_id
+    run_setup.run(rcfg)
+    stage = EvaluateStage(rcfg)
+    out = {}
+    try:
+        for c in eval_checkpoints(rcfg):
+            stage.step(c, timeline=Timeline("evaluate", c))
+            path = Path(RunLayout.of(rcfg).evals(c), "metrics.json")
+            out[c] = json.loads(path.read_text())["overall"]
+    finally:
+        stage.close()
+    return out
+
+
+def evaluate_dirs(cfg, dirs: dict[int, str]) -> dict[int, dict]:
+    """The `overall` metrics of HF checkpoint directories, by checkpoint index."""
+    from components.evaluate.stage import evaluate_external
+
+    out = {}
+    for c, src in sorted(dirs.items()):
+        res = evaluate_external(cfg, src)
+        m = json.loads(Path(res["root"], "evals", "00000", "metrics.json").read_text())
+        out[c] = m["overall"]
+    return out
+
+
+def compare_table(a: dict[int, dict], b: dict[int, dict], names: tuple[str, str]) -> bool:
+    """Print pass@1 [95% CI] of two runs per checkpoint; True when every pair is within CI (each
+    side's value inside the other's interval)."""
+    print(f"\n{'checkpoint':>10}  {names[0] + ' pass@1 [95% CI]':>28}  "
+          f"{names[1] + ' pass@1 [95% CI]':>28}  within CI")  # fmt: skip
+    all_within = True
+    for c in sorted(a):
+        x, y = a[c], b[c]
+        (xl, xh), (yl, yh) = x["pass@1_ci95"], y["pass@1_ci95"]
+        within = yl <= x["pass@1"] <= yh and xl <= y["pass@1"] <= xh
+        all_within &= within
+        print(f"{c:>10}  {x['pass@1']:.3f} [{xl:.3f}, {xh:.3f}]{'':>7}  "
+              f"{y['pass@1']:.3f} [{yl:.3f}, {yh:.3f}]{'':>7}  {'yes' if within else 'NO'}")  # fmt: skip
+    return all_within
