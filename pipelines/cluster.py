@@ -139,7 +139,9 @@ def chain_next_segment(
         cfg, params, segment=segment + 1, host=cfg.cluster.kfp_api, experiment=experiment,
         namespace=namespace or None, token=None,
     )  # fmt: skip
-    logging.getLogger("rlvr.chain").info("segment %d submitted as run %s", segment + 1, result.run_id)
+    logging.getLogger("rlvr.chain").info(
+        "segment %d submitted as run %s", segment + 1, result.run_id
+    )
     return result.run_id
 
 

@@ -61,7 +61,9 @@ TaskEnv = Callable[[str], dict[str, str]]
 
 
 def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., int]:
-    def run_local_subprocess(full_command: list[str], env_vars: dict[str, str] | None = None) -> int:
+    def run_local_subprocess(
+        full_command: list[str], env_vars: dict[str, str] | None = None
+    ) -> int:
         import os
 
         task = getattr(_current, "task", "task")
@@ -197,8 +199,11 @@ def concurrent_local_runner(
         (logging_utils, "local_logger_context", _quiet_context),
         (logging_utils, "indented_print", _quiet_context),
         (logging_utils, "print_horizontal_line", lambda: None),
-        (subprocess_task_handler, "run_local_subprocess",
-         _make_subprocess_runner(log_dir, task_env or (lambda task: {}))),  # fmt: skip
+        (
+            subprocess_task_handler,
+            "run_local_subprocess",
+            _make_subprocess_runner(log_dir, task_env or (lambda task: {})),
+        ),  # fmt: skip
     ]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     for mod, name, value in patches:

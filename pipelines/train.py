@@ -59,8 +59,9 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         if count == 1:
             return [placed(op(**kwargs), stage, stage)]
         return [
-            placed(op(**kwargs, shard=s, num_shards=count), stage,
-                   f"{stage}-{shard_name(s, count)}")  # fmt: skip
+            placed(
+                op(**kwargs, shard=s, num_shards=count), stage, f"{stage}-{shard_name(s, count)}"
+            )  # fmt: skip
             for s in range(count)
         ]
 

@@ -50,7 +50,9 @@ def test_a_peer_failure_stops_the_wait_but_not_ones_own(tmp_path):
     status = RunStatus(store, str(tmp_path))
     status.mark_failed("me", "an old failure of my own")  # a retried task ignores its own
     threading.Timer(0.1, status.mark_failed, ("verify-worker", ValueError("bad plugin"))).start()
-    with pytest.raises(PeerFailed, match=r"task verify-worker of this run failed \(ValueError: bad plugin\)"):
+    with pytest.raises(
+        PeerFailed, match=r"task verify-worker of this run failed \(ValueError: bad plugin\)"
+    ):
         wait_committed(store, [str(tmp_path / "never")], status=status, task="me", timeout_s=10)
     assert set(status.failures()) == {"me", "verify-worker"}
     status.clear("me")

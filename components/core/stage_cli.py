@@ -116,4 +116,3 @@ def serve_from_pipeline(stage: str, params: dict[str, str], **kwargs: Any) -> st
     cfg = effective_config(**params)
     result = importlib.import_module(STAGE_MODULES[stage]).serve(cfg, **kwargs)
     return json.dumps(result, default=str)
-

@@ -86,7 +86,9 @@ class Timeline:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "spans": [list(s) for s in self.spans],
-            "seconds": {n: round(self.seconds(n), 6) for n in dict.fromkeys(s[0] for s in self.spans)},
+            "seconds": {
+                n: round(self.seconds(n), 6) for n in dict.fromkeys(s[0] for s in self.spans)
+            },
         }
 
 

@@ -360,9 +360,7 @@ class EvaluateStage:
                             results[ev.name][kind] = read_records(store, files, "scored")
             else:
                 with timeline.span("work"):
-                    results = _sample_and_score(
-                        cfg, store, layout, c, 0, 1, self.engine, timeline
-                    )
+                    results = _sample_and_score(cfg, store, layout, c, 0, 1, self.engine, timeline)
             t0 = time.time()
             top = _write_outputs(cfg, store, layout, c, results, out, tmp)
             timeline.add("commit", t0, time.time())

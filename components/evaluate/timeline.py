@@ -136,8 +136,13 @@ def load_timeline(store: Store, root: str) -> RunTimeline:
         if stage == "generate" and "policy_version" in stats:
             staleness = int(tl["iteration"]) - int(stats["policy_version"])
         steps.append(
-            Step(tl["task"], stage, int(tl["iteration"]),
-                 [(k, float(s), float(e)) for k, s, e in tl["spans"]], staleness)  # fmt: skip
+            Step(
+                tl["task"],
+                stage,
+                int(tl["iteration"]),
+                [(k, float(s), float(e)) for k, s, e in tl["spans"]],
+                staleness,
+            )  # fmt: skip
         )
     return RunTimeline(sorted(steps, key=lambda s: (s.stage, s.task, s.iteration)))
 

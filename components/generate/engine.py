@@ -44,7 +44,9 @@ class LoadInfo:
 
 def _signature(manifest: dict[str, Any]) -> dict[str, str]:
     """The checkpoint's non-weight files (config, tokenizer, generation config) by sha256."""
-    return {f["path"]: f["sha256"] for f in manifest["files"] if not f["path"].endswith(WEIGHT_SUFFIXES)}
+    return {
+        f["path"]: f["sha256"] for f in manifest["files"] if not f["path"].endswith(WEIGHT_SUFFIXES)
+    }
 
 
 def _weight_bytes(manifest: dict[str, Any]) -> int:
@@ -80,7 +82,11 @@ class PolicyEngine:
             action = "load"
         self.digest, self.signature = digest, signature
         t1 = time.time()
-        return self.backend, self.tokenizer, LoadInfo(action, t1 - t0, _weight_bytes(manifest), t0, t1)
+        return (
+            self.backend,
+            self.tokenizer,
+            LoadInfo(action, t1 - t0, _weight_bytes(manifest), t0, t1),
+        )
 
     def close(self) -> None:
         close = getattr(self.backend, "close", None)

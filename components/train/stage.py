@@ -538,7 +538,9 @@ class TrainStage:
             self.holds = position
 
     def _position(self, iteration: int) -> tuple:
-        state = content_digest(self.store, self.layout.train_state(iteration)) if iteration else None
+        state = (
+            content_digest(self.store, self.layout.train_state(iteration)) if iteration else None
+        )
         return (iteration, content_digest(self.store, self.layout.checkpoint(iteration)), state)
 
     def _build(self, iteration: int) -> None:
@@ -646,9 +648,7 @@ class TrainStage:
             table = read_records(store, scored_parts, "scored")
             if table.num_rows == 0:
                 raise StageError(f"{layout.scored(iteration)} holds no scored rollouts")
-            staleness = check_staleness(
-                table, iteration, t.max_staleness, layout.scored(iteration)
-            )
+            staleness = check_staleness(table, iteration, t.max_staleness, layout.scored(iteration))
             ro = Rollouts.from_table(table, layout.scored(iteration))
             gen_stats = generation_stats(store, layout.rollouts(iteration))
             temperature = float(
