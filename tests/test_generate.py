@@ -338,3 +338,29 @@ def test_tokenizer_without_pad_token_fails_before_work(policy):
     bare.pad_token = None
     with pytest.raises(ValueError, match="no pad token"):
         TransformersBackend(model, bare)
+
+
+def test_load_weights_in_place_equals_a_fresh_load(tiny_assets, tmp_path):
+    """A warm engine taking another checkpoint's weights (streamed into its parameters, the tied
+    lm_head included) computes exactly what a fresh load computes; a checkpoint of another shape
+    is refused by name."""
+    from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint
+
+    tok = build_tokenizer()
+    other = build_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=7)
+    save_checkpoint(other, tok, tmp_path / "other")
+    model, tok = load_policy(tiny_assets / "base")
+    backend = TransformersBackend(model, tok)
+    backend.load_weights(tmp_path / "other")
+    fresh, _ = load_policy(tmp_path / "other")
+    ids = torch.tensor([tok("12+34=", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(backend.model(ids).logits, fresh(ids).logits)
+    assert (
+        backend.model.lm_head.weight.data_ptr()
+        == backend.model.model.embed_tokens.weight.data_ptr()
+    )
+    wider = build_model(tok, hidden_size=48, num_layers=2, num_heads=2, seed=0)
+    save_checkpoint(wider, tok, tmp_path / "wider")
+    with pytest.raises(ValueError, match=r"model.embed_tokens.weight has shape \(\d+, 48\)"):
+        backend.load_weights(tmp_path / "wider")

@@ -153,3 +153,26 @@ def test_begin_uncommits_before_clearing(store_root):
     store.delete(join(uri, SUCCESS))
     assert not store.exists(join(uri, SUCCESS)) and store.exists(join(uri, "a.bin"))
     store.delete(join(uri, "missing"))  # no error for an absent object
+
+
+def test_local_put_tree_moves_by_rename_and_records_hashes(tmp_path):
+    """A checkpoint is written once: built in a scratch directory beside the output and renamed
+    into it (same inode), with every file's size and sha256 in the manifest."""
+    import hashlib
+
+    from components.core.commit import OutputDir, read_manifest
+
+    out = OutputDir(LocalStore(), str(tmp_path / "runs" / "ckpt"), "train")
+    out.begin(force=True)
+    scratch = out.scratch_dir()
+    assert scratch.parent == tmp_path / "runs" and scratch.name.startswith(".ckpt.")
+    (scratch / "sub").mkdir()
+    (scratch / "sub" / "w.bin").write_bytes(b"weights" * 1000)
+    inode = (scratch / "sub" / "w.bin").stat().st_ino
+    out.put_tree(scratch, move=True)
+    out.commit({})
+    moved = tmp_path / "runs" / "ckpt" / "sub" / "w.bin"
+    assert moved.stat().st_ino == inode and not (scratch / "sub" / "w.bin").exists()
+    (entry,) = read_manifest(LocalStore(), str(tmp_path / "runs" / "ckpt"))["files"]
+    assert entry == {"path": "sub/w.bin", "bytes": 7000,
+                     "sha256": hashlib.sha256(b"weights" * 1000).hexdigest()}  # fmt: skip

@@ -70,14 +70,16 @@ def write_checkpoint(
 ) -> dict[str, Any]:
     """Save model + tokenizer as an HF directory into `out` and commit it. `before_commit` may
     add to the stats once every file is written (e.g. the save's throughput)."""
-    tmp = Path(tempfile.mkdtemp(prefix="rlvr-ckpt-"))
+    # Written once: into a scratch directory beside the output, then renamed into it (a local
+    # store) or streamed up from disk (S3); never a second full copy.
+    tmp = out.scratch_dir()
     try:
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
         tokenizer.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(tmp)
         check_hf_dir(tmp, str(out.uri))
-        out.put_tree(tmp)
+        out.put_tree(tmp, move=True)
         stats = dict(stats or {})
         if before_commit is not None:
             stats = before_commit(stats)

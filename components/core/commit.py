@@ -85,10 +85,27 @@ class OutputDir:
         self.files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         return uri
 
-    def put_tree(self, local_dir: Path) -> None:
+    def put_tree(self, local_dir: Path, *, move: bool = False) -> None:
+        """Add every file under `local_dir`. With `move`, files are moved rather than copied where
+        the store allows it (a local store on the same filesystem: a rename, no second write)."""
         for p in sorted(Path(local_dir).rglob("*")):
             if p.is_file():
-                self.put_file(p, p.relative_to(local_dir).as_posix())
+                name = p.relative_to(local_dir).as_posix()
+                if move:
+                    info = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+                    self.store.move_file(p, join(self.uri, name))
+                    self.files[name] = info
+                else:
+                    self.put_file(p, name)
+
+    def scratch_dir(self) -> Path:
+        """A fresh local directory for building output files: next to the output on a local
+        store (same filesystem, so `put_tree(move=True)` renames), else in the system tmp."""
+        if is_s3(self.uri):
+            return Path(tempfile.mkdtemp(prefix="rlvr-out-"))
+        parent = Path(self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri)
+        parent.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{parent.name}.", suffix=".tmp", dir=parent.parent))
 
     def commit(
         self, stats: dict[str, Any] | None = None, inputs: dict[str, str] | None = None

@@ -70,6 +70,11 @@ class Store(ABC):
     @abstractmethod
     def download_file(self, uri: str, local: Path) -> None: ...
 
+    def move_file(self, local: Path, uri: str) -> None:
+        """Put a local file at `uri` and remove it locally (a rename where possible)."""
+        self.upload_file(local, uri)
+        Path(local).unlink(missing_ok=True)
+
     def read_text(self, uri: str) -> str:
         return self.read_bytes(uri).decode()
 
@@ -136,6 +141,15 @@ class LocalStore(Store):
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def move_file(self, local: Path, uri: str) -> None:
+        dest = _local_path(uri)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(local, dest)  # atomic; fails across filesystems
+        except OSError:
+            self.upload_file(local, uri)
+            Path(local).unlink(missing_ok=True)
 
     def download_file(self, uri: str, local: Path) -> None:
         src = _local_path(uri)

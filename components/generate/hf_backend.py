@@ -135,20 +135,34 @@ class TransformersBackend:
         """Load a checkpoint's weights into the running model, in place (a warm engine taking a
         new policy). Every parameter must be set, except those tied to one that is (lm_head to
         the embeddings); config and tokenizer are the caller's to check (PolicyEngine)."""
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
-        files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
-        weights: dict[str, torch.Tensor] = {}
-        for f in files:
-            weights.update(load_file(str(f)))
-        state = self.model.state_dict()
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        loaded = {state[k].data_ptr() for k in weights if k in state}
-        untied = [k for k in missing if state[k].data_ptr() not in loaded]
+        # Streamed: one tensor at a time from the file straight into its parameter, so loading
+        # needs no second copy of the model in memory.
+        state = self.model.state_dict()  # views of the parameters and buffers
+        seen: set[str] = set()
+        unexpected: list[str] = []
+        with torch.no_grad():
+            for f in sorted(Path(checkpoint_dir).glob("*.safetensors")):
+                with safe_open(str(f), framework="pt", device="cpu") as st:
+                    for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                        if name not in state:
+                            unexpected.append(name)
+                            continue
+                        tensor = st.get_tensor(name)
+                        if tensor.shape != state[name].shape:
+                            raise ValueError(
+                                f"checkpoint {checkpoint_dir}: {name} has shape "
+                                f"{tuple(tensor.shape)}, the loaded model {tuple(state[name].shape)}"
+                            )
+                        state[name].copy_(tensor)
+                        seen.add(name)
+        loaded = {state[k].data_ptr() for k in seen}
+        untied = [k for k in state if k not in seen and state[k].data_ptr() not in loaded]
         if unexpected or untied:
             raise ValueError(
                 f"checkpoint {checkpoint_dir} does not fit the loaded model: missing "
-                f"{untied[:3]}, unexpected {list(unexpected)[:3]}"
+                f"{untied[:3]}, unexpected {unexpected[:3]}"
             )
 
     def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
