@@ -288,8 +288,14 @@ def plot_timeline(tl: RunTimeline, out_png: Path, title: str = "") -> Path:
     ax.legend(handles=handles, ncol=len(handles), loc="upper center", fontsize=8,
               bbox_to_anchor=(0.5, -0.22 if len(tasks) > 3 else -0.35), frameon=False)  # fmt: skip
     s = summary(tl)
-    ax.set_title(title or f"wall {s['wall_s']:.1f} s, critical path {s['critical_path_s']:.1f} s, "
-                 f"fixed cost {100 * s['fixed_share']:.0f}%", fontsize=10)  # fmt: skip
+    ax.set_title(
+        title
+        or f"wall {s['wall_s']:.1f} s: start-up {s['startup_s']:.1f} s, then "
+        f"{s['iteration_s']:.2f} s an iteration ({100 * s['iteration_fixed_share']:.0f}% of it "
+        f"not stage work); critical path {s['critical_path_s']:.1f} s",
+        fontsize=10,
+    )
+
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     out_png = Path(out_png)
