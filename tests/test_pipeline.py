@@ -116,11 +116,12 @@ def test_eval_checkpoints_every(workspace):
 
 @pytest.mark.slow
 def test_rlvr_run_in_segments_on_kfp_local_and_resume(workspace):
-    """Three iterations in two segments of warm workers (two generate shards), then a resume
-    that redoes only what is missing: a segment with nothing to do does not even start."""
+    """Three iterations in two segments of warm workers (two generate shards, two evaluation
+    shards and their gather), then a resume that redoes only what is missing: a segment with
+    nothing to do does not even start."""
     cmd = [sys.executable, "-m", "pipelines.cli", "run", str(workspace), "--iterations", "3",
            "--set", "run.segment_iterations=2", "--set", "evaluate.every=2",
-           "--set", "generate.num_shards=2"]  # fmt: skip
+           "--set", "generate.num_shards=2", "--set", "evaluate.num_shards=2"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workspace.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "3 iterations in 2 segment(s)" in proc.stderr
@@ -131,6 +132,9 @@ def test_rlvr_run_in_segments_on_kfp_local_and_resume(workspace):
               "evals/00000", "evals/00002", "evals/00003"):  # fmt: skip
         assert (root / d / "_SUCCESS").is_file(), d
     assert not (root / "evals/00001").exists()  # evaluate.every=2
+    for c in (0, 2, 3):
+        for k in range(2):
+            assert (root / f"eval_shards/{c:05d}/shard-{k:05d}-of-00002/_SUCCESS").is_file()
     assert (root / "report/report.md").is_file() and (root / "report/history.png").is_file()
     assert (root / "report/timeline.png").is_file()
     assert yaml.safe_load((root / "run.yaml").read_text())["run"]["iterations"] == 3

@@ -138,3 +138,50 @@ def test_bounded_staleness_is_recorded_and_enforced(train_cfg):  # noqa: F811
     strict.train.max_staleness = 0
     with pytest.raises(StageError, match=r"sampled by checkpoint 00000.*max_staleness=0"):
         train(strict, 1, force=True)
+
+
+@pytest.mark.slow
+def test_warm_train_worker_on_two_processes_serves_a_segment(train_cfg, tmp_path):  # noqa: F811
+    """`python -m components.train CONFIG --segment 0` with train.processes=2: both ranks serve
+    every iteration of the segment with their engines kept, meeting generate and verify (here
+    warm workers in threads of the test) through the store; each checkpoint is committed once,
+    by rank 0, and the engine is reused from the second iteration on."""
+    import subprocess
+    import sys
+    import threading
+
+    from components.core.warm import serve_stage
+
+    cfg = train_cfg
+    cfg.run.iterations = 2
+    cfg.train.mini_batches = 1
+    run_setup.run(cfg)
+    config = tmp_path / "resolved.yaml"
+    config.write_text(cfg.to_json())
+    errors: list[BaseException] = []
+
+    def worker(stage) -> None:
+        try:
+            serve_stage(stage, range(2), cfg=cfg)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [
+        threading.Thread(target=worker, args=(s,)) for s in (GenerateStage(cfg), VerifyStage(cfg))
+    ]
+    for t in threads:
+        t.start()
+    proc = subprocess.run(
+        [sys.executable, "-m", "components.train", str(config), "--segment", "0",
+         "--set", "train.processes=2"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    for t in threads:
+        t.join(timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not errors, errors
+    layout = RunLayout.of(cfg)
+    stats = [manifest(cfg, layout.checkpoint(c)) for c in (1, 2)]
+    assert [s["train/world_size"] for s in stats] == [2.0, 2.0]
+    assert [s["train/engine"] for s in stats] == ["load", "reuse"]
+    assert json.loads(Path(layout.train_state(2), "state.json").read_text())["step"] == 2
