@@ -18,9 +18,10 @@ from components.generate.backends import SamplingSpec, sample_seed
 #: ~1e-7; 1e-5 leaves two orders of magnitude for other CPUs' kernels, while a divergence that is
 #: not a near-tie still fails it with probability > 0.99 (100 boundaries x a 2e-5 window).
 NEAR_TIE = 1e-5
-#: Logprobs of the same token after the same prefix, across layouts: float32 rounding of the
-#: same forward in another summation order (~1e-7 measured), with the margin above.
-LOGPROB_ATOL = 1e-5
+#: Logprobs of the same token after the same prefix, across layouts: the same forward in another
+#: summation order. The contract's bound (docs/contracts.md): measured at most 1e-6 on this test
+#: model and 1.6e-5 on the demo's trained base, whose larger logits carry larger rounding.
+LOGPROB_ATOL = 1e-4
 
 
 def assert_equal_up_to_rounding(
