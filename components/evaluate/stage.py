@@ -190,7 +190,6 @@ def _sample_and_score(
     shard: int,
     num_shards: int,
     engine: PolicyEngine,
-    timeline: Timeline,
 ) -> dict[str, dict[str, Any]]:
     """Sample and score every eval set (this shard's prompts); nothing is committed here."""
     ckpt_uri = layout.checkpoint(c)
@@ -219,8 +218,7 @@ def _sample_and_score(
                 cfg.generate, cfg.evaluate.seed, n=1, temperature=0.0, **common
             )
         sets.append((ev, prompts, specs))
-    backend, tokenizer, load = engine.ensure(store, ckpt_uri)
-    timeline.add("load", load.start, load.end)
+    backend, tokenizer, _ = engine.ensure(store, ckpt_uri)  # loaded by the caller: a reuse
     scratch_root = join(layout.root, "eval_scratch", f"{c:05d}-{shard}-of-{num_shards}")
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -326,9 +324,10 @@ class EvaluateStage:
                 out = OutputDir(store, shard_dir(shards_uri, shard, num_shards), "evaluate")
                 if out.up_to_date(inputs) and not force:
                     return {"skipped": True, "uri": out.uri}
+                self._load(c, timeline)
                 with timeline.span("work"):
                     results = _sample_and_score(
-                        cfg, store, layout, c, shard, num_shards, self.engine, timeline
+                        cfg, store, layout, c, shard, num_shards, self.engine
                     )
                 t0 = time.time()
                 clear_other_layouts(store, shards_uri, num_shards)
@@ -359,8 +358,9 @@ class EvaluateStage:
                                      if f.endswith(f"/{ev.name}/{kind}.parquet")]  # fmt: skip
                             results[ev.name][kind] = read_records(store, files, "scored")
             else:
+                self._load(c, timeline)
                 with timeline.span("work"):
-                    results = _sample_and_score(cfg, store, layout, c, 0, 1, self.engine, timeline)
+                    results = _sample_and_score(cfg, store, layout, c, 0, 1, self.engine)
             t0 = time.time()
             top = _write_outputs(cfg, store, layout, c, results, out, tmp)
             timeline.add("commit", t0, time.time())
@@ -372,6 +372,11 @@ class EvaluateStage:
         out.commit(stats, inputs)
         log.info("evaluate %05d: pass@1 %.4f", c, overall["pass@1"])
         return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
+
+    def _load(self, c: int, timeline: Timeline) -> None:
+        """Checkpoint c into the engine (in place when only the weights changed)."""
+        load = self.engine.ensure(self.store, self.layout.checkpoint(c))[2]
+        timeline.add("load", load.start, load.end)
 
     def close(self) -> None:
         self.engine.close()
