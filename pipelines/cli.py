@@ -1,5 +1,6 @@
 """The `rlvr` command line.
 
+    rlvr check CONFIG [--offline]                                    everything, before any work
     rlvr run CONFIG [--run-id ID] [--iterations N] [--set k=v ...]   whole pipeline on kfp.local
     rlvr stage NAME CONFIG --run-id ID --iteration I [--force]       one stage of one iteration
     rlvr compile CONFIG -o pipeline.yaml [--pipeline train|eval|stage]   KFP v2 IR YAML
@@ -55,13 +56,8 @@ def prepare_inputs(cfg: RunConfig) -> None:
     """Run the config's prepare module when the base model or a dataset is missing."""
     inputs = [cfg.model.base, cfg.data.train, *(e.path for e in cfg.data.eval)]
     missing = [p for p in inputs if "://" not in p and not Path(p).exists()]
-    if not missing:
-        return
-    if cfg.prepare is None or not cfg.prepare.module:
-        click.echo(
-            f"error: input(s) {missing} do not exist and the config has no prepare step", err=True
-        )
-        sys.exit(2)
+    if not missing or cfg.prepare is None or not cfg.prepare.module:
+        return  # nothing to build (`rlvr check` names whatever is missing)
     cmd = [sys.executable, "-m", cfg.prepare.module]
     if cfg.prepare.out:
         cmd += ["--out", cfg.prepare.out]
@@ -113,6 +109,35 @@ def main() -> None:
     pass
 
 
+def _check(cfg: RunConfig, *, inputs: bool, for_cluster: bool = False) -> float:
+    """`rlvr check`'s work; every error at once, exit status 2."""
+    from components.core.preflight import PreflightError
+    from pipelines.preflight import run_check
+
+    try:
+        return run_check(cfg, inputs=inputs, for_cluster=for_cluster)
+    except PreflightError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+@main.command(
+    help="Check a run config before any work: algorithm names and options, the store, the base "
+    "checkpoint, every dataset row, the verifiers. Reports every problem; exit status 2."
+)
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--run-id", default=None)
+@click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
+@click.option("--offline", is_flag=True,
+              help="Only what needs no inputs (as compile and submit do).")  # fmt: skip
+def check(config: str, run_id: str | None, overrides: tuple[str, ...], offline: bool) -> None:
+    cfg = _load(config, overrides, run_id=run_id)
+    if not offline:
+        prepare_inputs(cfg)
+    seconds = _check(cfg, inputs=not offline)
+    click.echo(f"ok: {config} checks out ({seconds:.1f} s)")
+
+
 def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
     """CPU threads per local worker (OMP_NUM_THREADS), by task.
 
@@ -150,14 +175,26 @@ def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
 )
 @click.option("--iterations", type=int, default=None, help="Override run.iterations.")
 @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
+@click.option("--skip-check", is_flag=True, help="Do not run `rlvr check` first.")
 def run(
-    config: str, run_id: str | None, iterations: int | None, overrides: tuple[str, ...]
+    config: str,
+    run_id: str | None,
+    iterations: int | None,
+    overrides: tuple[str, ...],
+    skip_check: bool,
 ) -> None:
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
     prepare_inputs(cfg)
+    if not skip_check:
+        seconds = _check(cfg, inputs=True)
+        console.print(f"checked the config, store, checkpoint, datasets and verifiers in "
+                      f"{seconds:.1f} s")  # fmt: skip
+    import uuid
+
     from components.core.warm import RunStatus, segments
-    from pipelines.local_runner import LocalRunError, print_error
-    from pipelines.progress import RunMonitor, segment_up_to_date
+    from pipelines.local_runner import LocalRunError, failure_hints, print_error, run_pipeline
+    from pipelines.plan import segment_up_to_date
+    from pipelines.progress import RunMonitor
     from pipelines.train import build_train_pipeline
 
     layout, store = RunLayout.of(cfg), store_for(cfg)
@@ -170,35 +207,45 @@ def run(
     t0 = time.perf_counter()
     local_root = Path(layout.root) if "://" not in layout.root else Path("./local_outputs")
     pipeline = build_train_pipeline(cfg, for_cluster=False)
-    status = RunStatus.of(cfg)
-    task_env = local_thread_env(cfg)
+    threads = local_thread_env(cfg)
+
+    def task_env(task: str) -> dict[str, str]:
+        return threads(task)
+
     for seg in segs:
         if segment_up_to_date(cfg, seg):
             console.print(f"segment {seg.index} (iterations {seg.start}..{seg.stop - 1}): done")
             continue
-        status.clear()  # a new attempt: earlier failures must not stop these workers
+        attempt = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        status = RunStatus.of(cfg, attempt)
         log_dir = local_root / "logs" / f"segment-{seg.index:05d}"
 
-        def record_crash(task: str) -> None:  # a worker that died without recording why
-            if task not in status.failures():
+        def record_crash(task: str, status: RunStatus = status) -> None:
+            if task not in status.failures():  # a worker that died without recording why
                 status.mark_failed(task, "its process exited with an error")
 
         try:
             with RunMonitor(cfg, seg, console):
-                from pipelines.local_runner import run_pipeline
-
                 run_pipeline(
                     pipeline,
-                    {"config_json": cfg.to_json(), "run_id": cfg.run_id, "segment": seg.index},
+                    {"config_json": cfg.to_json(), "run_id": cfg.run_id, "segment": seg.index,
+                     "attempt": attempt},
                     pipeline_root=str(local_root / "kfp"),
                     log_dir=log_dir,
                     on_failure=record_crash,
-                    failure_message=lambda task: (status.failures().get(task) or {}).get("error"),
+                    failure_message=lambda task, status=status: (
+                        status.failures().get(task) or {}).get("error"),
                     task_env=task_env,
                 )  # fmt: skip
         except LocalRunError as e:
-            print_error(e, f"fix the cause and rerun the same command to resume run {cfg.run_id}")
-            sys.exit(1)
+            cause = status.root_cause()
+            task, record = cause if cause else (e.task, {})
+            if task != e.task:  # the first task to exit only stopped because of another
+                log_file = log_dir / f"{task}.log"
+                e = LocalRunError(task, record.get("error", ""), log_file if log_file.exists()
+                                  else None)  # fmt: skip
+            print_error(e, failure_hints(task, record, config, cfg, overrides))
+            sys.exit(2 if record.get("user_error") else 1)
     elapsed = time.perf_counter() - t0
     if cfg.data.eval:
         Console().print(eval_table(cfg))
@@ -280,6 +327,7 @@ def compile_cmd(
     from pipelines.cluster import compile_to
 
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
+    _check(cfg, inputs=False)
     compile_to(_build(cfg, pipeline, stage_name, iteration), output)
     click.echo(output)
 
@@ -318,6 +366,7 @@ def submit(config, host, experiment, namespace, token, pipeline, stage_name, ite
     from pipelines.cluster import submit as do_submit
 
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
+    _check(cfg, inputs=False, for_cluster=True)
     fn = _build(cfg, pipeline, stage_name, iteration)
     kind = "stage" if stage_name else pipeline
     if kind == "train":

@@ -5,6 +5,7 @@ environment handled by kfp), or the in-cluster service account when run inside a
 here reads or writes object-store credentials: stages get them from a Kubernetes Secret.
 """
 
+import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,7 +111,13 @@ def submit_segment(
 
 
 def chain_next_segment(
-    params: dict[str, str], *, segment: int, chain: bool, experiment: str, namespace: str
+    params: dict[str, str],
+    *,
+    segment: int,
+    chain: bool,
+    experiment: str,
+    namespace: str,
+    attempt: str = "local",
 ) -> str:
     """Body of the `next-segment` task: once the segment's last checkpoint is committed, submit
     segment+1 of the run from inside the cluster (`cluster.kfp_api`, the pod's service account
@@ -126,23 +133,50 @@ def chain_next_segment(
         return ""
     # Started beside the workers: wait, like them, for the segment's training to be committed.
     from components.core.layout import RunLayout, store_for
+    from components.core.store import join
     from components.core.warm import RunStatus, wait_committed
     from components.core.warm import segment as segment_of
 
     layout, stop = RunLayout.of(cfg), segment_of(cfg, segment).stop
+    store = store_for(cfg)
     wait_committed(
-        store_for(cfg), [layout.checkpoint(stop), layout.train_state(stop)],
-        status=RunStatus.of(cfg), task="next-segment", timeout_s=cfg.run.wait_timeout_s
+        store, [layout.checkpoint(stop), layout.train_state(stop)],
+        status=RunStatus.of(cfg, attempt), task="next-segment", timeout_s=cfg.run.wait_timeout_s
         * max(1, cfg.run.segment_iterations), poll_max_s=cfg.run.poll_max_s or 5.0,
     )  # fmt: skip
-    result = submit_segment(
+    # Exactly once: a retried task (its pod lost after the submission) finds the claim.
+    claim = join(layout.root, "status", "segments", f"{segment + 1:05d}.json")
+    if store.exists(claim):
+        record = json.loads(store.read_text(claim))
+        logging.getLogger("rlvr.chain").info(
+            "segment %d was already submitted as run %s", segment + 1, record["run_id"]
+        )
+        return record["run_id"]
+    name = segment_run_name(cfg, segment + 1)
+    existing = find_run(cfg.cluster.kfp_api, name, namespace or None)
+    run_id = existing or submit_segment(
         cfg, params, segment=segment + 1, host=cfg.cluster.kfp_api, experiment=experiment,
         namespace=namespace or None, token=None,
-    )  # fmt: skip
-    logging.getLogger("rlvr.chain").info(
-        "segment %d submitted as run %s", segment + 1, result.run_id
-    )
-    return result.run_id
+    ).run_id  # fmt: skip
+    store.write_text(claim, json.dumps({"run_id": run_id, "name": name, "by": attempt}))
+    logging.getLogger("rlvr.chain").info("segment %d submitted as run %s", segment + 1, run_id)
+    return run_id
+
+
+def find_run(host: str, name: str, namespace: str | None) -> str | None:
+    """The id of a run with this display name that is not over yet (a submission whose claim
+    was lost with its pod), or None."""
+    c = client(host, namespace, None)
+    flt = json.dumps({"predicates": [{"key": "display_name", "operation": "EQUALS",
+                                      "string_value": name}]})  # fmt: skip
+    try:
+        runs = c.list_runs(page_size=10, filter=flt, namespace=namespace).runs or []
+    except Exception:  # noqa: BLE001 - a lookup that fails must not stop the chain
+        return None
+    for r in runs:
+        if r.display_name == name and str(r.state) not in ("FAILED", "CANCELED", "SKIPPED"):
+            return r.run_id
+    return None
 
 
 def schedule(

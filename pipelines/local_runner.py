@@ -50,6 +50,24 @@ class LocalRunError(RuntimeError):
 
 
 _current = threading.local()
+_live: set[subprocess.Popen] = set()
+"""Task processes still running, each the leader of its own process group."""
+
+
+def _kill_live_tasks() -> None:
+    """Stop every running task and whatever it started (a torchrun's ranks, verifier pools)."""
+    import os
+    import signal
+
+    for proc in list(_live):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in list(_live):
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _task_log_path(log_dir: Path, task: str) -> Path:
@@ -71,15 +89,19 @@ def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., i
         env = {**os.environ, **task_env(task), **(env_vars or {})}
         with open(path, "w") as out, subprocess.Popen(
             full_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            bufsize=1, env=env,
+            bufsize=1, env=env, start_new_session=True,
         ) as proc:  # fmt: skip
-            assert proc.stdout is not None
-            for line in iter(proc.stdout.readline, ""):
-                out.write(line)
-                out.flush()
-                if CONSOLE_LINE.search(line):
-                    print(f"[{task}] {line.rstrip()}", flush=True)
-            return proc.wait()
+            _live.add(proc)
+            try:
+                assert proc.stdout is not None
+                for line in iter(proc.stdout.readline, ""):
+                    out.write(line)
+                    out.flush()
+                    if CONSOLE_LINE.search(line):
+                        print(f"[{task}] {line.rstrip()}", flush=True)
+                return proc.wait()
+            finally:
+                _live.discard(proc)
 
     return run_local_subprocess
 
@@ -249,9 +271,19 @@ def run_pipeline(
         # locally; that is by design here (the same pipeline serves the cluster).
         warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
         warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
+        import signal
+
+        def on_term(signum, frame):  # `rlvr run` stopped from outside: take the tasks along
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, on_term)
         try:
             pipeline_func(**arguments)
+        except BaseException:
+            _kill_live_tasks()
+            raise
         finally:
+            signal.signal(signal.SIGTERM, previous)
             root.removeFilter(quiet)
     if failed:
         task = failed[0]
@@ -277,8 +309,31 @@ def _last_error(path: Path) -> str | None:
     return None
 
 
-def print_error(err: LocalRunError, rerun_hint: str) -> None:
+def print_error(err: LocalRunError, hints: list[str]) -> None:
+    """The run's last words: the failed task, its own message (not a traceback), its log, and
+    the commands that rerun the failed step or resume the run."""
     print(f"error: {err}", file=sys.stderr)
     if err.log_file is not None:
         print(f"  log: {err.log_file}", file=sys.stderr)
-    print(f"  {rerun_hint}", file=sys.stderr)
+    for hint in hints:
+        print(f"  {hint}", file=sys.stderr)
+
+
+def failure_hints(task: str, record: dict, config: str, cfg, overrides) -> list[str]:
+    """`rlvr stage ...` for the step that failed (when the task recorded its iteration), and
+    the `rlvr run` that resumes; both repeat the run's --set overrides."""
+    import shlex
+
+    sets = "".join(f" --set {shlex.quote(o)}" for o in overrides)
+    base = f"{shlex.quote(config)} --run-id {shlex.quote(cfg.run_id)}{sets}"
+    hints = []
+    stage = task.split("-")[0]
+    iteration = record.get("iteration")
+    if stage in ("generate", "verify", "train", "evaluate") and iteration is not None:
+        shard = re.search(r"shard-(\d+)-of-(\d+)", task)
+        extra = f" --shard {int(shard[1])} --num-shards {int(shard[2])}" if shard else ""
+        what = "checkpoint" if stage == "evaluate" else "iteration"
+        hints.append(f"rerun that step: rlvr stage {stage} {base} --iteration {iteration}{extra}"
+                     f"   ({what} {iteration})")  # fmt: skip
+    hints.append(f"then resume the run: rlvr run {base}   (committed iterations are kept)")
+    return hints

@@ -30,13 +30,28 @@ def init_stage(
     store: str = "",
     base_checkpoint: str = "",
     eval_sets: str = "",
+    segment: int = -1,
+    attempt: str = "",
+    job_id: str = "",
 ) -> str:
-    """Copy the base checkpoint and the datasets into the run."""
-    from components.core.stage_cli import run_from_pipeline
+    """Copy the base checkpoint and the datasets into the run. In a training segment
+    (`segment` >= 0), then uncommit every stale output and commit the attempt's plan, which the
+    workers wait for (pipelines/plan.py)."""
+    import json
+
+    from components.core.config import effective_config
+    from components.core.stage_cli import run_from_pipeline, setup_logging
 
     params = dict(config_json=config_json, run_id=run_id, store=store,
                   base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-    return run_from_pipeline("init", params, force=force)
+    out = run_from_pipeline("init", params, force=force)
+    if segment < 0:
+        return out
+    from pipelines.plan import plan_segment
+
+    setup_logging()
+    plan = plan_segment(effective_config(**params), segment, attempt or job_id)
+    return json.dumps({**json.loads(out), "plan": plan}, default=str)
 
 
 def generate_stage(
@@ -170,6 +185,10 @@ def report_stage(
     return json.dumps(paths)
 
 
+# `attempt` is set by `rlvr run` (a local run: no retries); on a cluster it is empty and the
+# KFP run's id stands in, and KFP retries a failed task, so its peers wait for it a while.
+
+
 def generate_worker(
     config_json: str,
     run_id: str,
@@ -179,6 +198,8 @@ def generate_worker(
     store: str = "",
     base_checkpoint: str = "",
     eval_sets: str = "",
+    attempt: str = "",
+    job_id: str = "",
 ) -> str:
     """Serve generate for every iteration of a segment (one shard), the policy kept loaded."""
     from components.core.stage_cli import serve_from_pipeline
@@ -186,7 +207,8 @@ def generate_worker(
     params = dict(config_json=config_json, run_id=run_id, store=store,
                   base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
     return serve_from_pipeline("generate", params, segment=segment, shard=shard,
-                               num_shards=num_shards)  # fmt: skip
+                               num_shards=num_shards, attempt=attempt or job_id,
+                               retried=not attempt)  # fmt: skip
 
 
 def verify_worker(
@@ -198,6 +220,8 @@ def verify_worker(
     store: str = "",
     base_checkpoint: str = "",
     eval_sets: str = "",
+    attempt: str = "",
+    job_id: str = "",
 ) -> str:
     """Serve verify for every iteration of a segment (one shard)."""
     from components.core.stage_cli import serve_from_pipeline
@@ -205,7 +229,8 @@ def verify_worker(
     params = dict(config_json=config_json, run_id=run_id, store=store,
                   base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
     return serve_from_pipeline("verify", params, segment=segment, shard=shard,
-                               num_shards=num_shards)  # fmt: skip
+                               num_shards=num_shards, attempt=attempt or job_id,
+                               retried=not attempt)  # fmt: skip
 
 
 def train_worker(
@@ -216,6 +241,8 @@ def train_worker(
     store: str = "",
     base_checkpoint: str = "",
     eval_sets: str = "",
+    attempt: str = "",
+    job_id: str = "",
 ) -> str:
     """Serve train for every iteration of a segment, the DeepSpeed engine kept in memory; the KFP
     UI shows the train metrics of the segment's last iteration."""
@@ -227,7 +254,8 @@ def train_worker(
 
     params = dict(config_json=config_json, run_id=run_id, store=store,
                   base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-    out = serve_from_pipeline("train", params, segment=segment)
+    out = serve_from_pipeline("train", params, segment=segment, attempt=attempt or job_id,
+                              retried=not attempt)  # fmt: skip
     cfg = effective_config(**params)
     last = segment_of(cfg, segment).stop
     stats = read_manifest(store_for(cfg), RunLayout.of(cfg).checkpoint(last))["stats"]
@@ -246,6 +274,8 @@ def evaluate_worker(
     store: str = "",
     base_checkpoint: str = "",
     eval_sets: str = "",
+    attempt: str = "",
+    job_id: str = "",
 ) -> str:
     """Evaluate each of the segment's checkpoints as it lands (one sampling shard, or the
     gather / unsharded evaluation), the policy kept loaded."""
@@ -254,7 +284,8 @@ def evaluate_worker(
     params = dict(config_json=config_json, run_id=run_id, store=store,
                   base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
     return serve_from_pipeline("evaluate", params, segment=segment, shard=shard,
-                               num_shards=num_shards)  # fmt: skip
+                               num_shards=num_shards, attempt=attempt or job_id,
+                               retried=not attempt)  # fmt: skip
 
 
 def next_segment(
@@ -267,6 +298,8 @@ def next_segment(
     store: str = "",
     base_checkpoint: str = "",
     eval_sets: str = "",
+    attempt: str = "",
+    job_id: str = "",
 ) -> str:
     """After the segment's training: submit the next segment as a new run of this pipeline
     (through the KFP API, with the pod's service account token), so a run of any length goes on
@@ -277,7 +310,7 @@ def next_segment(
     params = dict(config_json=config_json, run_id=run_id, store=store,
                   base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
     return chain_next_segment(params, segment=segment, chain=chain, experiment=experiment,
-                              namespace=namespace)  # fmt: skip
+                              namespace=namespace, attempt=attempt or job_id)  # fmt: skip
 
 
 def resolve_stage(

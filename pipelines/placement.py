@@ -18,7 +18,11 @@ SECRET_KEYS = {
 }
 
 
-def place(task: dsl.PipelineTask, stage: str, cluster: ClusterSection) -> dsl.PipelineTask:
+def place(
+    task: dsl.PipelineTask, stage: str, cluster: ClusterSection, *, iterations: int = 1
+) -> dsl.PipelineTask:
+    """Placement of one task; `iterations` is how many iterations it serves (a segment's
+    worker: `run.segment_iterations`), which scales its pod deadline."""
     p = cluster.stages[stage]
     task.set_caching_options(False)
     if p.cpu_request:
@@ -50,7 +54,7 @@ def place(task: dsl.PipelineTask, stage: str, cluster: ClusterSection) -> dsl.Pi
             backoff_max_duration=p.backoff_max_duration,
         )
     if p.timeout_s:
-        kubernetes.set_timeout(task, p.timeout_s)
+        kubernetes.set_timeout(task, p.timeout_s * iterations)
     if cluster.object_store_secret:
         kubernetes.use_secret_as_env(
             task, secret_name=cluster.object_store_secret, secret_key_to_env=SECRET_KEYS

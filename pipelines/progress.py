@@ -1,5 +1,4 @@
-"""What `rlvr run` shows and checks between segments: live progress read from the store, and
-whether a segment has anything left to do.
+"""What `rlvr run` shows while a segment runs: live progress read from the store.
 
 Progress comes from the store, not from the workers' output: one bar per stage, advanced as the
 stage's commits land (rollouts, scored rollouts, checkpoints, evaluations of the segment). The
@@ -9,7 +8,6 @@ workers' own log lines stream above the bars, prefixed with the task name.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -18,33 +16,6 @@ from components.core.config import RunConfig
 from components.core.layout import RunLayout, store_for
 from components.core.store import StoreError
 from components.core.warm import Segment, is_committed, segment_eval_checkpoints
-
-
-def segment_up_to_date(cfg: RunConfig, seg: Segment) -> bool:
-    """Every output of the segment is committed and was computed from the current inputs and
-    config (the same test each stage makes before it skips an iteration)."""
-    from components.evaluate.stage import EvaluateStage
-    from components.generate.stage import GenerateStage
-    from components.train.stage import TrainStage
-    from components.verify.stage import VerifyStage
-
-    stages: list[Any] = [
-        *(GenerateStage(cfg, shard=s, num_shards=cfg.generate.num_shards)
-          for s in range(cfg.generate.num_shards)),
-        *(VerifyStage(cfg, shard=s, num_shards=cfg.verify.num_shards)
-          for s in range(cfg.verify.num_shards)),
-        TrainStage(cfg),
-    ]  # fmt: skip
-    try:
-        for i in seg.iterations:
-            if not all(st.up_to_date(i) for st in stages):
-                return False
-        if cfg.data.eval:
-            ev = EvaluateStage(cfg)
-            return all(ev.up_to_date(c) for c in segment_eval_checkpoints(cfg, seg))
-        return True
-    except StoreError:  # an input is not committed yet
-        return False
 
 
 class RunMonitor:

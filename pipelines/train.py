@@ -47,10 +47,13 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
     """
     ops = make_ops({s: cfg.cluster.image(s) for s in ("init", *STAGES)})
 
-    def placed(task: dsl.PipelineTask, stage: str, name: str) -> dsl.PipelineTask:
+    def placed(task: dsl.PipelineTask, stage: str, name: str, serves: bool = True):
+        """Display name and placement; a task that serves the segment gets a pod deadline of
+        its stage's per-iteration timeout times the segment's iterations."""
         task.set_display_name(name)
         if for_cluster:
-            return place(task, stage, cfg.cluster)
+            n = cfg.run.segment_iterations if serves else 1
+            return place(task, stage, cfg.cluster, iterations=n)
         return task.set_caching_options(False)
 
     def shards_of(op, stage: str, count: int, **kwargs):
@@ -79,15 +82,18 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         chain: bool = False,
         experiment: str = "rlvr",
         namespace: str = "",
+        attempt: str = "",
     ) -> None:
         """Empty store / base_checkpoint / eval_sets (JSON list) keep the compiled-in config's.
-        `chain`: submit the next segment when this one's training is done (`rlvr submit`)."""
+        `chain`: submit the next segment when this one's training is done (`rlvr submit`).
+        `attempt`: names this run's failure markers and plan; empty means the KFP run's id."""
         common = dict(config_json=config_json, run_id=run_id, store=store,
                       base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-        # Every task starts at once: workers wait for init's commits (checkpoint 00000, the
-        # data) like for any other input, so their cold start overlaps init's copy.
-        placed(ops.init(**common), "init", "init")
-        seg = dict(**common, segment=segment)
+        ids = dict(attempt=attempt, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        # Every task starts at once: workers wait for init's plan (its commits and every stale
+        # output uncommitted) like for any other input, so their cold start overlaps init.
+        placed(ops.init(**common, segment=segment, **ids), "init", "init", serves=False)
+        seg = dict(**common, segment=segment, **ids)
         shards_of(ops.generate_worker, "generate", cfg.generate.num_shards, **seg)
         shards_of(ops.verify_worker, "verify", cfg.verify.num_shards, **seg)
         placed(ops.train_worker(**seg), "train", "train")
@@ -104,7 +110,7 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
             gather = "evaluate" if cfg.evaluate.num_shards == 1 else "evaluate-gather"
             evals.append(placed(ops.evaluate_worker(**seg), "evaluate", gather))
             # Evaluations finish in any order; the run-level report comes last.
-            placed(ops.report(**common).after(*evals), "init", "report")
+            placed(ops.report(**common).after(*evals), "init", "report", serves=False)
 
     return rlvr_train
 

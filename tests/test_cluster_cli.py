@@ -123,7 +123,10 @@ def test_each_segment_submits_the_next_until_the_last(workspace, kfp_server, mon
     assert (
         chain_next_segment(params, segment=0, chain=True, experiment="e", namespace="") == "run-123"
     )
-    assert layout.checkpoint(2) and (store.exists(layout.checkpoint(2) + "/_SUCCESS"))
+    assert store.exists(layout.checkpoint(2) + "/_SUCCESS")
+    # A retried task (its pod lost after submitting) finds the claim and submits nothing.
+    again = chain_next_segment(params, segment=0, chain=True, experiment="e", namespace="")
+    assert again == "run-123" and len(kfp_server.posts("/apis/v2beta1/runs")) == 1
     train_commits(4)
     assert (
         chain_next_segment(params, segment=1, chain=True, experiment="e", namespace="") == "run-123"

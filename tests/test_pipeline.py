@@ -164,8 +164,12 @@ def test_rlvr_run_in_segments_on_kfp_local_and_resume(workspace):
     redone = {p.relative_to(root).parent.as_posix() for p, t in stamps.items()
               if not p.exists() or p.stat().st_mtime_ns != t}  # fmt: skip
     # Training is deterministic: checkpoint 3 comes back with the same content, so its
-    # evaluation is still up to date; the run-level report is always regenerated.
-    assert redone == {"checkpoints/00003", "train_state/00003", "report"}
+    # evaluation is still up to date. Its evaluation shards were resampled: the plan uncommits
+    # them so that the gather cannot combine them with a new checkpoint (here the same one).
+    # The run-level report is always regenerated.
+    assert redone == {"checkpoints/00003", "train_state/00003", "report",
+                      "eval_shards/00003/shard-00000-of-00002",
+                      "eval_shards/00003/shard-00001-of-00002"}  # fmt: skip
     assert (root / "checkpoints/00003/_SUCCESS").is_file()
 
 
@@ -180,18 +184,46 @@ def test_a_failing_worker_stops_the_run_with_its_error(workspace):
     plugin.write_text("def compute_score(*args, **kwargs):\n    raise KeyError('no grader')\n")
     cmd = [sys.executable, "-m", "pipelines.cli", "run", str(workspace), "--iterations", "2",
            "--set", f"verify.rewards.arithmetic={plugin}:compute_score",
-           "--set", "run.wait_timeout_s=600"]  # fmt: skip
+           "--set", "run.wait_timeout_s=600", "--skip-check"]  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workspace.parent)
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stderr[-3000:]  # bad input (the verifier), not a crash
     assert time.monotonic() - t0 < 120  # nobody waited out run.wait_timeout_s
     err = proc.stderr
-    assert "task verify failed" in err and "samples errored or timed out" in err, err
-    assert "no grader" in err and "ERROR:root" not in err
-    assert "verify.log" in err and "rerun the same command to resume" in err
+    # verify fails at iteration 0, and evaluate of the base checkpoint (the same verifier
+    # scores it) at checkpoint 0: whichever comes first is named, with its own message.
+    import re
+
+    failed_stage = re.search(r"error: task (verify|evaluate) failed: ", err)
+    assert failed_stage, err
+    stage = failed_stage[1]
+    assert "samples errored or timed out" in err and "no grader" in err
+    assert "ERROR:root" not in err and "Traceback" not in err
+    assert f"{stage}.log" in err
+    assert f"rerun that step: rlvr stage {stage} {workspace} --run-id t" in err
+    assert "--set run.wait_timeout_s=600 --skip-check" not in err  # only --set overrides repeat
+    assert "--iteration 0   (" in err and f"then resume the run: rlvr run {workspace}" in err
     root = workspace.parent / "runs" / "t"
-    assert (root / "iterations/00000/rollouts/_SUCCESS").is_file()  # committed work is kept
-    assert not (root / "iterations/00000/scored/_SUCCESS").exists()
-    failed = json.loads((root / "status/failed/train.json").read_text())
-    # (evaluate of the base checkpoint scores with the same verifier, so it may fail first)
-    assert "of this run failed" in failed["error"] and "no grader" in failed["error"]
+    assert not (root / "iterations/00000/scored/_SUCCESS").exists()  # nothing scored
+    (attempt,) = list((root / "status").iterdir())  # this attempt's markers, nobody else's
+    train = json.loads((attempt / "failed/train.json").read_text())
+    assert train["peer"] is True and "no grader" in train["error"]
+
+
+def test_rlvr_run_checks_everything_before_any_work(workspace):
+    """The same broken verifier without --skip-check: `rlvr run` stops before any task starts,
+    with exit 2, the verifier's error, and nothing written to the run."""
+    plugin = workspace.parent / "broken_plugin.py"
+    plugin.write_text("def compute_score(*args, **kwargs):\n    raise KeyError('no grader')\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", str(workspace),
+         "--set", f"verify.rewards.arithmetic={plugin}:compute_score",
+         "--set", "train.policy_loss_options={clip_hi: 0.3}"],
+        capture_output=True, text=True, cwd=workspace.parent,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr
+    assert "2 problems" in err and "Traceback" not in err
+    assert "train.policy_loss_options.clip_hi: is not an option of policy loss 'ppo_clip'" in err
+    assert "failed on a sample of data_source 'arithmetic'" in err and "no grader" in err
+    assert not (workspace.parent / "runs").exists()

@@ -48,14 +48,34 @@ def local_checkpoint(store: Store, uri: str) -> Path:
 
 
 def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
-    """Load model and tokenizer from a local checkpoint directory (safetensors only)."""
+    """Load model and tokenizer from a local checkpoint directory (safetensors only). A
+    damaged checkpoint (truncated weights, an invalid config.json, a broken tokenizer) is a
+    CheckpointError naming the file, not a library traceback."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, use_safetensors=True, dtype=dtype or torch.float32
-    ).to(device)
+    from components.core.preflight import Problems, check_checkpoint_dir
+
+    path = Path(path)
+    for f in sorted(path.glob("*.safetensors")):  # cheap: the headers only
+        from components.core.preflight import safetensors_problem
+
+        why = safetensors_problem(f)
+        if why:
+            raise CheckpointError(f"{f} {why}; copy the checkpoint again or re-save it")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, use_safetensors=True, dtype=dtype or torch.float32
+        ).to(device)
+    except Exception as e:  # noqa: BLE001 - name the first problem the full check finds
+        problems = Problems()
+        check_checkpoint_dir(path, str(path), problems)
+        if problems.errors:
+            raise CheckpointError(str(problems.errors[0])) from None
+        raise CheckpointError(
+            f"checkpoint {path} cannot be loaded ({type(e).__name__}: {e})"
+        ) from None
     return model, tokenizer
 
 

@@ -70,8 +70,19 @@ class OutputDir:
             return False
         self.store.delete(join(self.uri, SUCCESS))  # uncommit first, then clear
         self.store.delete_tree(self.uri)
+        self._sweep_scratch()
         self.files.clear()
         return True
+
+    def _sweep_scratch(self) -> None:
+        """Remove scratch directories a killed earlier attempt left beside the output (a local
+        store only; see scratch_dir)."""
+        if is_s3(self.uri):
+            return
+        path = Path(self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri)
+        if path.parent.is_dir():
+            for old in path.parent.glob(f".{path.name}.*.tmp"):
+                shutil.rmtree(old, ignore_errors=True)
 
     def put_file(self, local: Path, name: str) -> str:
         uri = join(self.uri, name)

@@ -287,7 +287,8 @@ class StagePlacement(_Strict):
     backoff_factor: float = Field(2.0, ge=1.0)
     backoff_max_duration: str = "600s"
     timeout_s: int | None = Field(None, ge=1)
-    """Pod activeDeadlineSeconds; None: no limit."""
+    """Pod deadline per iteration: a worker serving a segment gets activeDeadlineSeconds =
+    timeout_s x run.segment_iterations (a one-iteration task, timeout_s); None: no limit."""
 
     @model_validator(mode="after")
     def _accelerator_pairs(self) -> StagePlacement:

@@ -18,40 +18,50 @@ from components.core.checkpoint import import_checkpoint
 from components.core.commit import OutputDir
 from components.core.config import RunConfig
 from components.core.layout import RunLayout, store_for
-from components.core.schemas import read_dataset
-from components.core.store import get_store
+from components.core.preflight import Problems, check_checkpoint_dir, scan_dataset
+from components.core.schemas import SchemaError, read_dataset, read_parquet
+from components.core.store import StoreError, get_store
 
 log = logging.getLogger("rlvr.init")
 
 
-def _copy_dataset(cfg: RunConfig, src: str, out: OutputDir, force: bool) -> bool:
-    if out.is_committed() and not force:
-        return False
+def _copy_dataset(cfg: RunConfig, src: str, out: OutputDir) -> None:
     src_store = get_store(src, cfg.run.s3_endpoint_url)
-    table = read_dataset(src_store, src)  # validate before touching the run
     data = src_store.read_bytes(src)
     out.begin(force=True)
     out.put_bytes(data, Path(src).name if not src.endswith("/") else "data.parquet")
-    out.commit({"source": src, "rows": table.num_rows})
-    return True
+    out.commit({"source": src, "rows": read_dataset(src_store, src).num_rows})
 
 
 def run(cfg: RunConfig, iteration: int = 0, *, force: bool = False) -> dict[str, Any]:
-    """Copy the base checkpoint and datasets into the run (idempotent)."""
-    del iteration  # init has no iteration; the argument keeps the stage signature uniform
+    """Copy the base checkpoint and datasets into the run (idempotent). Every input that will
+    be copied is checked first, whole (every dataset row, the checkpoint's config, weights and
+    tokenizer), so a bad one fails init with every problem named and nothing copied."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
-    store.write_text(layout.run_yaml, cfg.to_yaml())
-    done = {
-        "train": _copy_dataset(
-            cfg, cfg.data.train, OutputDir(store, layout.train_data, "init"), force
-        )
-    }
-    for ev in cfg.data.eval:
-        out = OutputDir(store, layout.eval_data(ev.name), "init")
-        done[f"eval/{ev.name}"] = _copy_dataset(cfg, ev.path, out, force)
+    datasets = [("train", cfg.data.train, OutputDir(store, layout.train_data, "init"))]
+    datasets += [(f"eval/{ev.name}", ev.path, OutputDir(store, layout.eval_data(ev.name), "init"))
+                 for ev in cfg.data.eval]  # fmt: skip
+    todo = [(name, src, out) for name, src, out in datasets if force or not out.is_committed()]
     base = OutputDir(store, layout.checkpoint(0), "init")
-    done["checkpoint"] = not base.is_committed() or force
-    if done["checkpoint"]:
+    copy_base = force or not base.is_committed()
+
+    problems = Problems()
+    for _name, src, _out in todo:
+        try:
+            scan_dataset(read_parquet(get_store(src, cfg.run.s3_endpoint_url), src), src, problems)
+        except (SchemaError, StoreError) as e:
+            problems.error(src, str(e).removeprefix(f"{src}: "))
+    if copy_base and "://" not in cfg.model.base:
+        check_checkpoint_dir(Path(cfg.model.base), f"model.base ({cfg.model.base})", problems)
+    problems.raise_if_any("init: inputs")
+
+    store.write_text(layout.run_yaml, cfg.to_yaml())
+    done = {name: False for name, _, _ in datasets}
+    for name, src, out in todo:
+        _copy_dataset(cfg, src, out)
+        done[name] = True
+    done["checkpoint"] = copy_base
+    if copy_base:
         import_checkpoint(cfg.model.base, base, cfg.run.s3_endpoint_url)
     log.info("run %s set up at %s (%s)", cfg.run_id, layout.root, done)
     return {"root": layout.root, "copied": done}

@@ -50,6 +50,10 @@ def stage_command(
     @click.option("--num-shards", type=int, default=1, show_default=True, hidden=not shardable)
     @click.option("--segment", type=int, default=None, hidden=serve is None,
                   help="Serve every iteration of this segment, warm (what a worker task runs).")  # fmt: skip
+    @click.option("--attempt", default=None, hidden=True,
+                  help="With --segment: the pipeline run's attempt id (failure markers, plan).")  # fmt: skip
+    @click.option("--retried", is_flag=True, hidden=True,
+                  help="With --segment: KFP retries this task (peers wait for it).")  # fmt: skip
     def cmd(
         config: str,
         run_id: str | None,
@@ -59,6 +63,8 @@ def stage_command(
         shard: int,
         num_shards: int,
         segment: int | None,
+        attempt: str | None,
+        retried: bool,
     ) -> None:
         from components.core.config import ConfigError
 
@@ -76,7 +82,9 @@ def stage_command(
             if serve is None:
                 click.echo(f"error: the {name} stage has no --segment worker", err=True)
                 sys.exit(2)
-            result = run_stage(serve, cfg, segment=segment, **kwargs)
+            result = run_stage(
+                serve, cfg, segment=segment, attempt=attempt, retried=retried, **kwargs
+            )
         else:
             result = run_stage(fn, cfg, iteration=iteration, force=force, **kwargs)
         click.echo(json.dumps(result, indent=2, default=str))

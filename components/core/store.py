@@ -70,6 +70,10 @@ class Store(ABC):
     @abstractmethod
     def download_file(self, uri: str, local: Path) -> None: ...
 
+    def local_path(self, uri: str) -> Path | None:
+        """The file behind `uri` when it is on this machine's filesystem (None on S3)."""
+        return None
+
     def move_file(self, local: Path, uri: str) -> None:
         """Put a local file at `uri` and remove it locally (a rename where possible)."""
         self.upload_file(local, uri)
@@ -87,6 +91,9 @@ class Store(ABC):
 
 
 class LocalStore(Store):
+    def local_path(self, uri: str) -> Path | None:
+        return _local_path(uri)
+
     def read_bytes(self, uri: str) -> bytes:
         try:
             return _local_path(uri).read_bytes()

@@ -51,9 +51,6 @@ def process_start_time() -> float:
 
 
 _IMPORTED_AT = time.time()
-_STARTED_AT = process_start_time()
-MARKER_SLACK_S = 5.0
-"""Clock skew allowed between the pod that wrote a failure marker and the one reading it."""
 
 
 @dataclass
@@ -122,28 +119,75 @@ class PeerFailed(RuntimeError):
     """Another worker of this run failed; waiting for its output is pointless."""
 
 
-class RunStatus:
-    """Failure markers under `<run>/status/failed/`, one JSON per failed task."""
+def _is_user_error(error: BaseException | str) -> bool:
+    from components.core.errors import USER_ERRORS
 
-    def __init__(self, store: Store, root: str) -> None:
-        self.store, self.dir = store, join(root, "status", "failed")
+    return isinstance(error, USER_ERRORS)
+
+
+def _describe(error: BaseException) -> str:
+    """Bad input reads as its message; anything else also names its type."""
+    return str(error) if _is_user_error(error) else f"{type(error).__name__}: {error}"
+
+
+def retry_grace_s(cfg: RunConfig, stage: str) -> float:
+    """How long a failure of `stage` may still be undone by KFP retrying the task on a cluster:
+    the sum of its retry backoffs plus ten minutes for a pod to start."""
+    p = cfg.cluster.stages.get(stage if stage in cfg.cluster.stages else "init")
+    if p is None or p.retries == 0:
+        return 0.0
+    base, cap = _duration_s(p.backoff_duration), _duration_s(p.backoff_max_duration)
+    return sum(min(base * p.backoff_factor**k, cap) for k in range(p.retries)) + 600.0
+
+
+def _duration_s(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    text = text.strip()
+    return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+
+
+class RunStatus:
+    """Markers of one attempt (one pipeline run) under `<run>/status/<attempt>/`: the failed
+    tasks (`failed/<task>.json`) and the plan (`plan/`, committed when the attempt's inputs were
+    checked and every stale output was uncommitted). Scoping by attempt means a marker of an
+    earlier run never stops a new one, and one of another segment never stops this one."""
+
+    def __init__(self, store: Store, root: str, attempt: str = "local") -> None:
+        self.store, self.attempt = store, attempt
+        self.root = join(root, "status", attempt)
+        self.dir = join(self.root, "failed")
 
     @classmethod
-    def of(cls, cfg: RunConfig) -> RunStatus:
-        return cls(store_for(cfg), RunLayout.of(cfg).root)
+    def of(cls, cfg: RunConfig, attempt: str = "local") -> RunStatus:
+        return cls(store_for(cfg), RunLayout.of(cfg).root, attempt)
 
-    def mark_failed(self, task: str, error: BaseException | str) -> None:
-        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        record = {"task": task, "error": message, "at": time.time(), "host": socket.gethostname()}
+    @property
+    def plan(self) -> str:
+        return join(self.root, "plan")
+
+    def mark_failed(
+        self,
+        task: str,
+        error: BaseException | str,
+        *,
+        iteration: int | None = None,
+        grace_s: float = 0.0,
+    ) -> None:
+        message = error if isinstance(error, str) else _describe(error)
+        record = {
+            "task": task, "error": message, "at": time.time(), "host": socket.gethostname(),
+            "iteration": iteration, "user_error": _is_user_error(error),
+            "peer": isinstance(error, PeerFailed), "retry_grace_s": grace_s,
+        }  # fmt: skip
         try:
             self.store.write_text(join(self.dir, f"{task}.json"), json.dumps(record))
         except StoreError:  # the store itself may be why we failed; the exit status still tells
             log.exception("could not record the failure of %s", task)
 
     def clear(self, task: str | None = None) -> None:
-        """Forget one task's failure (it is being retried), or every failure (a new attempt)."""
+        """Forget one task's failure (it is being retried), or the whole attempt's markers."""
         if task is None:
-            self.store.delete_tree(self.dir)
+            self.store.delete_tree(self.root)
         else:
             self.store.delete(join(self.dir, f"{task}.json"))
 
@@ -156,6 +200,14 @@ class RunStatus:
                         self.store.read_text(join(self.dir, name))
                     )
         return out
+
+    def root_cause(self) -> tuple[str, dict[str, Any]] | None:
+        """The first failure that was not just a peer stopping because of another."""
+        failures = self.failures()
+        own = {k: v for k, v in failures.items() if not v.get("peer")} or failures
+        if not own:
+            return None
+        return min(own.items(), key=lambda kv: (kv[1].get("at", 0.0), kv[0]))
 
 
 def is_committed(store: Store, uri: str) -> bool:
@@ -186,18 +238,21 @@ def wait_committed(
     pending = list(uris)
     while True:
         pending = [u for u in pending if not is_committed(store, u)]
-        if not pending:
-            return time.monotonic() - t0
-        # Only failures recorded since this process started belong to this attempt: a marker
-        # left by an earlier run of the pipeline must not stop a fresh worker (a failed peer of
-        # this attempt that is retried clears its own marker when it starts again).
+        if not pending:  # all seen committed: make sure none was uncommitted meanwhile
+            pending = [u for u in uris if not is_committed(store, u)]
+            if not pending:
+                return time.monotonic() - t0
+        # A failure that KFP may still retry (within its grace) is waited out: the retried
+        # task clears its marker and carries on, and this worker with it.
+        now = time.time()
         failed = {
             k: v
             for k, v in status.failures().items()
-            if k != task and v.get("at", 0.0) >= _STARTED_AT - MARKER_SLACK_S
+            if k != task and now - v.get("at", 0.0) >= v.get("retry_grace_s", 0.0)
         }
-        if failed:  # name the first failure: the others may only have stopped because of it
-            peer, rec = min(failed.items(), key=lambda kv: (kv[1].get("at", 0.0), kv[0]))
+        if failed:  # name the root cause: the others may only have stopped because of it
+            own = {k: v for k, v in failed.items() if not v.get("peer")} or failed
+            peer, rec = min(own.items(), key=lambda kv: (kv[1].get("at", 0.0), kv[0]))
             raise PeerFailed(
                 f"{task} stopped: task {peer} of this run failed ({rec.get('error')}); fix that "
                 "and rerun (committed iterations are kept)"
@@ -229,9 +284,17 @@ def run_once(stage: WarmStage, iteration: int, *, force: bool = False) -> dict[s
     timeline = Timeline(stage.task, iteration)
     _cold_start(timeline)
     try:
+        _check(stage)
         return stage.step(iteration, force=force, timeline=timeline)
     finally:
         stage.close()
+
+
+def _check(stage: WarmStage) -> None:
+    """A stage's checks of its own config section, before it waits for or reads anything."""
+    check = getattr(stage, "check", None)
+    if check is not None:
+        check()
 
 
 def serve(
@@ -242,18 +305,35 @@ def serve(
     store: Store,
     timeout_s: float,
     poll_max_s: float = 1.0,
+    start: int | None = None,
+    plan: bool = False,
+    grace_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Step through `iterations` in order, waiting for each step's inputs; the stage stays warm.
 
-    On any error the task's failure marker is written (peers stop waiting) and the error is
-    re-raised; a retried task clears its own marker first."""
+    With `plan`, nothing is read before the attempt's plan is committed (init uncommits every
+    stale output first: otherwise a worker could trust an old output its upstream is about to
+    redo). The wait for a step's inputs may last `timeout_s` per iteration since the previous
+    step (or since `start`): evaluate waits `evaluate.every` iterations for its next checkpoint.
+    On any error the task's failure marker is written (peers stop waiting unless KFP may still
+    retry the task within `grace_s`) and the error is re-raised; a retried task clears its own
+    marker first."""
     status.clear(stage.task)
     results = []
+    i = None
     try:
+        _check(stage)
+        previous = start
         for i in iterations:
             timeline = Timeline(stage.task, i)
             _cold_start(timeline)
-            wait = dict(status=status, task=stage.task, timeout_s=timeout_s, poll_max_s=poll_max_s)
+            gap = max(1, i - previous) if previous is not None else 1
+            wait = dict(status=status, task=stage.task, timeout_s=timeout_s * gap,
+                        poll_max_s=poll_max_s)  # fmt: skip
+            if plan and previous == start:  # before anything else is looked at
+                t0 = time.time()
+                wait_committed(store, [status.plan], **wait)
+                timeline.add("wait", t0, time.time())
             if hasattr(stage, "warm"):
                 t0 = time.time()
                 wait_committed(store, stage.warm_needs(i), **wait)
@@ -264,21 +344,35 @@ def serve(
             wait_committed(store, stage.needs(i), **wait)
             timeline.add("wait", t0, time.time())
             results.append(stage.step(i, timeline=timeline))
+            previous = i
     except BaseException as e:
-        status.mark_failed(stage.task, e)
+        status.mark_failed(stage.task, e, iteration=i, grace_s=0.0 if isinstance(e, PeerFailed)
+                           else grace_s)  # fmt: skip
         raise
     finally:
         stage.close()
     return results
 
 
-def serve_stage(stage: WarmStage, iterations: Iterable[int], *, cfg: RunConfig) -> list[dict]:
-    """`serve` with the run's store, failure markers and wait settings."""
+def serve_stage(
+    stage: WarmStage,
+    iterations: Iterable[int],
+    *,
+    cfg: RunConfig,
+    attempt: str | None = None,
+    start: int | None = None,
+    retried: bool = False,
+) -> list[dict]:
+    """`serve` with the run's store, the attempt's markers and the configured waits. `attempt`
+    None: no attempt (a stage served outside a pipeline run): no plan to wait for. `retried`:
+    KFP retries this task on failure (a cluster run), so its peers give it time to come back."""
     store = store_for(cfg)
     poll = cfg.run.poll_max_s or (1.0 if cfg.run.store.startswith("s3://") else 0.01)
     return serve(
-        stage, iterations, status=RunStatus.of(cfg), store=store,
-        timeout_s=cfg.run.wait_timeout_s, poll_max_s=poll,
+        stage, iterations, status=RunStatus.of(cfg, attempt or "local"), store=store,
+        timeout_s=cfg.run.wait_timeout_s, poll_max_s=poll, start=start,
+        plan=attempt is not None,
+        grace_s=retry_grace_s(cfg, stage.task.split("-")[0]) if retried else 0.0,
     )  # fmt: skip
 
 

@@ -290,6 +290,16 @@ class EvaluateStage:
             self.task = "evaluate-gather" if cfg.evaluate.num_shards > 1 else "evaluate"
         self.engine = PolicyEngine(cfg.generate, cfg.evaluate.seed)
 
+    def check(self) -> None:
+        """Eval sets and ks, and the verifiers that score the samples, before anything loads."""
+        from components.core.preflight import Problems
+        from components.verify.checks import check_verifier_specs
+
+        validate_eval_sets(self.cfg)
+        problems = Problems()
+        check_verifier_specs(self.cfg, problems)
+        problems.raise_if_any("evaluate config")
+
     def needs(self, c: int) -> list[str]:
         layout = self.layout
         if self.num_shards == 1 and self.cfg.evaluate.num_shards > 1:
@@ -436,11 +446,26 @@ def run(
     return run_once(EvaluateStage(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
 
 
-def serve(cfg: RunConfig, segment: int, *, shard: int = 0, num_shards: int = 1) -> dict[str, Any]:
+def serve(
+    cfg: RunConfig,
+    segment: int,
+    *,
+    shard: int = 0,
+    num_shards: int = 1,
+    attempt: str | None = None,
+    retried: bool = False,
+) -> dict[str, Any]:
     """The evaluate worker of one segment: each checkpoint to evaluate, as it lands, warm."""
     seg = warm_segment(cfg, segment)
     stage = EvaluateStage(cfg, shard=shard, num_shards=num_shards)
-    results = serve_stage(stage, segment_eval_checkpoints(cfg, seg), cfg=cfg)
+    results = serve_stage(
+        stage,
+        segment_eval_checkpoints(cfg, seg),
+        cfg=cfg,
+        attempt=attempt,
+        start=seg.start,
+        retried=retried,
+    )
     return {"task": stage.task, "segment": segment, "steps": len(results),
             "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
 

@@ -52,6 +52,7 @@ class Step:
     iteration: int
     spans: list[tuple[str, float, float]]
     staleness: int = 0
+    pid: int = 0
 
     def seconds(self, *kinds: str) -> float:
         return sum(e - s for k, s, e in self.spans if not kinds or k in kinds)
@@ -142,6 +143,7 @@ def load_timeline(store: Store, root: str) -> RunTimeline:
                 int(tl["iteration"]),
                 [(k, float(s), float(e)) for k, s, e in tl["spans"]],
                 staleness,
+                int(tl.get("pid", 0)),
             )  # fmt: skip
         )
     return RunTimeline(sorted(steps, key=lambda s: (s.stage, s.task, s.iteration)))
@@ -208,8 +210,8 @@ def iteration_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
     trains = {s.iteration: s for s in tl.steps if s.stage == "train"}
     out = []
     for i in sorted(trains):
-        if i - 1 not in trains:
-            continue
+        if i - 1 not in trains or trains[i - 1].pid != trains[i].pid:
+            continue  # only back-to-back steps of one worker (not across a resume)
         a = max(e for _, _, e in trains[i - 1].spans)
         b = max(e for _, _, e in trains[i].spans)
         work = 0.0

@@ -13,6 +13,7 @@ What happened and how long it took goes into the step's timeline and manifest.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +43,33 @@ class LoadInfo:
         return out
 
 
-def _signature(manifest: dict[str, Any]) -> dict[str, str]:
-    """The checkpoint's non-weight files (config, tokenizer, generation config) by sha256."""
-    return {
-        f["path"]: f["sha256"] for f in manifest["files"] if not f["path"].endswith(WEIGHT_SUFFIXES)
-    }
+CONFIG_FILES = ("config.json", "generation_config.json")
+VOLATILE_KEYS = ("transformers_version", "dtype", "torch_dtype", "_name_or_path", "use_cache")
+"""Keys a re-save changes without changing the model (the saving library's version, the dtype
+the weights were held in): a run's first trained checkpoint differs from its base in them."""
+
+
+def _signature(manifest: dict[str, Any], ckpt_dir: Path) -> dict[str, Any]:
+    """What must not change for new weights to load in place: the model and generation configs
+    (parsed, without volatile keys) and every other non-weight file (the tokenizer) by sha256."""
+    out: dict[str, Any] = {}
+    for f in manifest["files"]:
+        path = f["path"]
+        if path.endswith(WEIGHT_SUFFIXES):
+            continue
+        if path in CONFIG_FILES:
+            try:
+                config = json.loads((ckpt_dir / path).read_text())
+            except (OSError, ValueError):
+                out[path] = f["sha256"]
+                continue
+            if isinstance(config, dict):
+                for key in VOLATILE_KEYS:
+                    config.pop(key, None)
+            out[path] = config
+        else:
+            out[path] = f["sha256"]
+    return out
 
 
 def _weight_bytes(manifest: dict[str, Any]) -> int:
@@ -71,8 +94,8 @@ class PolicyEngine:
         if self.backend is not None and digest == self.digest:
             return self.backend, self.tokenizer, LoadInfo("reuse", 0.0, 0, t0, t0)
         manifest = read_manifest(store, checkpoint_uri)
-        signature = _signature(manifest)
         ckpt_dir = local_checkpoint(store, checkpoint_uri)
+        signature = _signature(manifest, Path(ckpt_dir))
         if self.backend is not None and signature == self.signature:
             self.backend.load_weights(Path(ckpt_dir))
             action = "weights"

@@ -67,8 +67,15 @@ def dataset_uri(store: Store, committed_dir: str) -> str:
 def load_prompts(
     store: Store, uri: str, prefix: str, indices: list[int] | None = None
 ) -> list[PromptRow]:
-    """Rows of a verl-format dataset as PromptRows; prompt_id is `<prefix>-<row index>`."""
-    return prompts_from(read_dataset(store, uri), uri, prefix, indices)
+    """Rows of a verl-format dataset as PromptRows; prompt_id is `<prefix>-<row index>`. The
+    whole dataset is checked first (null or empty prompts, missing ground truths)."""
+    from components.core.preflight import Problems, scan_dataset
+
+    table = read_dataset(store, uri)
+    problems = Problems()
+    scan_dataset(table, uri, problems)
+    problems.raise_if_any()
+    return prompts_from(table, uri, prefix, indices)
 
 
 def prompts_from(table, uri: str, prefix: str, indices: list[int] | None = None) -> list[PromptRow]:
@@ -403,8 +410,14 @@ class GenerateStage:
         """The run's train set, read once per worker (again only if its content changed)."""
         digest = content_digest(self.store, self.layout.train_data)
         if self._train is None or self._train[0] != digest:
+            from components.core.preflight import Problems, scan_dataset
+
             uri = dataset_uri(self.store, self.layout.train_data)
-            self._train = (digest, uri, read_dataset(self.store, uri))
+            table = read_dataset(self.store, uri)
+            problems = Problems()
+            scan_dataset(table, uri, problems)  # every row, before any is sampled
+            problems.raise_if_any("train set")
+            self._train = (digest, uri, table)
         return self._train[1], self._train[2]
 
     def close(self) -> None:
@@ -419,10 +432,18 @@ def run(
     return run_once(GenerateStage(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
 
 
-def serve(cfg: RunConfig, segment: int, *, shard: int = 0, num_shards: int = 1) -> dict[str, Any]:
+def serve(
+    cfg: RunConfig,
+    segment: int,
+    *,
+    shard: int = 0,
+    num_shards: int = 1,
+    attempt: str | None = None,
+    retried: bool = False,
+) -> dict[str, Any]:
     """The generate worker of one segment: every iteration of it, warm."""
     seg = warm_segment(cfg, segment)
     stage = GenerateStage(cfg, shard=shard, num_shards=num_shards)
-    results = serve_stage(stage, seg.iterations, cfg=cfg)
+    results = serve_stage(stage, seg.iterations, cfg=cfg, attempt=attempt, retried=retried)
     return {"task": stage.task, "segment": segment, "steps": len(results),
             "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip

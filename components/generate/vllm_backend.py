@@ -66,7 +66,23 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
-        self.llm = None  # vLLM shuts its engine down when the LLM is collected
+        """Shut the engine down and free its GPU memory now: a new engine (another
+        architecture) may be started in the same process right after."""
+        import gc
+
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        shutdown = getattr(engine, "shutdown", None)  # V1 engine core processes
+        if callable(shutdown):
+            shutdown()
+        del llm, engine
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def sampling_params(self, spec: SamplingSpec, seed: int):
         from vllm import SamplingParams

@@ -73,12 +73,16 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     return _relaunch(cfg, n, ["--iteration", str(iteration), *(["--force"] if force else [])])
 
 
-def serve(cfg: RunConfig, segment: int) -> dict[str, Any]:
+def serve(
+    cfg: RunConfig, segment: int, *, attempt: str | None = None, retried: bool = False
+) -> dict[str, Any]:
     """The warm train worker of one segment, on as many local processes as configured: every
     rank serves the segment's iterations with its engine kept in memory."""
     from components.train import stage
 
     n = processes(cfg)
     if n <= 1 or _launched():
-        return stage.serve(cfg, segment)
-    return _relaunch(cfg, n, ["--segment", str(segment)])
+        return stage.serve(cfg, segment, attempt=attempt, retried=retried)
+    return _relaunch(
+        cfg, n, ["--segment", str(segment), *(["--attempt", attempt] if attempt else [])]
+    )

@@ -517,6 +517,15 @@ class TrainStage:
         self.built = "reuse"
         """How the engine came to hold the current iteration: reuse, load or reload."""
 
+    def check(self) -> None:
+        """Names, option keys and the objective on a test batch (components/train/checks.py)."""
+        from components.core.preflight import Problems
+        from components.train.checks import check_train
+
+        problems = Problems()
+        check_train(self.cfg, problems)
+        problems.raise_if_any("train config")
+
     def needs(self, iteration: int) -> list[str]:
         layout = self.layout
         extra = [layout.train_state(iteration)] if iteration > 0 else []
@@ -775,10 +784,14 @@ def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any
     return run_once(TrainStage(cfg), iteration, force=force)
 
 
-def serve(cfg: RunConfig, segment: int) -> dict[str, Any]:
+def serve(
+    cfg: RunConfig, segment: int, *, attempt: str | None = None, retried: bool = False
+) -> dict[str, Any]:
     """The train worker of one segment: the engine stays warm across its iterations."""
     stage = TrainStage(cfg)
-    results = serve_stage(stage, warm_segment(cfg, segment).iterations, cfg=cfg)
+    results = serve_stage(
+        stage, warm_segment(cfg, segment).iterations, cfg=cfg, attempt=attempt, retried=retried
+    )
     return {"task": stage.task, "segment": segment, "steps": len(results),
             "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
 

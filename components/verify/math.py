@@ -18,17 +18,20 @@ Pipeline (see docs/verifiers.md for the full rules):
    fractions, 1e-6 relative tolerance once a decimal is involved), tuples / intervals /
    sets element-wise, and finally a sympy comparison.
 
-Time bounds: the sympy step has no deadline of its own (``signal.alarm`` does not work off
-the main thread). Instead its input is screened (length cap, no power towers or huge
-exponents / factorials, whitelisted identifiers only) and it compares by numeric probing
-rather than ``simplify``. The hard deadline comes from ``components.verify.executor``,
-which runs every whole ``compute_score`` call in a worker process that is killed when it
-overruns its per-sample deadline.
+Time bounds: ``compute_score`` returns within about a second on any input, in-process, with no
+deadline of its own (``signal.alarm`` does not work off the main thread, and verl and TRL call
+reward functions in-process): responses and answers are length-capped, sympy's input is
+screened (whitelisted identifiers only, and an upper bound on the size of every integer it
+would build, from its generated code before anything is evaluated: `_within_budget`), and it
+compares by numeric probing rather than ``simplify``. Inside the verify stage the executor's
+per-sample deadline remains a second line of defence.
 """
 
 from __future__ import annotations
 
+import ast
 import cmath
+import math
 import re
 from fractions import Fraction
 from functools import lru_cache
@@ -818,9 +821,115 @@ def _sympy() -> Any:
     return _SYMPY
 
 
+# The most digits any integer sympy is asked to build may have: a product or power of a few
+# 50,000-digit integers, or factorial(5,000), costs milliseconds; binomial(99999, 50000)
+# (30,000 digits, but built through much larger intermediates) costs about a second.
+MAX_DIGITS = 50_000
+_LOG10_2 = math.log10(2)
+
+
+def _magnitude(node: ast.AST) -> float:
+    """An upper bound on log10(|value| + 1) of a node of sympy's generated code (the output of
+    ``stringify_expr``), without evaluating anything; ``inf`` for what could be too large to
+    compute within the budget or for anything not understood."""
+    if isinstance(node, ast.Expression):
+        return _magnitude(node.body)
+    if isinstance(node, ast.Name):  # a symbol or a constant (x, pi, E, I, oo)
+        return 1.0
+    if isinstance(node, ast.Constant):  # the literal inside Integer(...) / Float('...')
+        try:
+            return math.log10(abs(float(node.value)) + 1.0)
+        except (TypeError, ValueError, OverflowError):
+            return math.inf
+    if isinstance(node, ast.UnaryOp):
+        return _magnitude(node.operand)
+    if isinstance(node, ast.BinOp):
+        a, b = _magnitude(node.left), _magnitude(node.right)
+        if isinstance(node.op, ast.Add | ast.Sub):
+            return max(a, b) + _LOG10_2
+        if isinstance(node.op, ast.Mult | ast.Div):
+            return a + b
+        if isinstance(node.op, ast.Pow):
+            return a * (10.0**b) if b < 8 else math.inf  # digits(x^y) <= digits(x) * |y|
+        return math.inf
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        # a tuple (``3*(x, y)`` would repeat it 3 times in Python), a subscript, anything else
+        return math.inf
+    name, args = node.func.id, node.args
+    if name in ("Integer", "Float", "Rational", "Symbol"):
+        if name == "Symbol":
+            return 1.0
+        values = [a.value for a in args if isinstance(a, ast.Constant)]
+        if len(values) != len(args):
+            return math.inf
+        try:
+            return sum(math.log10(abs(float(v)) + 1.0) for v in values)
+        except (ValueError, OverflowError):
+            return math.inf
+    inner = [_magnitude(a) for a in args]
+    if name in ("factorial", "binomial") and not all(_is_integer(a) for a in args):
+        # of a symbol or a non-integer, sympy goes through gamma functions: only small values
+        return max(inner, default=0.0) if max(inner, default=0.0) <= 4 else math.inf
+    if name == "factorial" and len(inner) == 1:
+        n = 10.0 ** inner[0] if inner[0] < 8 else math.inf
+        return n * math.log10(n + 1.0) if n <= 20_000 else math.inf
+    if name == "binomial" and len(inner) == 2:
+        n, k = (10.0**m if m < 8 else math.inf for m in inner)
+        terms = min(n, k)
+        return terms * math.log10(n + 1.0) if terms <= 20_000 and n < 1e15 else math.inf
+    if name == "exp" and len(inner) == 1:
+        return 0.4343 * 10.0 ** inner[0] if inner[0] < 8 else math.inf
+    # sqrt, log, trigonometric and hyperbolic functions, Abs: no larger than their argument
+    return max(inner, default=0.0)
+
+
+def _is_integer(node: ast.AST) -> bool:
+    """Whether generated code is an integer built from integer literals (+, -, *, non-negative
+    powers, factorials and binomials of such)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if node.func.id == "Integer":
+            return True
+        if node.func.id in ("factorial", "binomial"):
+            return all(_is_integer(a) for a in node.args)
+        return False
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        return _is_integer(node.operand)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult):
+        return _is_integer(node.left) and _is_integer(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        return (
+            _is_integer(node.left)
+            and _is_integer(node.right)
+            and not (isinstance(node.right, ast.UnaryOp) and isinstance(node.right.op, ast.USub))
+        )
+    return False
+
+
+def _within_budget(code: str) -> bool:
+    """Whether evaluating sympy's generated code stays small enough to finish in time."""
+    try:
+        tree = ast.parse(code, mode="eval")
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    stack = [tree]
+    while stack:  # every subexpression, not just the whole, must stay within the budget
+        node = stack.pop()
+        if isinstance(node, ast.expr) and _magnitude(node) > MAX_DIGITS:
+            return False
+        stack.extend(ast.iter_child_nodes(node))
+    return True
+
+
 @lru_cache(maxsize=16384)
 def _parse_sympy(s: str) -> Any:
-    """Parse a normalized answer to a sympy expression (or ``("eq", lhs, rhs)``)."""
+    """Parse a normalized answer to a sympy expression (or ``("eq", lhs, rhs)``).
+
+    Bounded: the text is first turned into sympy's Python code (tokens only, nothing is
+    evaluated), the magnitude of every integer it would build is bounded from that code
+    (`_magnitude`), and only then is it evaluated. Anything that could exceed `MAX_DIGITS`
+    digits (a binomial of nine-digit numbers, (10^6)!, a power tower) is not evaluated: the
+    comparison falls back to False, which is the right answer for a model that wrote it
+    instead of a number."""
     if s.count("=") == 1:
         lhs, rhs = s.split("=")
         a, b = _parse_sympy(lhs), _parse_sympy(rhs)
@@ -838,9 +947,10 @@ def _parse_sympy(s: str) -> Any:
         if word not in _FUNCS:
             local[word] = sympy.Symbol(word)
     try:
-        expr = sp.parse_expr(
-            plain, local_dict=local, global_dict=names, transformations=transformations
-        )
+        code = sp.stringify_expr(plain, local, names, transformations)
+        if not _within_budget(code):
+            return None
+        expr = sp.eval_expr(code, local, names)
     except Exception:
         return None
     if not isinstance(expr, sympy.Expr):

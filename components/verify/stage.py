@@ -200,6 +200,15 @@ class VerifyStage:
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
         self.task = "verify" + (f"-{shard_name(shard, num_shards)}" if num_shards > 1 else "")
 
+    def check(self) -> None:
+        """Every verifier spec resolves (plugins import) before any rollout is read."""
+        from components.core.preflight import Problems
+        from components.verify.checks import check_verifier_specs
+
+        problems = Problems()
+        check_verifier_specs(self.cfg, problems)
+        problems.raise_if_any("verify config")
+
     def needs(self, iteration: int) -> list[str]:
         return [self.layout.rollouts(iteration)]
 
@@ -274,9 +283,19 @@ def run(
     return run_once(VerifyStage(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
 
 
-def serve(cfg: RunConfig, segment: int, *, shard: int = 0, num_shards: int = 1) -> dict[str, Any]:
+def serve(
+    cfg: RunConfig,
+    segment: int,
+    *,
+    shard: int = 0,
+    num_shards: int = 1,
+    attempt: str | None = None,
+    retried: bool = False,
+) -> dict[str, Any]:
     """The verify worker of one segment."""
     stage = VerifyStage(cfg, shard=shard, num_shards=num_shards)
-    results = serve_stage(stage, warm_segment(cfg, segment).iterations, cfg=cfg)
+    results = serve_stage(
+        stage, warm_segment(cfg, segment).iterations, cfg=cfg, attempt=attempt, retried=retried
+    )
     return {"task": stage.task, "segment": segment, "steps": len(results),
             "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip

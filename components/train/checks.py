@@ -1,0 +1,119 @@
+"""The train section, checked before any work: every algorithm name, every option key against the
+function it configures, and the whole objective run once on a tiny synthetic batch.
+
+Running the objective (`build_targets` + `micro_batch_loss`, exactly as an iteration does) catches
+what a name check cannot: a bad option value (a negative clip), an option of another estimator, a
+combination that needs an input the config does not provide. Each problem names the config key
+and lists what is valid.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+
+import torch
+
+from components.core.config import RunConfig
+from components.core.preflight import Problems
+from components.train import algorithms as algos
+
+_UNEXPECTED = re.compile(r"unexpected keyword argument '([^']+)'")
+
+
+def option_names(fn: Callable) -> list[str]:
+    """The keyword-only parameters of an algorithm: its options."""
+    return [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+
+
+def _check_name(problems: Problems, key: str, registry: algos.Registry, name: str) -> bool:
+    if name in registry:
+        return True
+    problems.error(f"config train.{key}", f"unknown {registry.family} {name!r}",
+                   f"valid names: {', '.join(registry.names())}")  # fmt: skip
+    return False
+
+
+def _check_options(
+    problems: Problems, key: str, family: str, name: str, fn: Callable, options: dict
+) -> bool:
+    valid = option_names(fn)
+    unknown = sorted(set(options) - set(valid))
+    for k in unknown:
+        problems.error(
+            f"config train.{key}.{k}", f"is not an option of {family} {name!r}",
+            f"its options: {', '.join(valid)}" if valid else f"{name!r} takes no options",
+        )  # fmt: skip
+    return not unknown
+
+
+def _dummy_batch() -> dict[str, torch.Tensor]:
+    """Two groups of two responses, three tokens each (one response shorter)."""
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    lp = -torch.rand((4, 3), generator=g) - 0.1
+    return {
+        "rewards": torch.tensor([1.0, 0.0, 0.5, 1.0]),
+        "group_ids": torch.tensor([0, 0, 1, 1]),
+        "mask": mask,
+        "truncated": torch.tensor([False, False, False, True]),
+        "old": lp,
+        "new": (lp + 0.05 * torch.randn((4, 3), generator=g)).requires_grad_(),
+        "rollout": lp - 0.02,
+        "ref": lp - 0.1,
+        "entropy": torch.rand((4, 3), generator=g),
+    }
+
+
+def check_train(cfg: RunConfig, problems: Problems) -> None:
+    """Problems of the train section (nothing is loaded; well under a second)."""
+    from components.train.objective import build_targets, micro_batch_loss
+
+    t = cfg.train
+    ok = _check_name(problems, "advantage", algos.ADVANTAGES, t.advantage)
+    ok &= _check_name(problems, "policy_loss", algos.POLICY_LOSSES, t.policy_loss)
+    ok &= _check_name(problems, "loss_agg", algos.LOSS_AGGREGATIONS, t.loss_agg)
+    if t.kl_coef > 0:
+        ok &= _check_name(problems, "kl_estimator", algos.KL_ESTIMATORS, t.kl_estimator)
+    if t.advantage in algos.ADVANTAGES:
+        fn = algos.get_advantage_fn(t.advantage)
+        ok &= _check_options(problems, "advantage_options", "advantage estimator", t.advantage,
+                             fn, t.advantage_options)  # fmt: skip
+    if t.policy_loss in algos.POLICY_LOSSES:
+        fn = algos.get_policy_loss_fn(t.policy_loss)
+        ok &= _check_options(problems, "policy_loss_options", "policy loss", t.policy_loss, fn,
+                             t.policy_loss_options)  # fmt: skip
+    if t.loss_agg == "seq-mean-token-sum-norm" and not (
+        t.loss_agg_horizon or cfg.generate.max_new_tokens
+    ):
+        problems.error("config train.loss_agg_horizon", "seq-mean-token-sum-norm needs a horizon")
+    if not ok:
+        return
+    # The objective once, as an iteration computes it, on a tiny batch.
+    b = _dummy_batch()
+    try:
+        targets = build_targets(
+            t, rewards=b["rewards"], group_ids=b["group_ids"], response_mask=b["mask"],
+            truncated=b["truncated"], old_logprobs=b["old"], rollout_logprobs=b["rollout"],
+            ref_logprobs=b["ref"], entropy=b["entropy"],
+        )  # fmt: skip
+        loss, _ = micro_batch_loss(
+            t, logprobs=b["new"], entropy=b["entropy"], old_logprobs=b["old"],
+            advantages=targets.advantages, loss_mask=targets.loss_mask,
+            is_weights=targets.is_weights, ref_logprobs=b["ref"],
+            num_tokens=float(b["mask"].sum()), num_seqs=4.0,
+            horizon=t.loss_agg_horizon or cfg.generate.max_new_tokens,
+        )  # fmt: skip
+        loss.backward()
+        if not torch.isfinite(loss):
+            raise ValueError(f"the loss of a test batch is {float(loss)}")
+    except (TypeError, ValueError, KeyError) as e:
+        problems.error(
+            "config train", f"the objective fails on a test batch: {e}",
+            "check the option values (docs/algorithms.md lists each one's range)",
+        )  # fmt: skip

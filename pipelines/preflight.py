@@ -1,0 +1,126 @@
+"""`rlvr check CONFIG`: the whole run, checked before any stage does work.
+
+It runs every stage's own checks (the stages run them again for their section when they start)
+and reports every problem at once, each naming the file, row or key and the fix:
+
+- the train section: algorithm names, option keys, the objective on a test batch;
+- evaluation settings: ks, data-source filters;
+- the store: reachable and writable;
+- the base checkpoint: config.json, whole safetensors files, a loadable tokenizer with a pad token;
+- every dataset, scanned whole: columns, null or empty prompts, missing ground truths, prompt
+  lengths against `generate.max_prompt_tokens` and the model's context;
+- the verifiers: every spec resolves, every data_source has one, each is called once on a
+  sample row under the verify deadline.
+
+`rlvr run` runs all of it first; `compile` and `submit` run what does not need the inputs (they
+may live where only the cluster can read them) and warn about local paths a pod cannot see.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from components.core.config import RunConfig
+from components.core.preflight import Problems, check_checkpoint_dir, check_store, scan_dataset
+from components.core.schemas import SchemaError, read_parquet
+from components.core.store import StoreError, get_store, is_s3
+
+
+def _eval_settings(cfg: RunConfig, problems: Problems) -> None:
+    from components.evaluate.metrics import default_ks
+
+    for ev in cfg.data.eval:
+        try:
+            default_ks(ev.n, [*cfg.evaluate.ks, *ev.ks])
+        except ValueError as e:
+            problems.error(f"config data.eval[{ev.name}].ks / evaluate.ks (n={ev.n})", str(e))
+
+
+def _read(uri: str, cfg: RunConfig, problems: Problems, key: str) -> pa.Table | None:
+    try:
+        return read_parquet(get_store(uri, cfg.run.s3_endpoint_url), uri)
+    except (SchemaError, StoreError) as e:
+        problems.error(f"config {key} ({uri})", str(e).removeprefix(f"{uri}: "))
+    except FileNotFoundError:
+        problems.error(f"config {key}", f"{uri} does not exist")
+    return None
+
+
+def _local_paths_for_a_cluster(cfg: RunConfig, problems: Problems) -> None:
+    inputs = {
+        "model.base": cfg.model.base,
+        "data.train": cfg.data.train,
+        "run.store": cfg.run.store,
+    }
+    inputs.update({f"data.eval[{e.name}].path": e.path for e in cfg.data.eval})
+    for key, uri in inputs.items():
+        if not is_s3(uri):
+            problems.warn(f"config {key}", f"{uri} is a local path: the cluster's pods cannot read "
+                          "it", "put it in the object store and use its s3:// URI")  # fmt: skip
+
+
+def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False) -> Problems:
+    """Every problem of a run config; `inputs=False` skips what needs the datasets, checkpoint
+    and store (compile / submit)."""
+    from components.train.checks import check_train
+    from components.verify.checks import check_verifier_specs, check_verify
+
+    problems = Problems()
+    check_train(cfg, problems)
+    _eval_settings(cfg, problems)
+    if for_cluster:
+        _local_paths_for_a_cluster(cfg, problems)
+    if not inputs:
+        check_verifier_specs(cfg, problems)
+        return problems
+
+    check_store(get_store(cfg.run.store, cfg.run.s3_endpoint_url), cfg.run.store, problems)
+    datasets: dict[str, tuple[str, pa.Table]] = {}
+    for name, uri, key in [("train", cfg.data.train, "data.train"),
+                           *((e.name, e.path, f"data.eval[{e.name}].path") for e in cfg.data.eval)]:  # fmt: skip
+        table = _read(uri, cfg, problems, key)
+        if table is None:
+            continue
+        before = len(problems.errors)
+        scan_dataset(table, uri, problems)
+        if len(problems.errors) == before:
+            datasets[name] = (uri, table)
+    for ev in cfg.data.eval:
+        if ev.data_sources and ev.name in datasets:
+            uri, table = datasets[ev.name]
+            if not pc.any(pc.is_in(table.column("data_source"), pa.array(ev.data_sources))).as_py():
+                problems.error(f"config data.eval[{ev.name}].data_sources",
+                               f"{ev.data_sources} matches no row of {uri}")  # fmt: skip
+
+    base = cfg.model.base
+    if is_s3(base):
+        try:
+            get_store(base, cfg.run.s3_endpoint_url).read_text(base.rstrip("/") + "/config.json")
+        except StoreError as e:
+            problems.error("config model.base", f"{base} has no readable config.json ({e})")
+    elif check_checkpoint_dir(Path(base), f"config model.base ({base})", problems):
+        from transformers import AutoConfig, AutoTokenizer
+
+        from components.generate.checks import check_generate
+
+        check_generate(cfg, AutoTokenizer.from_pretrained(base), AutoConfig.from_pretrained(base),
+                       datasets, problems)  # fmt: skip
+    check_verify(cfg, datasets, problems)
+    return problems
+
+
+def run_check(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False) -> float:
+    """Check and raise one PreflightError with every error (exit 2 from the CLI); warnings are
+    printed. Returns the seconds it took."""
+    import sys
+
+    t0 = time.perf_counter()
+    problems = check_run(cfg, inputs=inputs, for_cluster=for_cluster)
+    for w in problems.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    problems.raise_if_any("the run config does not check out")
+    return time.perf_counter() - t0
