@@ -92,3 +92,23 @@ def test_unreadable_parquet_names_the_file(tmp_path):
     bad.write_bytes(b"this is not parquet")
     with pytest.raises(SchemaError, match=f"{bad}: not a readable Parquet file"):
         read_records(LocalStore(), [str(bad)], "rollouts")
+
+
+def test_reading_parquet_never_aborts_the_interpreter_at_exit(tmp_path, tiny_assets):
+    """pyarrow 26 reading a Parquet *buffer* with its thread pool made about one process in four
+    abort at exit ("terminate called without an active exception", status 134): a stage that
+    had printed its result then failed. Files are read from their path now; ten processes that
+    read and exit must all exit cleanly."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from components.core.schemas import read_dataset\n"
+        "from components.core.store import LocalStore\n"
+        f"read_dataset(LocalStore(), {str(tiny_assets / 'train.parquet')!r})\n"
+        "sys.exit(2)\n"
+    )
+    codes = [subprocess.run([sys.executable, "-c", script], capture_output=True).returncode
+             for _ in range(10)]  # fmt: skip
+    assert codes == [2] * 10, codes

@@ -183,11 +183,23 @@ def check_checkpoint_dir(path: Path, where: str, problems: Problems) -> bool:
         try:
             from transformers import AutoConfig, AutoTokenizer
 
-            AutoConfig.from_pretrained(path)
+            config = AutoConfig.from_pretrained(path)
             tok = AutoTokenizer.from_pretrained(path)
+            vocab = getattr(config, "vocab_size", None) or getattr(
+                getattr(config, "text_config", None), "vocab_size", None
+            )
             if tok.pad_token_id is None:
                 problems.error(f"{path}/tokenizer_config.json", "the tokenizer has no pad token",
                                "set pad_token (e.g. to the eos token) in tokenizer_config.json")  # fmt: skip
+            special = {"pad": tok.pad_token_id, "eos": tok.eos_token_id, "bos": tok.bos_token_id}
+            for name, tid in special.items():
+                if vocab and tid is not None and not 0 <= tid < vocab:
+                    problems.error(
+                        f"{path}/tokenizer_config.json",
+                        f"the {name} token ({getattr(tok, name + '_token')!r}, id {tid}) is outside "
+                        f"the model's vocabulary of {vocab} (a token the tokenizer made up?)",
+                        f"set {name}_token to a token of the vocabulary (e.g. the eos token)",
+                    )  # fmt: skip
         except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/KeyError...
             problems.error(str(path), f"cannot be loaded by transformers ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})",

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from components.core.checkpoint import load_policy, local_checkpoint, write_checkpoint
@@ -561,11 +561,8 @@ class TrainStage:
         prev_state = None
         if iteration > 0:
             sdir = materialize(store, layout.train_state(iteration))
-            prev_state = (
-                load_file(str(sdir / "optimizer.safetensors")),
-                json.loads((sdir / "state.json").read_text()),
-                layout.train_state(iteration),
-            )
+            prev_state = (*train_state.read(sdir, layout.train_state(iteration)),
+                          layout.train_state(iteration))  # fmt: skip
         if self.engine is not None:  # a rebuild: free the old engine before making another
             import gc
 

@@ -137,3 +137,34 @@ def restore(engine, tensors: dict[str, torch.Tensor], meta: dict[str, Any], sour
 
 def dumps(meta: dict[str, Any]) -> bytes:
     return json.dumps(meta, indent=2, sort_keys=True).encode()
+
+
+def read(state_dir, uri: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A committed train state's tensors and JSON; a damaged file is a TrainStateError naming
+    it (never a library traceback)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from components.core.preflight import safetensors_problem
+
+    tensors_path, meta_path = (
+        Path(state_dir) / "optimizer.safetensors",
+        Path(state_dir) / "state.json",
+    )
+    why = safetensors_problem(tensors_path) if tensors_path.exists() else "is missing"
+    if why:
+        raise TrainStateError(f"{uri}/optimizer.safetensors {why}; rerun the train stage of that "
+                              "iteration with --force")  # fmt: skip
+    try:
+        tensors = load_file(str(tensors_path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        raise TrainStateError(f"{uri}/optimizer.safetensors cannot be read ({e})") from None
+    try:
+        meta = json.loads(meta_path.read_text())
+        if not isinstance(meta, dict):
+            raise ValueError("it is not a JSON object")
+    except (OSError, ValueError) as e:
+        raise TrainStateError(f"{uri}/state.json is not valid train state ({e}); rerun the train "
+                              "stage of that iteration with --force") from None  # fmt: skip
+    return tensors, meta

@@ -48,7 +48,9 @@ def check_verify(
     call: bool = True,
 ) -> None:  # fmt: skip
     """`datasets`: name -> (uri, table) of the train and eval sets."""
-    good = check_verifier_specs(cfg, problems)
+    good = check_verifier_specs(cfg, problems) | {
+        spec for spec in DEFAULT_REWARDS.values() if spec in ("math", "exact", "format", "code")
+    }
     table = {**DEFAULT_REWARDS, **cfg.verify.rewards}
     samples: dict[str, tuple[str, str, int, dict]] = {}  # data_source -> (uri, gt, row, extra)
     for _name, (uri, t) in datasets.items():
@@ -74,7 +76,7 @@ def check_verify(
     items, where = [], []
     for ds, (uri, gt, idx, extra) in samples.items():
         for _key, spec, _w in resolve_rewards({ds}, cfg.verify.rewards)[ds]:
-            if spec in good or spec in DEFAULT_REWARDS.values() or ":" not in spec:
+            if spec in good:  # a spec that does not resolve is already reported
                 items.append(ScoreItem(spec, ds, gt or "", gt or "", extra))
                 where.append((spec, ds, uri, idx))
     results = score_batch(items, num_workers=1, timeout_s=cfg.verify.timeout_s)
