@@ -1,11 +1,17 @@
-"""Accuracy benchmark for the math verifier (a script, not a test).
+"""Accuracy and speed of the math verifier against math-verify, on labelled sets (a script).
 
-Scores every case of tests/data/math_equivalence.jsonl with
-``components.verify.math.compute_score`` and, when it is installed, with ``math_verify``
-(``verify(parse(gold), parse(response))``), and prints their agreement with the labels
-side by side, overall and per category. ``--show`` lists the disagreements.
+    pip install -e ".[bench]"       # math-verify, a benchmark-only dependency
+    python benchmarks/verify_accuracy.py [--data FILE ...] [--show]
 
-Usage: ``python benchmarks/verify_accuracy.py [--show]``
+Every case of each labelled set (JSON lines: response, ground_truth, label, and a family or
+category) is scored by ``components.verify.math.compute_score`` and by math-verify
+(``verify(parse(gold), parse(response))``) in the same process. Printed per family and overall,
+for both: accuracy, false positives (a reward for a wrong answer) and false negatives (no reward
+for a right one); then the whole-set throughput of each and their ratio (goal: at least 20x
+math-verify's; `benchmarks/verify_throughput.py` measures the common-answer rate). The default
+sets: the original equivalence set, the recall set written before the recall work (issue 14),
+and the held-out set written independently of the verifier's code.
+``--show`` lists every case either judge gets wrong.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from components.verify.math import compute_score  # noqa: E402
+from components.verify.math import clear_caches, compute_score, warm_up  # noqa: E402
 
-DATA = ROOT / "tests" / "data" / "math_equivalence.jsonl"
+DATA = ROOT / "tests" / "data"
+DEFAULT = ["math_equivalence.jsonl", "math_recall.jsonl", "math_heldout.jsonl"]
 
 
 def _ours(response: str, gt: str) -> bool:
@@ -44,46 +52,75 @@ def _math_verify() -> Callable[[str, str], bool] | None:
     return judge
 
 
+def score(rows: list[dict], judge: Callable[[str, str], bool]) -> tuple[list[bool], float]:
+    t0 = time.perf_counter()
+    out = [judge(r["response"], r["ground_truth"]) for r in rows]
+    return out, time.perf_counter() - t0
+
+
+def table(name: str, rows: list[dict], verdicts: dict[str, list[bool]]) -> None:
+    judges = list(verdicts)
+    fams: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        fams[r.get("family") or r.get("category", "-")].append(i)
+    head = "".join(f"{j + ' acc/FP/FN':>26}" for j in judges)
+    print(f"\n{name}: {len(rows)} cases\n{'family':<18}{'n':>5}{head}")
+
+    def cells(idx: list[int]) -> str:
+        out = ""
+        for j in judges:
+            v = verdicts[j]
+            ok = sum(v[i] == rows[i]["label"] for i in idx)
+            fp = sum(v[i] and not rows[i]["label"] for i in idx)
+            fn = sum(not v[i] and rows[i]["label"] for i in idx)
+            out += f"{ok / len(idx):>14.3f} {fp:>4d} {fn:>5d}  "
+        return out
+
+    for fam in sorted(fams):
+        print(f"{fam:<18}{len(fams[fam]):>5}{cells(fams[fam])}")
+    print(f"{'overall':<18}{len(rows):>5}{cells(list(range(len(rows))))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--show", action="store_true", help="list the disagreements")
+    parser.add_argument("--data", nargs="*", default=DEFAULT, help="JSONL sets (under tests/data)")
+    parser.add_argument("--show", action="store_true", help="list the cases either judge misses")
     args = parser.parse_args()
-
-    rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
-    judges: dict[str, Callable[[str, str], bool]] = {"this verifier": _ours}
+    judges: dict[str, Callable[[str, str], bool]] = {"rlvr": _ours}
     mv = _math_verify()
     if mv is not None:
-        judges["math_verify"] = mv
-
-    correct: dict[str, dict[str, int]] = {name: defaultdict(int) for name in judges}
-    totals: dict[str, int] = defaultdict(int)
-    misses: dict[str, list[str]] = {name: [] for name in judges}
-    for row in rows:
-        totals[row["category"]] += 1
-        for name, judge in judges.items():
-            ok = judge(row["response"], row["ground_truth"]) == row["label"]
-            correct[name][row["category"]] += ok
-            if not ok:
-                misses[name].append(
-                    f"[{row['category']}] gt={row['ground_truth']!r} label={row['label']} "
-                    f"response={row['response'][-70:]!r}"
-                )
-
-    names = list(judges)
-    print(f"{len(rows)} labelled cases from {DATA.relative_to(ROOT)}")
-    print(f"{'category':<14}{'n':>5}" + "".join(f"{n:>16}" for n in names))
-    for cat in sorted(totals):
-        cells = "".join(f"{correct[n][cat] / totals[cat]:>16.3f}" for n in names)
-        print(f"{cat:<14}{totals[cat]:>5}{cells}")
-    overall = "".join(f"{sum(correct[n].values()) / len(rows):>16.3f}" for n in names)
-    print(f"{'overall':<14}{len(rows):>5}{overall}")
-    if mv is None:
-        print("math_verify not installed (pip install math-verify): its column is skipped")
-    if args.show:
-        for name in names:
-            print(f"\n{name}: {len(misses[name])} disagreements")
-            for line in misses[name]:
-                print("  " + line)
+        judges["math-verify"] = mv
+    warm_up()
+    seconds: dict[str, float] = defaultdict(float)
+    cases = 0
+    for name in args.data:
+        path = Path(name) if Path(name).is_file() else DATA / name
+        if not path.is_file():
+            print(f"{path}: missing, skipped")
+            continue
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        verdicts = {}
+        for j, fn in judges.items():
+            clear_caches()
+            verdicts[j], s = score(rows, fn)
+            seconds[j] += s
+        cases += len(rows)
+        table(path.name, rows, verdicts)
+        if args.show:
+            for i, r in enumerate(rows):
+                wrong = [j for j in judges if verdicts[j][i] != r["label"]]
+                if wrong:
+                    print(f"  [{r.get('family') or r.get('category')}] wrong: {','.join(wrong)}; "
+                          f"gt={r['ground_truth']!r} label={r['label']} "
+                          f"response=...{r['response'][-90:]!r}")  # fmt: skip
+    print(f"\nspeed over all {cases} cases (caches cleared per set):")
+    for j in judges:
+        print(f"  {j:<12}{cases / seconds[j]:>10.0f} verifications/s")
+    if mv is not None:
+        print(f"  rlvr / math-verify: {seconds['math-verify'] / seconds['rlvr']:.0f}x "
+              "(goal >= 20x)")  # fmt: skip
+    else:
+        print("math-verify is not installed (pip install -e '.[bench]'): its columns are skipped")
 
 
 if __name__ == "__main__":

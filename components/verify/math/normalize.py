@@ -1,0 +1,147 @@
+"""Normalization: an extracted answer or a ground truth to one canonical string."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from components.verify.math.extract import extract_answer
+
+_SIMPLE_NUMBER_RE = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_TEXT_CMD_RE = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textnormal|textsf|texttt|mbox|hbox|mathrm|mathbf|"
+    r"mathit|mathsf|mathtt|operatorname|bf|rm)\s*\{([^{}]*)\}"
+)
+_LEFT_RIGHT_RE = re.compile(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big)(?![a-zA-Z])")
+_DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degree(?![a-zA-Z])")
+_THIN_THOUSANDS_RE = re.compile(r"(\d)\\[,;:! ](?=\d{3}(?!\d))")
+_COMMA_BANG_RE = re.compile(r"(?<=\d),\s*\\!\s*(?=\d{3})")
+_SPACING_RE = re.compile(r"(?<!\\)\\[,;: ]|\\q?quad(?![a-zA-Z])|~")
+_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_SPACE_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
+_MIXED_SPACE_RE = re.compile(r"([-+]?\d+)\s+(\d+)\s*/\s*(\d+)")
+_CMD_SPACE_RE = re.compile(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z0-9])")
+_WS_RE = re.compile(r"\s+")
+# relations are canonicalized to single characters
+_LE_RE = re.compile(r"\\leq?(?:slant)?(?![a-zA-Z])|<=")
+_GE_RE = re.compile(r"\\geq?(?:slant)?(?![a-zA-Z])|>=")
+_NE_RE = re.compile(r"\\neq?(?![a-zA-Z])|!=")
+_INFTY_RE = re.compile(
+    r"\\infty|\\infinity(?![a-zA-Z])|(?<![a-zA-Z\\])(?:infinity|inf)(?![a-zA-Z])"
+)
+_EMPTYSET_RE = re.compile(r"\\(?:varnothing|emptyset)(?![a-zA-Z])|^\\\{\\\}$|^\{\}$")
+_FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
+_FRAC_SHORT2_RE = re.compile(r"\\frac\{([^{}]*)\}(\d)")
+_FRAC_SHORT3_RE = re.compile(r"\\frac(\d)\{")
+_SQRT_SHORT_RE = re.compile(r"\\sqrt(\d|[a-zA-Z](?![a-zA-Z]))")
+
+# A trailing unit: words after a value, optionally with a power (cm^2) or a rate (km/h).
+_UNIT_WORD = r"[a-zA-Z]+\.?(?:\s*\^\s*\{?\d\}?)?"
+_UNIT_TAIL_RE = re.compile(
+    rf"^(?P<val>.*?(?:[\d}}\)]|\\[a-zA-Z]+))(?P<sep>\s*)"
+    rf"(?P<unit>{_UNIT_WORD}(?:\s*(?:/|per\s)\s*{_UNIT_WORD}|\s+{_UNIT_WORD})*)$"
+)
+# Words that are never units (they carry meaning or are math).
+_NOT_UNITS = frozenset(
+    """or and to of is are not no nor but than then plus minus times over divided by
+    equals equal with for in at the an if else where when so yes none undefined
+    infinity inf pi sqrt sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log
+    ln exp mod choose i e dne true false only each both all""".split()
+)
+# Units recognised even when written without a space ("5cm").
+_KNOWN_UNITS = frozenset(
+    """cm mm km m kg g mg lb lbs oz ft inch inches feet foot yd yard yards mi mile miles
+    s sec secs second seconds min mins minute minutes h hr hrs hour hours day days week weeks
+    month months year years yr yrs cent cents dollar dollars l ml liter liters litre litres
+    mph kph kmh units unit sq square cubic degree degrees deg percent meters meter metres
+    metre centimeters centimeter kilometers kilometer grams gram kilograms kilogram pounds
+    pound ounces ounce gallons gallon quarts quart pints pint cups cup""".split()
+)
+
+
+def _strip_units(s: str) -> str:
+    """Drop trailing unit words (``5 cm``, ``12 square feet``, ``10 km/h``)."""
+    for _ in range(3):
+        m = _UNIT_TAIL_RE.match(s)
+        if not m:
+            break
+        words = re.findall(r"[a-zA-Z]+", m.group("unit"))
+        if not words or any(w.lower() in _NOT_UNITS for w in words):
+            break
+        if m.group("sep"):
+            # "5 cm": any word of two or more letters, plus a few one-letter units
+            if not all(len(w) > 1 or w in {"m", "g", "s", "h", "L", "l"} for w in words):
+                break
+        elif not all(w.lower() in _KNOWN_UNITS for w in words):
+            break  # "2ab" is a product, "5cm" a length
+        val = m.group("val").rstrip()
+        if not val or not re.search(r"\d", val):
+            break
+        s = val
+    return s
+
+
+def _unwrap_boxed(s: str) -> str:
+    if "\\boxed" in s or "\\fbox" in s:
+        ans, _ = extract_answer(s)
+        if ans is not None:
+            return ans
+    return s
+
+
+@lru_cache(maxsize=65536)
+def normalize_answer(s: str) -> str:
+    """Normalize an extracted answer (or a ground truth) to a canonical string.
+
+    Handles ``\\dfrac``/``\\tfrac``, ``\\left``/``\\right``, spacing commands and
+    whitespace, thousands separators (``1,000`` but not ``(1,2)``), trailing units
+    (``5 cm``, ``\\text{ cm}``), degrees, percent signs, ``\\text{}`` wrappers, dollar
+    signs and a trailing period.
+    """
+    s = s.strip()
+    if _SIMPLE_NUMBER_RE.fullmatch(s):
+        return s[1:] if s.startswith("+") else s
+    s = _unwrap_boxed(s)
+    # math-mode delimiters and dollar signs
+    s = s.replace("\\$", "").replace("$", "")
+    for delim in ("\\(", "\\)", "\\[", "\\]"):
+        s = s.replace(delim, " ")
+    s = s.replace("\\displaystyle", " ")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _LEFT_RIGHT_RE.sub("", s)
+    s = _COMMA_BANG_RE.sub(",", s.replace("{,}", ","))  # MATH writes 11,\! 111
+    s = _THIN_THOUSANDS_RE.sub(r"\1", s)
+    s = s.replace("\\!", "")
+    s = _SPACING_RE.sub(" ", s)
+    s = _DEGREE_RE.sub(" ", s)
+    s = s.replace("\\%", " ").replace("%", " ")
+    for _ in range(3):
+        new = _TEXT_CMD_RE.sub(r" \1 ", s)
+        if new == s:
+            break
+        s = new
+    s = s.strip()
+    s = s.strip("*").strip()
+    s = s.rstrip(".").strip()
+    s = _strip_units(s)
+    s = s.rstrip(".").strip()
+    if _THOUSANDS_RE.fullmatch(s) or _SPACE_THOUSANDS_RE.fullmatch(s):
+        s = s.replace(",", "").replace(" ", "")
+    m = _MIXED_SPACE_RE.fullmatch(s)
+    if m:
+        s = f"{m.group(1)}\\frac{{{m.group(2)}}}{{{m.group(3)}}}"
+    s = _INFTY_RE.sub(r"\\infty", s)
+    s = _LE_RE.sub("≤", s)
+    s = _GE_RE.sub("≥", s)
+    s = _NE_RE.sub("≠", s)
+    # remove whitespace, keeping a separator between a command and a following letter
+    s = _CMD_SPACE_RE.sub(lambda mm: mm.group(1) + "\x00", s)
+    s = _WS_RE.sub("", s).replace("\x00", " ")
+    s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    s = _FRAC_SHORT2_RE.sub(r"\\frac{\1}{\2}", s)
+    s = _FRAC_SHORT3_RE.sub(r"\\frac{\1}{", s)
+    s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s)
+    s = _EMPTYSET_RE.sub(r"\\emptyset", s)
+    if s.startswith("+"):
+        s = s[1:]
+    return s.rstrip(".")

@@ -1,0 +1,182 @@
+"""Structure: equations, inequalities, tuples, intervals, sets, unions and matrices."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+_SIMPLE_LHS_RE = re.compile(r"(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?[a-zA-Z0-9]+\}?)?(?:\([a-z]\))?")
+_CHOICE_RE = re.compile(r"\(?([A-E])\)?")
+
+
+def _split_top(s: str, sep: str) -> list[str]:
+    """Split on ``sep`` outside of (), [], {} nesting."""
+    parts: list[str] = []
+    depth = 0
+    start = 0
+    i = 0
+    n = len(s)
+    while i < n:
+        ch = s[i]
+        if ch == "\\" and i + 1 < n and s[i + 1] in "{}":
+            depth += 1 if s[i + 1] == "{" else -1
+            i += 2
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and s.startswith(sep, i):
+            parts.append(s[start:i])
+            i += len(sep)
+            start = i
+            continue
+        i += 1
+    parts.append(s[start:])
+    return parts
+
+
+def _matching_close(s: str, i: int) -> int:
+    """Index of the bracket closing the one opening at ``s[i]`` (any bracket kind)."""
+    depth = 0
+    j = i
+    while j < len(s):
+        ch = s[j]
+        if ch == "\\" and j + 1 < len(s) and s[j + 1] in "{}":
+            depth += 1 if s[j + 1] == "{" else -1
+            if depth == 0:
+                return j
+            j += 2
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return j
+        j += 1
+    return -1
+
+
+def _strip_equation_lhs(s: str) -> str:
+    """``x=3`` -> ``3`` (and ``x\\in[2,5]`` -> ``[2,5]``) when the left side is a single
+    variable (``x``, ``\\theta``, ``a_1``)."""
+    if "\\in" in s and not s.startswith("\\in"):
+        lhs, _, rhs = s.partition("\\in")
+        if rhs and not rhs[0].isalpha() and _SIMPLE_LHS_RE.fullmatch(lhs):
+            return rhs  # x \in [2,5] -> [2,5]
+    if s.count("=") != 1:
+        return s
+    lhs, rhs = s.split("=")
+    if rhs and _SIMPLE_LHS_RE.fullmatch(lhs) and lhs not in ("\\pi", "\\infty"):
+        return rhs
+    return s
+
+
+_INEQ_RE = re.compile(r"([a-zA-Z])([<>≤≥])(.+)")
+_INEQ_REV_RE = re.compile(r"(.+?)([<>≤≥])([a-zA-Z])")
+_INEQ_BOTH_RE = re.compile(r"(.+?)([<≤])([a-zA-Z])([<≤])(.+)")
+
+
+def _inequality_to_interval(s: str) -> str:
+    """``x>3`` -> ``(3,\\infty)``, ``1\\le x<2`` -> ``[1,2)``; other strings unchanged."""
+    if not any(op in s for op in "<>≤≥"):
+        return s
+    m = _INEQ_BOTH_RE.fullmatch(s)
+    if m:
+        lo = "[" if m.group(2) == "≤" else "("
+        hi = "]" if m.group(4) == "≤" else ")"
+        return f"{lo}{m.group(1)},{m.group(5)}{hi}"
+    m = _INEQ_RE.fullmatch(s)
+    if m:
+        op, val = m.group(2), m.group(3)
+    else:
+        m = _INEQ_REV_RE.fullmatch(s)
+        if not m:
+            return s
+        flip = {"<": ">", ">": "<", "≤": "≥", "≥": "≤"}
+        op, val = flip[m.group(2)], m.group(1)
+    if any(op2 in val for op2 in "<>≤≥"):
+        return s
+    if op == ">":
+        return f"({val},\\infty)"
+    if op == "≥":
+        return f"[{val},\\infty)"
+    if op == "<":
+        return f"(-\\infty,{val})"
+    return f"(-\\infty,{val}]"
+
+
+# A parsed structure: (kind, elements). kind is "set" (unordered), "list" (bare comma
+# list, unordered), "union" (unordered intervals), "matrix", or an ordered bracket pair
+# such as "()", "[)", "[]".
+Struct = tuple[str, tuple[Any, ...]]
+
+
+def _parse_struct(s: str) -> Struct | None:
+    """Parse tuples, intervals, sets, unions, matrices, ``\\pm`` and bare comma lists."""
+    if "\\begin{" in s and "matrix}" in s:
+        m = re.fullmatch(r"\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}", s)
+        if m:
+            rows = [r for r in m.group(2).split("\\\\") if r != ""]
+            return "matrix", tuple(tuple(c for c in r.split("&")) for r in rows)
+        return None
+    if "\\cup" in s:
+        parts = _split_top(s, "\\cup")
+        if len(parts) > 1:
+            subs = [_parse_struct(p) for p in parts]
+            if all(x is not None for x in subs):
+                return "union", tuple(subs)
+            return None
+    if s.startswith("\\{") and s.endswith("\\}") and _matching_close(s, 0) == len(s) - 2:
+        inner = s[2:-2]
+        return "set", tuple(e for e in _split_top(inner, ",") if e != "") if inner else ()
+    if s and s[0] in "([" and s[-1] in ")]" and _matching_close(s, 0) == len(s) - 1:
+        parts = _split_top(s[1:-1], ",")
+        if len(parts) >= 2:
+            return s[0] + s[-1], tuple(parts)
+        return None
+    parts = _split_top(s, ",")
+    if len(parts) >= 2 and all(parts):
+        return "list", tuple(parts)
+    pm = _split_top(s, "\\pm")
+    if len(pm) == 2 and pm[1]:
+        a, b = pm
+        if a:
+            return "list", (f"{a}+{b}", f"{a}-{b}")
+        return "list", (b, f"-{b}")
+    return None
+
+
+def _match_unordered(pred: tuple[Any, ...], gt: tuple[Any, ...], eq: Any) -> bool:
+    if len(pred) != len(gt):
+        return False
+    used = [False] * len(pred)
+    for g in gt:
+        for k, p in enumerate(pred):
+            if not used[k] and eq(p, g):
+                used[k] = True
+                break
+        else:
+            return False
+    return True
+
+
+def _struct_equal(p: Struct, g: Struct, eq: Callable[[str, str], bool]) -> bool:
+    """Equal structures: elements compared with `eq` (the equivalence of two answers)."""
+    pk, pe = p
+    gk, ge = g
+    unordered = {"set", "list"}
+    if pk in unordered and gk in unordered:
+        return _match_unordered(pe, ge, eq)
+    if pk != gk:
+        return False
+    if pk == "union":
+        return _match_unordered(pe, ge, lambda a, b: _struct_equal(a, b, eq))
+    if pk == "matrix":
+        return len(pe) == len(ge) and all(
+            len(pr) == len(gr) and all(eq(a, b) for a, b in zip(pr, gr, strict=True))
+            for pr, gr in zip(pe, ge, strict=True)
+        )
+    return len(pe) == len(ge) and all(eq(a, b) for a, b in zip(pe, ge, strict=True))
