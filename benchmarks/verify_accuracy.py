@@ -30,7 +30,12 @@ sys.path.insert(0, str(ROOT))
 from components.verify.math import clear_caches, compute_score, warm_up  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
-DEFAULT = ["math_equivalence.jsonl", "math_recall.jsonl", "math_heldout.jsonl"]
+DEFAULT = [
+    "math_equivalence.jsonl",
+    "math_recall.jsonl",
+    "math_heldout_v1.jsonl",
+    "math_heldout.jsonl",
+]
 
 
 def _ours(response: str, gt: str) -> bool:

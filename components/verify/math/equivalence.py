@@ -16,7 +16,13 @@ from components.verify.math.structure import (
     _strip_equation_lhs,
     _struct_equal,
 )
-from components.verify.math.symbolic import _FUNCS, _GREEK, _parse_sympy, _sympy_equal
+from components.verify.math.symbolic import (
+    _FUNCS,
+    _GREEK,
+    _parse_sympy,
+    _sympy_equal,
+    linear_inequality_interval,
+)
 
 # Answers longer than this are compared by exact (stripped) string only: nothing real is
 # that long, and it keeps the regex work bounded for degenerate outputs.
@@ -50,8 +56,8 @@ def _equivalent_normalized(pred: str, gt: str) -> bool:
     pn = _to_number(pred)
     if gn is not None and pn is not None:
         return _numbers_equal(pn, gn)
-    # inequalities become intervals
-    pi_, gi = _inequality_to_interval(pred), _inequality_to_interval(gt)
+    # inequalities become intervals (solved when linear in one variable: -x>-1 is x<1)
+    pi_, gi = _to_interval(pred), _to_interval(gt)
     if pi_ != pred or gi != gt:
         return _equivalent_normalized(pi_, gi)
     # tuples, intervals, sets
@@ -69,8 +75,15 @@ def _equivalent_normalized(pred: str, gt: str) -> bool:
     return _sympy_equal(pred, gt)
 
 
-def _prepare(answer: str) -> str:
-    return _strip_equation_lhs(normalize_answer(answer))
+def _to_interval(s: str) -> str:
+    interval = _inequality_to_interval(s)
+    if interval == s and any(op in s for op in "<>≤≥"):
+        interval = linear_inequality_interval(s) or s
+    return interval
+
+
+def _is_equation(s: str) -> bool:
+    return s.count("=") == 1 and "≤" not in s and "≥" not in s
 
 
 def is_equivalent(response_answer: str, ground_truth: str) -> bool:
@@ -87,8 +100,13 @@ def is_equivalent(response_answer: str, ground_truth: str) -> bool:
         ans, _ = extract_answer(gt)
         gt = ans if ans is not None else gt
     try:
-        pred = _prepare(response_answer)
-        gold = _prepare(gt)
+        pred, gold = normalize_answer(response_answer), normalize_answer(gt)
+        # "x = 3" counts as 3, unless the other side is an equation too: then the two
+        # equations are compared as equations (y = 2x + 1 is 2x - y + 1 = 0)
+        pred, gold = (
+            pred if _is_equation(gold) else _strip_equation_lhs(pred),
+            gold if _is_equation(pred) else _strip_equation_lhs(gold),
+        )
         return _equivalent_normalized(pred, gold)
     except (RecursionError, OverflowError, ZeroDivisionError, ValueError):
         # pathological nesting or magnitudes: not a recognisable correct answer
@@ -121,3 +139,4 @@ def clear_caches() -> None:
     normalize_answer.cache_clear()
     _equivalent_normalized.cache_clear()
     _parse_sympy.cache_clear()
+    linear_inequality_interval.cache_clear()

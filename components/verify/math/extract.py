@@ -61,28 +61,131 @@ def _last_command_arg(text: str, command: str) -> str | None:
 
 
 def _clean_phrase_answer(raw: str) -> str | None:
-    """Trim a "the answer is ..." capture to the answer itself."""
+    """Trim a "the answer is ..." capture to the answer itself: its first sentence, and when
+    that is a sentence about the answer ("The volume of the box is 120", "the number of ways,
+    which is 10"), the value after its last "is"."""
     line = raw.strip().split("\n", 1)[0]
     m = _SENTENCE_END_RE.search(line)
     if m:
         line = line[: m.start()]
     line = line.strip().strip("*").strip()
+    m = re.search(r"\bis\s+(?P<x>[^\s].*)$", line)
+    if m and re.search(r"[A-Za-z]{3,}", line[: m.start()]):
+        line = m.group("x").strip()
     if line.startswith("$") and line.count("$") >= 2:
         line = line[1 : line.index("$", 1)]
     line = line.strip().rstrip(".").strip()
     return line or None
 
 
+# Chat-template and end-of-text markers: whatever follows one is not the response any more
+# (a model that runs on into the next turn).
+_DEBRIS_RE = re.compile(
+    r"<\|(?:im_end|im_start|endoftext|eot_id|end_of_text|end|eos|start_header_id)\|>|</s>"
+    r"|<end_of_turn>|<start_of_turn>"
+)
+# "Answer: X", "**Final answer:** X", "### Final Answer", "ANSWER - X" at the start of a line.
+_LABEL_RE = re.compile(
+    r"^[ \t>#*_]*(?:final\s+)?answer[ \t*_]*(?:[:：=\-][ \t*_]*|(?=\\\[|\$)|(?=[ \t*_]*$))"
+    r"(?P<rest>[^\n]*)$",
+    re.IGNORECASE | re.MULTILINE,
+)
+# The last line of a finished derivation: "Hence the remainder is 3." / "So x = 5."
+_CONCLUSION_RE = re.compile(
+    r"^\W*(?:hence|thus|therefore|so|finally)\b[^\n]*?(?:\bis|=|\bequals)\s+(?P<x>[^\n]+?)\s*\.?$",
+    re.IGNORECASE,
+)
+# A line that is only a value: a number, or a short math expression without words.
+_BARE_VALUE_RE = re.compile(r"[-+]?[\d.]+|[-+\w\\{}()^/.,\[\]:\s*!|]{1,80}")
+_WORD_RE = re.compile(r"[A-Za-z]{2,}")
+_MATH_WORDS = frozenset(
+    "frac dfrac tfrac cfrac sqrt pi infty cdot times sin cos tan log ln exp pm mp le ge lt gt "
+    "leq geq neq left right circ text mathrm boxed".split()
+)
+
+
+def _strip_math_delims(s: str) -> str:
+    s = s.strip().strip("*").strip()
+    for a, b in (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$")):
+        if s.startswith(a) and s.endswith(b) and len(s) >= len(a) + len(b):
+            s = s[len(a) : len(s) - len(b)].strip()
+    return s.strip().rstrip(".").strip()
+
+
+def _looks_like_a_value(s: str) -> bool:
+    """A bare answer: no words other than LaTeX commands (``\\frac12``, ``(2, 3)``, ``64``)."""
+    if not s or len(s) > 80 or not _BARE_VALUE_RE.fullmatch(s):
+        return False
+    words = [w for w in _WORD_RE.findall(s) if w.lower() not in _MATH_WORDS]
+    return not words
+
+
+def _label_answer(text: str) -> str | None:
+    """The value after the last answer label ("Answer: X"), on its line or, when the label
+    ends its line, on the next non-empty line(s) (a display-math block)."""
+    last = None
+    for last in _LABEL_RE.finditer(text):  # noqa: B007 - we want the last match
+        pass
+    if last is None:
+        return None
+    rest = last.group("rest").strip()
+    if not rest.strip("*$ "):
+        block = text[last.end() :].strip()
+        if block.startswith("$$") and "$$" in block[2:]:
+            rest = block[: block.index("$$", 2) + 2]
+        elif block.startswith("\\[") and "\\]" in block:
+            rest = block[: block.index("\\]") + 2]
+        else:
+            rest = block.split("\n", 1)[0]
+    sentence = _clean_phrase_answer(rest)
+    if sentence is None:
+        return None
+    value = _strip_math_delims(sentence)
+    return value or None
+
+
+def _last_line_answer(text: str) -> tuple[str | None, str | None]:
+    """A response that ends in a conclusion sentence or a line that is only a value."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return None, None
+    last = lines[-1].strip()
+    if last in ("$$", "\\]") and len(lines) >= 3:  # a display block on its own lines
+        opening = "$$" if last == "$$" else "\\["
+        for k in range(len(lines) - 2, -1, -1):
+            if lines[k].strip() == opening:
+                last = " ".join(ln.strip() for ln in lines[k + 1 : -1])
+                break
+    m = _CONCLUSION_RE.match(last)
+    if m:
+        value = _strip_math_delims(m.group("x"))
+        if _looks_like_a_value(value):
+            return value, "conclusion"
+    value = _strip_math_delims(last)
+    if _looks_like_a_value(value):
+        return value, "last_line"
+    return None, None
+
+
 def extract_answer(text: str) -> tuple[str | None, str | None]:
     """Extract the final answer from a model response.
 
-    Returns ``(answer, rule)`` where ``rule`` names the rule that fired: ``"boxed"``
-    (last ``\\boxed{...}`` with balanced braces), ``"fbox"``, ``"answer_phrase"``
-    ("final answer is X" / "the answer is X", last occurrence) or ``"gsm8k"``
-    (``#### X``). ``(None, None)`` when nothing matches.
+    Returns ``(answer, rule)`` where ``rule`` names the rule that fired, in this order:
+    ``"boxed"`` (last ``\\boxed{...}`` with balanced braces), ``"fbox"``,
+    ``"answer_phrase"`` ("final answer is X" / "the answer is X", last occurrence),
+    ``"answer_label"`` ("Answer: X", "**Final answer:** X", "### Final Answer" over a display
+    block), ``"gsm8k"`` (``#### X``), ``"conclusion"`` (a last line "Hence ... is X") and
+    ``"last_line"`` (a last line that is only a value). Chat-template debris (``<|im_end|>``,
+    ``<|im_start|>``, ``<|endoftext|>``, ...) ends the response. ``(None, None)`` when nothing
+    matches.
     """
     if not text:
         return None, None
+    m = _DEBRIS_RE.search(text)
+    if m:
+        text = text[: m.start()]
+        if not text.strip():
+            return None, None
     if "\\boxed" in text:
         ans = _last_command_arg(text, "\\boxed")
         if ans is not None:
@@ -98,10 +201,13 @@ def extract_answer(text: str) -> tuple[str | None, str | None]:
         ans = _clean_phrase_answer(text[last.end() :])
         if ans is not None:
             return ans, "answer_phrase"
+    ans = _label_answer(text)
+    if ans is not None:
+        return ans, "answer_label"
     if "####" in text:
         matches = _GSM8K_RE.findall(text)
         if matches:
             ans = matches[-1].strip().rstrip(".").strip()
             if ans:
                 return ans, "gsm8k"
-    return None, None
+    return _last_line_answer(text)

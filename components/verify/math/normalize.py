@@ -34,6 +34,18 @@ _FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
 _FRAC_SHORT2_RE = re.compile(r"\\frac\{([^{}]*)\}(\d)")
 _FRAC_SHORT3_RE = re.compile(r"\\frac(\d)\{")
 _SQRT_SHORT_RE = re.compile(r"\\sqrt(\d|[a-zA-Z](?![a-zA-Z]))")
+_FRAC_VARIANT_RE = re.compile(r"\\[dtc]frac(?![a-zA-Z])")
+_LT_RE = re.compile(r"\\lt(?![a-zA-Z])")
+_GT_RE = re.compile(r"\\gt(?![a-zA-Z])")
+_APPROX_RE = re.compile(r"\\approx(?![a-zA-Z])|≈")
+# A matrix as an array between brackets (after \left / \right are gone), or a bare array.
+_ARRAY_RE = re.compile(
+    r"[\[(]?\s*\\begin\{array\}\s*\{[^{}]*\}(?P<body>.*?)\\end\{array\}\s*[\])]?", re.DOTALL
+)
+_RATIO_RE = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?::|∶|\bto\b)\s*(-?\d+(?:\.\d+)?)")
+_OR_RE = re.compile(r"\s+or\s+")
+_PLUS_INFTY_RE = re.compile(r"(^|[,(\[])\+\\infty")
+_FRENCH_INTERVAL_RE = re.compile(r"([\]\[])([^\[\]]*,[^\[\]]*)([\]\[])")
 
 # A trailing unit: words after a value, optionally with a power (cm^2) or a rate (km/h).
 _UNIT_WORD = r"[a-zA-Z]+\.?(?:\s*\^\s*\{?\d\}?)?"
@@ -107,8 +119,11 @@ def normalize_answer(s: str) -> str:
     for delim in ("\\(", "\\)", "\\[", "\\]"):
         s = s.replace(delim, " ")
     s = s.replace("\\displaystyle", " ")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _FRAC_VARIANT_RE.sub(r"\\frac", s)
+    s = _LT_RE.sub("<", _GT_RE.sub(">", s))
+    s = _APPROX_RE.sub("=", s)  # "x \\approx 11" states 11 (a rounded value still has to match)
     s = _LEFT_RIGHT_RE.sub("", s)
+    s = _ARRAY_RE.sub(lambda m: f"\\begin{{pmatrix}}{m.group('body')}\\end{{pmatrix}}", s)
     s = _COMMA_BANG_RE.sub(",", s.replace("{,}", ","))  # MATH writes 11,\! 111
     s = _THIN_THOUSANDS_RE.sub(r"\1", s)
     s = s.replace("\\!", "")
@@ -123,6 +138,10 @@ def normalize_answer(s: str) -> str:
     s = s.strip()
     s = s.strip("*").strip()
     s = s.rstrip(".").strip()
+    m = _RATIO_RE.fullmatch(s)
+    if m:  # "3:4", "3 to 4": the ratio's value (4:3 stays different)
+        s = f"\\frac{{{m.group(1)}}}{{{m.group(2)}}}"
+    s = _OR_RE.sub(",", s)  # "x = 2 or x = 3": the list of both (never one of them)
     s = _strip_units(s)
     s = s.rstrip(".").strip()
     if _THOUSANDS_RE.fullmatch(s) or _SPACE_THOUSANDS_RE.fullmatch(s):
@@ -142,6 +161,10 @@ def normalize_answer(s: str) -> str:
     s = _FRAC_SHORT3_RE.sub(r"\\frac{\1}{", s)
     s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s)
     s = _EMPTYSET_RE.sub(r"\\emptyset", s)
+    s = _PLUS_INFTY_RE.sub(r"\1\\infty", s)
+    m = _FRENCH_INTERVAL_RE.fullmatch(s)
+    if m:  # ]1,2] is (1,2]; [1,2[ is [1,2)
+        s = ("(" if m.group(1) == "]" else "[") + m.group(2) + (")" if m.group(3) == "[" else "]")
     if s.startswith("+"):
         s = s[1:]
     return s.rstrip(".")

@@ -139,6 +139,12 @@ def _parse_struct(s: str) -> Struct | None:
         return None
     parts = _split_top(s, ",")
     if len(parts) >= 2 and all(parts):
+        # "x<0, x>1" (from "x < 0 or x > 1"): the union of the intervals
+        intervals = [_inequality_to_interval(p) for p in parts]
+        if all(iv != p for iv, p in zip(intervals, parts, strict=True)):
+            subs = [_parse_struct(iv) for iv in intervals]
+            if all(x is not None for x in subs):
+                return "union", tuple(subs)
         return "list", tuple(parts)
     pm = _split_top(s, "\\pm")
     if len(pm) == 2 and pm[1]:
@@ -170,6 +176,8 @@ def _struct_equal(p: Struct, g: Struct, eq: Callable[[str, str], bool]) -> bool:
     unordered = {"set", "list"}
     if pk in unordered and gk in unordered:
         return _match_unordered(pe, ge, eq)
+    if pk == "list" and gk == "()":  # "1, 3" for the pair (1, 3): the truth fixes the shape
+        return len(pe) == len(ge) and all(eq(a, b) for a, b in zip(pe, ge, strict=True))
     if pk != gk:
         return False
     if pk == "union":

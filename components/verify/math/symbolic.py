@@ -467,3 +467,40 @@ def _sympy_equal(pred: str, gt: str) -> bool:
             return False
         checked += 1
     return checked >= 3
+
+
+_RELATIONS = {"<": "<", ">": ">", "≤": "≤", "≥": "≥"}
+_FLIP = {"<": ">", ">": "<", "≤": "≥", "≥": "≤"}
+
+
+@lru_cache(maxsize=16384)
+def linear_inequality_interval(s: str) -> str | None:
+    """``-x>-1`` -> ``(-\\infty,1)``, ``-2x≤-6`` -> ``[3,\\infty)``: a single inequality that is
+    linear in one variable, solved (dividing by a negative coefficient flips it); None for
+    anything else."""
+    ops = [ch for ch in s if ch in _RELATIONS]
+    if len(ops) != 1 or "=" in s:
+        return None
+    lhs, rhs = s.split(ops[0])
+    a, b = _parse_sympy(lhs), _parse_sympy(rhs)
+    if a is None or b is None or isinstance(a, tuple) or isinstance(b, tuple):
+        return None
+    sympy = _sympy()[0]
+    diff = sympy.expand(a - b)
+    if len(diff.free_symbols) != 1:
+        return None
+    (x,) = diff.free_symbols
+    try:
+        poly = sympy.Poly(diff, x)
+    except Exception:
+        return None
+    if poly.degree() != 1 or not all(c.is_number and c.is_real for c in poly.all_coeffs()):
+        return None
+    coef, const = poly.all_coeffs()
+    if coef == 0:
+        return None
+    op = ops[0] if coef > 0 else _FLIP[ops[0]]
+    bound = sympy.nsimplify(-const / coef)
+    text = str(bound).replace("**", "^")
+    return {">": f"({text},\\infty)", "≥": f"[{text},\\infty)",
+            "<": f"(-\\infty,{text})", "≤": f"(-\\infty,{text}]"}[op]  # fmt: skip
