@@ -11,6 +11,7 @@ from components.verify.math.normalize import normalize_answer
 from components.verify.math.numbers import _numbers_equal, _to_number
 from components.verify.math.structure import (
     _CHOICE_RE,
+    _equation_value,
     _inequality_to_interval,
     _parse_struct,
     _strip_equation_lhs,
@@ -104,7 +105,7 @@ def is_equivalent(response_answer: str, ground_truth: str) -> bool:
         # "x = 3" counts as 3, unless the other side is an equation too: then the two
         # equations are compared as equations (y = 2x + 1 is 2x - y + 1 = 0)
         pred, gold = (
-            pred if _is_equation(gold) else _strip_equation_lhs(pred),
+            pred if _is_equation(gold) else _equation_value(pred),
             gold if _is_equation(pred) else _strip_equation_lhs(gold),
         )
         return _equivalent_normalized(pred, gold)

@@ -64,7 +64,7 @@ def _clean_phrase_answer(raw: str) -> str | None:
     """Trim a "the answer is ..." capture to the answer itself: its first sentence, and when
     that is a sentence about the answer ("The volume of the box is 120", "the number of ways,
     which is 10"), the value after its last "is"."""
-    line = raw.strip().split("\n", 1)[0]
+    line = _strip_remark(raw.strip().split("\n", 1)[0])
     m = _SENTENCE_END_RE.search(line)
     if m:
         line = line[: m.start()]
@@ -72,9 +72,9 @@ def _clean_phrase_answer(raw: str) -> str | None:
     m = re.search(r"\bis\s+(?P<x>[^\s].*)$", line)
     if m and re.search(r"[A-Za-z]{3,}", line[: m.start()]):
         line = m.group("x").strip()
-    if line.startswith("$") and line.count("$") >= 2:
+    if line.startswith("$") and not line.startswith("$$") and line.count("$") >= 2:
         line = line[1 : line.index("$", 1)]
-    line = line.strip().rstrip(".").strip()
+    line = _strip_math_delims(line)
     return line or None
 
 
@@ -96,11 +96,12 @@ _CONCLUSION_RE = re.compile(
     re.IGNORECASE,
 )
 # A line that is only a value: a number, or a short math expression without words.
-_BARE_VALUE_RE = re.compile(r"[-+]?[\d.]+|[-+\w\\{}()^/.,\[\]:\s*!|]{1,80}")
+_BARE_VALUE_RE = re.compile(r"[-+]?[\d.]+|[-+\w\\{}()^/.,\[\]:\s*!|='<>≤≥−√π∞∈∪×·%°$]{1,80}")
 _WORD_RE = re.compile(r"[A-Za-z]{2,}")
 _MATH_WORDS = frozenset(
     "frac dfrac tfrac cfrac sqrt pi infty cdot times sin cos tan log ln exp pm mp le ge lt gt "
-    "leq geq neq left right circ text mathrm boxed".split()
+    "leq geq neq left right circ text mathrm boxed in cup infty approx mid emptyset "
+    "varnothing colon oo or and to".split()
 )
 
 
@@ -144,26 +145,109 @@ def _label_answer(text: str) -> str | None:
     return value or None
 
 
-def _last_line_answer(text: str) -> tuple[str | None, str | None]:
-    """A response that ends in a conclusion sentence or a line that is only a value."""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+_MATH_SPAN_RE = re.compile(
+    r"\$\$(?P<a>.+?)\$\$|\\\[(?P<b>.+?)\\\]|\\\((?P<c>.+?)\\\)|\$(?P<d>[^$]+?)\$", re.DOTALL
+)
+# What may join the spans of a multi-part answer: "$x = 2$ or $x = 3$", "$1$, $4$ and $9$".
+_JOINER_RE = re.compile(r"\s*(?:,\s*)?(?:(?:or|and)\s*)?|\s*,\s*", re.IGNORECASE)
+# A statement of the value: the last "is" / "are" / "=" / "equals" / "be" / "at" of a sentence.
+_CUE_RE = re.compile(r"(?:\b(?:is|are|was|were|equals?|be|at|gives|get|obtain)\b|=)\s+")
+_HEDGE_RE = re.compile(
+    r"^(?:about|approximately|exactly|precisely|just|only|simply|all|then|therefore|thus|"
+    r"still|now|clearly|indeed|equal\s+to|given\s+by)\s+",
+    re.IGNORECASE,
+)
+_REMARK_RE = re.compile(r"\s+\((?=[^()]*(?<![\\A-Za-z])[A-Za-z]{3})[^()]*\)[\s.!]*$")
+_TRAILING_WORDS_RE = re.compile(r"(?:\s+[A-Za-z][A-Za-z.-]*){1,3}\s*$")
+
+
+def _final_sentence(text: str) -> str:
+    """The last sentence of a response: its last line (or display block), cut after the last
+    sentence end that is not inside math."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     if not lines:
-        return None, None
-    last = lines[-1].strip()
+        return ""
+    last = lines[-1]
     if last in ("$$", "\\]") and len(lines) >= 3:  # a display block on its own lines
         opening = "$$" if last == "$$" else "\\["
         for k in range(len(lines) - 2, -1, -1):
-            if lines[k].strip() == opening:
-                last = " ".join(ln.strip() for ln in lines[k + 1 : -1])
+            if lines[k] == opening:
+                head = lines[k - 1] if k >= 1 and not lines[k - 1].endswith(".") else ""
+                body = " ".join(lines[k + 1 : -1])
+                last = f"{head} {opening}{body}{last}".strip()
                 break
-    m = _CONCLUSION_RE.match(last)
+    # cut at the last ". " that is outside math spans
+    masked = _MATH_SPAN_RE.sub(lambda m: "x" * len(m.group(0)), last)
+    cut = 0
+    for m in re.finditer(r"[.!?:]\s+(?=\S)", masked):
+        cut = m.end()
+    return last[cut:].strip()
+
+
+def _strip_remark(s: str) -> str:
+    """Drop a trailing parenthetical remark: "8 outcomes (out of the 36 possible)"."""
+    return _REMARK_RE.sub("", s).strip()
+
+
+def _span_answer(sentence: str) -> str | None:
+    """The math span(s) a sentence ends with: the last span, or several joined by "or",
+    "and" or commas ("$x = 2$ or $x = 3$"); a few trailing words (units) may follow."""
+    spans = list(_MATH_SPAN_RE.finditer(sentence))
+    if not spans:
+        return None
+    tail = _strip_remark(sentence[spans[-1].end() :]).strip(" .,;!*")
+    if tail and (len(tail.split()) > 3 or re.search(r"[\d=$\\]", tail)):
+        return None  # "... $x = 5$ into the equation and simplify": not a conclusion
+    picked = [spans[-1]]
+    for prev in reversed(spans[:-1]):
+        gap = sentence[prev.end() : picked[0].start()]
+        if not _JOINER_RE.fullmatch(gap) or not gap.strip():
+            break
+        picked.insert(0, prev)
+    values = [_strip_math_delims(m.group(0)) for m in picked]
+    return ", ".join(v for v in values if v) or None
+
+
+def _stated_value(sentence: str) -> str | None:
+    """The value a plain-text sentence states after its last cue word ("The minimum value is
+    -7.", "So there are 10000 combinations.", "The possible values are 9, 4, and 1.")."""
+    cues = list(_CUE_RE.finditer(sentence))
+    if not cues:
+        return None
+    value = _strip_remark(sentence[cues[-1].end() :].strip().rstrip(".!").strip(" *"))
+    value = _HEDGE_RE.sub("", value)
+    value = re.sub(r",?\s+(?:and|or)\s+", ", ", value)  # "9, 4, and 1": a list
+    if _looks_like_a_value(value):
+        return value
+    words = _TRAILING_WORDS_RE.search(value)
+    if words and re.search(r"\d", value[: words.start()]):
+        head = value[: words.start()].strip()
+        if _looks_like_a_value(head):
+            return value  # the unit words go in normalization
+    return None
+
+
+def _last_line_answer(text: str) -> tuple[str | None, str | None]:
+    """A response that ends in a conclusion: a line that is only a value, a last sentence
+    that ends in math ("So the lines meet at $(1, 3)$."), or one that states a value
+    ("The minimum value is -7.")."""
+    sentence = _final_sentence(text)
+    if not sentence:
+        return None, None
+    value = _strip_math_delims(_strip_remark(sentence))
+    if _looks_like_a_value(value):
+        return value, "last_line"
+    value = _span_answer(sentence)
+    if value is not None:
+        return value, "final_sentence"
+    m = _CONCLUSION_RE.match(sentence)
     if m:
         value = _strip_math_delims(m.group("x"))
         if _looks_like_a_value(value):
             return value, "conclusion"
-    value = _strip_math_delims(last)
-    if _looks_like_a_value(value):
-        return value, "last_line"
+    value = _stated_value(sentence)
+    if value is not None:
+        return value, "final_sentence"
     return None, None
 
 

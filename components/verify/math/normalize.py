@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 from functools import lru_cache
 
 from components.verify.math.extract import extract_answer
@@ -27,7 +29,7 @@ _LE_RE = re.compile(r"\\leq?(?:slant)?(?![a-zA-Z])|<=")
 _GE_RE = re.compile(r"\\geq?(?:slant)?(?![a-zA-Z])|>=")
 _NE_RE = re.compile(r"\\neq?(?![a-zA-Z])|!=")
 _INFTY_RE = re.compile(
-    r"\\infty|\\infinity(?![a-zA-Z])|(?<![a-zA-Z\\])(?:infinity|inf)(?![a-zA-Z])"
+    r"\\infty|\\infinity(?![a-zA-Z])|(?<![a-zA-Z\\])(?:infinity|inf|oo)(?![a-zA-Z])"
 )
 _EMPTYSET_RE = re.compile(r"\\(?:varnothing|emptyset)(?![a-zA-Z])|^\\\{\\\}$|^\{\}$")
 _FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
@@ -46,6 +48,20 @@ _RATIO_RE = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?::|∶|\bto\b)\s*(-?\d+(?:\.\d+)?
 _OR_RE = re.compile(r"\s+or\s+")
 _PLUS_INFTY_RE = re.compile(r"(^|[,(\[])\+\\infty")
 _FRENCH_INTERVAL_RE = re.compile(r"([\]\[])([^\[\]]*,[^\[\]]*)([\]\[])")
+_COLON_RE = re.compile(r"\\colon(?![a-zA-Z])|∶")
+_MULTI_RATIO_RE = re.compile(r"-?\d+(?:\.\d+)?(?:\s*:\s*-?\d+(?:\.\d+)?){2,}")
+_REALS_RE = re.compile(r"\\mathbb\s*\{?\s*R\s*\}?|ℝ")
+_ALL_REALS = frozenset(
+    ("all real numbers", "all reals", "every real number", "real numbers", "all real x")
+)
+# Unicode math a model may write instead of LaTeX (each command gets a trailing space so that
+# "πr" stays two symbols).
+_UNICODE = {
+    "−": "-", "√": "\\sqrt ", "π": "\\pi ", "∞": "\\infty ", "×": "\\times ",
+    "·": "\\cdot ", "⋅": "\\cdot ", "÷": "\\div ", "∈": "\\in ", "∪": "\\cup ",
+    "∩": "\\cap ", "∅": "\\emptyset ", "⩽": "≤", "⩾": "≥", "\u00a0": " ",
+}  # fmt: skip
+_UNICODE_TABLE = str.maketrans(_UNICODE)
 
 # A trailing unit: words after a value, optionally with a power (cm^2) or a rate (km/h).
 _UNIT_WORD = r"[a-zA-Z]+\.?(?:\s*\^\s*\{?\d\}?)?"
@@ -93,6 +109,15 @@ def _strip_units(s: str) -> str:
     return s
 
 
+def _reduced_ratio(s: str) -> str:
+    """A ratio of three or more numbers in lowest integer terms."""
+    parts = [Fraction(p.strip()) for p in s.split(":")]
+    scale = math.lcm(*(p.denominator for p in parts))
+    ints = [int(p * scale) for p in parts]
+    g = math.gcd(*ints) or 1
+    return ":".join(str(i // g) for i in ints)
+
+
 def _unwrap_boxed(s: str) -> str:
     if "\\boxed" in s or "\\fbox" in s:
         ans, _ = extract_answer(s)
@@ -114,6 +139,8 @@ def normalize_answer(s: str) -> str:
     if _SIMPLE_NUMBER_RE.fullmatch(s):
         return s[1:] if s.startswith("+") else s
     s = _unwrap_boxed(s)
+    if not s.isascii():
+        s = s.translate(_UNICODE_TABLE)
     # math-mode delimiters and dollar signs
     s = s.replace("\\$", "").replace("$", "")
     for delim in ("\\(", "\\)", "\\[", "\\]"):
@@ -138,6 +165,12 @@ def normalize_answer(s: str) -> str:
     s = s.strip()
     s = s.strip("*").strip()
     s = s.rstrip(".").strip()
+    if s.lower() in _ALL_REALS:
+        s = "(-\\infty,\\infty)"
+    s = _REALS_RE.sub(lambda _: "(-\\infty,\\infty)", s)
+    s = _COLON_RE.sub(":", s)
+    if _MULTI_RATIO_RE.fullmatch(s):  # "2:4:6" is "1:2:3"
+        s = _reduced_ratio(s)
     m = _RATIO_RE.fullmatch(s)
     if m:  # "3:4", "3 to 4": the ratio's value (4:3 stays different)
         s = f"\\frac{{{m.group(1)}}}{{{m.group(2)}}}"

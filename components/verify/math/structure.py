@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
+
+from components.verify.math.numbers import _to_number
 
 _SIMPLE_LHS_RE = re.compile(r"(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?[a-zA-Z0-9]+\}?)?(?:\([a-z]\))?")
 _CHOICE_RE = re.compile(r"\(?([A-E])\)?")
@@ -77,10 +81,25 @@ def _strip_equation_lhs(s: str) -> str:
 _INEQ_RE = re.compile(r"([a-zA-Z])([<>≤≥])(.+)")
 _INEQ_REV_RE = re.compile(r"(.+?)([<>≤≥])([a-zA-Z])")
 _INEQ_BOTH_RE = re.compile(r"(.+?)([<≤])([a-zA-Z])([<≤])(.+)")
+_INEQ_DOWN_RE = re.compile(r"(.+?)([>≥])([a-zA-Z])([>≥])(.+)")
+_NOT_EQUAL_RE = re.compile(r"([a-zA-Z])≠([^,<>≤≥=]+)")
+# {x | x < 1}, {x : x > 0}, {x \in R \mid ...}: the condition
+_SET_BUILDER_RE = re.compile(r"\\\{(?P<v>[a-zA-Z])(?:\\in[^|:]*?)?(?:\\mid ?|\||:)(?P<c>.+)\\\}")
+_SETMINUS_RE = re.compile(r"(?P<iv>.+?)\\setminus ?\\\{(?P<pts>[^{}]+)\\\}")
 
 
 def _inequality_to_interval(s: str) -> str:
     """``x>3`` -> ``(3,\\infty)``, ``1\\le x<2`` -> ``[1,2)``; other strings unchanged."""
+    m = _SET_BUILDER_RE.fullmatch(s)
+    if m and m.group("v") in m.group("c"):
+        s = m.group("c")
+    if "\\setminus" in s:
+        return _remove_points(s) or s
+    if "≠" in s:
+        m = _NOT_EQUAL_RE.fullmatch(s)
+        if m:  # x ≠ 1: every real but 1
+            return f"(-\\infty,{m.group(2)})\\cup({m.group(2)},\\infty)"
+        return s
     if not any(op in s for op in "<>≤≥"):
         return s
     m = _INEQ_BOTH_RE.fullmatch(s)
@@ -88,6 +107,11 @@ def _inequality_to_interval(s: str) -> str:
         lo = "[" if m.group(2) == "≤" else "("
         hi = "]" if m.group(4) == "≤" else ")"
         return f"{lo}{m.group(1)},{m.group(5)}{hi}"
+    m = _INEQ_DOWN_RE.fullmatch(s)
+    if m:  # 3 > x > -2 is -2 < x < 3
+        lo = "[" if m.group(4) == "≥" else "("
+        hi = "]" if m.group(2) == "≥" else ")"
+        return f"{lo}{m.group(5)},{m.group(1)}{hi}"
     m = _INEQ_RE.fullmatch(s)
     if m:
         op, val = m.group(2), m.group(3)
@@ -106,6 +130,45 @@ def _inequality_to_interval(s: str) -> str:
     if op == "<":
         return f"(-\\infty,{val})"
     return f"(-\\infty,{val}]"
+
+
+def _endpoint(s: str) -> Fraction | float | None:
+    if s in ("\\infty", "+\\infty"):
+        return math.inf
+    if s == "-\\infty":
+        return -math.inf
+    n = _to_number(s)
+    return None if n is None else n[0]
+
+
+def _remove_points(s: str) -> str | None:
+    """``[0,\\infty)\\setminus\\{1\\}`` -> ``[0,1)\\cup(1,\\infty)``: an interval without finitely
+    many numeric points, as a union of intervals (None when not of that form)."""
+    m = _SETMINUS_RE.fullmatch(s)
+    if not m:
+        return None
+    iv = _parse_struct(m.group("iv"))
+    if iv is None or iv[0] not in ("()", "[)", "(]", "[]") or len(iv[1]) != 2:
+        return None
+    (lo_s, hi_s), (lo_b, hi_b) = iv[1], iv[0]
+    lo, hi = _endpoint(lo_s), _endpoint(hi_s)
+    points = [(_endpoint(p), p) for p in _split_top(m.group("pts"), ",")]
+    if lo is None or hi is None or any(v is None or abs(v) == math.inf for v, _ in points):
+        return None
+    pieces: list[str] = []
+    for value, text in sorted(points, key=lambda vp: vp[0]):
+        if value < lo or value > hi:
+            continue
+        if value == lo:
+            lo_b = "("
+            continue
+        if value == hi:
+            hi_b = ")"
+            continue
+        pieces.append(f"{lo_b}{lo_s},{text})")
+        lo_s, lo, lo_b = text, value, "("
+    pieces.append(f"{lo_b}{lo_s},{hi_s}{hi_b}")
+    return "\\cup".join(pieces)
 
 
 # A parsed structure: (kind, elements). kind is "set" (unordered), "list" (bare comma
@@ -188,3 +251,20 @@ def _struct_equal(p: Struct, g: Struct, eq: Callable[[str, str], bool]) -> bool:
             for pr, gr in zip(pe, ge, strict=True)
         )
     return len(pe) == len(ge) and all(eq(a, b) for a, b in zip(pe, ge, strict=True))
+
+
+def _equation_value(s: str) -> str:
+    """The value an equation states, for a truth that is not an equation: the last side of a
+    chain (``2^{10}=1024`` -> ``1024``, ``(x,y)=(1,3)`` -> ``(1,3)``, ``f'(x)=3x^2`` ->
+    ``3x^2``), or the other side when the last one is a bare variable (``5=x``). Lists of
+    equations (``x=2,x=3``) are left to the element comparison."""
+    if "=" not in s or "≤" in s or "≥" in s:
+        return _strip_equation_lhs(s)
+    if len(_split_top(s, ",")) > 1:
+        return s
+    sides = _split_top(s, "=")
+    if len(sides) < 2 or not all(sides):
+        return s
+    if _SIMPLE_LHS_RE.fullmatch(sides[-1]) and not _SIMPLE_LHS_RE.fullmatch(sides[0]):
+        return sides[0]
+    return sides[-1]
