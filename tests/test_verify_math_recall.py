@@ -189,6 +189,9 @@ def _load(name: str) -> list[dict]:
         ("math_recall.jsonl", 0.97),
         # written independently of the verifier's code; used while developing the rules
         ("math_heldout_v1.jsonl", 0.95),
+        # written independently after the rules were fixed and never tuned on (first and
+        # only measurement: 0.968, math-verify 0.850)
+        ("math_heldout.jsonl", 0.95),
     ],
 )
 def test_labelled_sets(name: str, min_accuracy: float) -> None:
