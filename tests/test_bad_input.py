@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -425,3 +426,9 @@ def test_malformed_input_fails_clearly_and_changes_nothing(case, template, tmp_p
     added = {k for k in after if k not in before and not k.startswith("t/status/")}
     changed = {k for k in before if k in after and after[k] != before[k]}
     assert not added and not changed, f"{name}: the store changed: {sorted(added | changed)[:5]}"
+    table = os.environ.get("RLVR_BAD_INPUT_TABLE")
+    if table:  # docs/errors.md is made from these lines
+        message = " ".join(line.strip() for line in err.strip().splitlines() if line.strip())
+        message = message.replace(str(root), "…").replace("|", "\\|")
+        with open(table, "a") as f:
+            f.write(f"| {name} | `rlvr {' '.join(command[:2])}` | {message[:400]} |\n")
