@@ -1,0 +1,498 @@
+"""The child side of a sandboxed run: the plan computed in the parent, and what the
+forked child does with it before ``execve``.
+
+Two modes, chosen by the parent (``mode`` of the plan):
+
+* ``root``: the caller is root. ``unshare`` mount, PID, IPC, UTS and network namespaces;
+  build the new root; then ``setresuid`` to an unprivileged uid of the host.
+* ``userns``: the caller is any other user. ``unshare`` a *user* namespace together with
+  the others; the child maps one uid inside (``plan.uid``) to the caller's own uid and
+  gid (the only mapping an unprivileged process may write), which gives it the
+  capabilities it needs to mount and pivot *inside* its namespaces only; those are gone
+  at ``execve`` (the program runs as a non-zero uid with no file capabilities). The host
+  sees the program as the caller's uid, so it is the PID namespace (it cannot name any
+  host process), the mount namespace (it cannot reach any host file not bound read-only)
+  and the syscall filter (no ``ptrace``, no new namespaces) that keep it from the caller.
+  ``RLIMIT_NPROC`` is counted per user namespace and uid, so the process limit counts the
+  sandbox's own processes, not the caller's.
+
+Both modes end the same way: resource limits, ``PR_SET_NO_NEW_PRIVS``, the seccomp filter
+(``seccomp.py``) last, then ``execve`` of the interpreter.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import resource
+import secrets
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from components.verify.sandbox.config import SandboxConfig
+
+# clone(2) / unshare(2) flags (linux/sched.h)
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+# mount(2) flags (linux/mount.h); the ST_* flags of statvfs(3) have the same values
+_MS_RDONLY = 0x1
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
+_MS_REMOUNT = 0x20
+_MS_NOATIME = 0x400
+_MS_NODIRATIME = 0x800
+_MS_BIND = 0x1000
+_MS_MOVE = 0x2000
+_MS_REC = 0x4000
+_MS_PRIVATE = 0x40000
+_MS_RELATIME = 0x200000
+_MNT_DETACH = 0x2
+# flags a bind mount inherits locked from its source inside a user namespace: a
+# read-only remount must repeat them or the kernel refuses it
+_MS_LOCKED = _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME | _MS_RELATIME
+
+# prctl(2)
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+# pivot_root has no glibc wrapper; syscall numbers by architecture (others fall back to
+# MS_MOVE + chroot, which is equivalent once the sandbox has dropped every capability)
+_PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
+
+# Exit status the child uses when building the sandbox failed (paired with a marker line
+# on stderr that carries a per-run nonce, so the sandboxed program cannot fake it).
+SETUP_FAILED = 121
+
+# Read-only parts of the host visible inside the sandbox (when they exist). Symlinks
+# (``/bin -> usr/bin`` on merged-/usr systems) are recreated as symlinks.
+_SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_DEV_LINKS = (
+    ("/dev/fd", "/proc/self/fd"),
+    ("/dev/stdin", "/proc/self/fd/0"),
+    ("/dev/stdout", "/proc/self/fd/1"),
+    ("/dev/stderr", "/proc/self/fd/2"),
+)
+
+# The uid a sandbox runs as in root mode, when not configured: a high, otherwise unused
+# uid, distinct per calling process so that concurrent verifier workers do not share a
+# process budget (RLIMIT_NPROC counts all processes of a uid). 65534 (nobody) if that uid
+# is not mapped. In userns mode the uid inside is USERNS_UID (the host sees the caller's).
+_AUTO_UID_BASE = 2_000_000_000
+_NOBODY = 65534
+USERNS_UID = 1000
+
+Mode = Literal["root", "userns"]
+
+
+# ------------------------------------------------------------------------------ syscalls
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    """glibc/musl with the prototypes we call; None off Linux (the sandbox then reports
+    itself unavailable instead of breaking imports)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        c_str, c_ulong = ctypes.c_char_p, ctypes.c_ulong
+        libc.mount.argtypes = [c_str, c_str, c_str, c_ulong, ctypes.c_void_p]
+        libc.umount2.argtypes = [c_str, ctypes.c_int]
+        libc.unshare.argtypes = [ctypes.c_int]
+        libc.prctl.argtypes = [ctypes.c_int, c_ulong, c_ulong, c_ulong, c_ulong]
+        libc.syscall.restype = ctypes.c_long
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+LIBC: Any = _load_libc()
+
+
+class SetupError(Exception):
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(f"{step}: {detail}")
+        self.step = step
+
+
+def _check(ret: int, step: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise SetupError(step, f"{os.strerror(err)} (errno {err})")
+
+
+def _b(path: str | None) -> bytes | None:
+    return None if path is None else os.fsencode(path)
+
+
+def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None) -> None:
+    ret = LIBC.mount(_b(src), _b(dst), _b(fstype), flags, _b(data))
+    _check(ret, f"mount {dst}")
+
+
+# -------------------------------------------------------------------------- the run plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the forked child needs, computed in the parent (the child should do as
+    little Python work as possible: it is a fork of a possibly multi-threaded process)."""
+
+    mode: Mode
+    nonce: str
+    parent_pid: int
+    netns: bool
+    uid: int  # the uid the program runs as (inside the user namespace in userns mode)
+    host_uid: int  # userns mode: the caller's uid and gid, which USERNS_UID maps to
+    host_gid: int
+    base: str  # the run's temp dir (host path, bound at the same path inside)
+    work: str  # base/work: the writable tmpfs and the cwd
+    newroot: str  # base/newroot: mount point of the new root
+    symlinks: tuple[tuple[str, str], ...]  # (path, target)
+    dirs: tuple[tuple[str, int], ...]  # host dirs bound read-only: (path, locked flags)
+    submounts: tuple[tuple[str, int], ...]  # mounts below those (and base), made read-only
+    devices: tuple[str, ...]
+    cpu_s: int
+    memory_bytes: int
+    fsize_bytes: int
+    workdir_mb: int
+    nproc: int
+    nofile: int
+    max_fd: int
+    seccomp: Any  # ctypes struct sock_fprog, built in the parent
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _Filter:
+    """A seccomp program kept alive with the buffer it points to."""
+
+    def __init__(self, program: bytes) -> None:
+        self.buffer = ctypes.create_string_buffer(program, len(program))
+        self.prog = _SockFprog(len(program) // 8, ctypes.addressof(self.buffer))
+
+
+def _uid_mapped(uid: int) -> bool:
+    try:
+        with open("/proc/self/uid_map") as f:
+            for line in f:
+                inside, _outside, count = (int(x) for x in line.split())
+                if inside <= uid < inside + count:
+                    return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def _sandbox_uid(config: SandboxConfig, mode: Mode) -> int:
+    if mode == "userns":
+        return USERNS_UID
+    if config.uid is not None:
+        if config.uid == 0:
+            raise ValueError("the sandbox uid must not be 0")
+        return config.uid
+    uid = _AUTO_UID_BASE + os.getpid()
+    return uid if _uid_mapped(uid) else _NOBODY
+
+
+def interpreter(config: SandboxConfig) -> tuple[str, str]:
+    """(executable, prefix): the interpreter to run and the directory tree it needs."""
+    if config.python:
+        import shutil
+
+        exe = shutil.which(config.python) or config.python
+        exe = os.path.realpath(exe)
+        return exe, os.path.dirname(os.path.dirname(exe))
+    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+    if not exe.startswith(prefix + os.sep):
+        prefix = os.path.dirname(os.path.dirname(exe))
+    return exe, prefix
+
+
+def _covered(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _locked_flags(path: str) -> int:
+    try:
+        return os.statvfs(path).f_flag & _MS_LOCKED
+    except OSError:
+        return 0
+
+
+def _unescape(field: str) -> str:
+    # /proc/self/mountinfo escapes space, tab, newline and backslash as \\ooo
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _submounts(roots: list[str]) -> tuple[tuple[str, int], ...]:
+    """Mount points strictly below any of ``roots``: a recursive bind takes them along
+    (inside a user namespace it must), and each needs its own read-only remount."""
+    found: list[tuple[str, int]] = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [_unescape(line.split()[4]) for line in f if len(line.split()) > 4]
+    except OSError:
+        return ()
+    for point in dict.fromkeys(points):
+        if any(point.startswith(r.rstrip("/") + "/") for r in roots):
+            found.append((point, _locked_flags(point)))
+    return tuple(sorted(found))
+
+
+def make_plan(
+    config: SandboxConfig, base: str, netns: bool, prefix: str, mode: Mode, seccomp: bytes
+) -> Plan:
+    symlinks: list[tuple[str, str]] = []
+    dirs: list[str] = []
+    for path in _SYSTEM_PATHS:
+        if os.path.islink(path):
+            symlinks.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            dirs.append(path)
+    real_dirs = [os.path.realpath(d) for d in dirs]
+    for extra in (prefix, *config.extra_ro_paths):
+        real = os.path.realpath(extra)
+        if os.path.isdir(real) and not _covered(real, real_dirs):
+            dirs.append(real)
+            real_dirs.append(real)
+    cpu = config.cpu_s if config.cpu_s is not None else config.timeout_s + 1
+    nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    max_fd = nofile_hard if 0 < nofile_hard <= (1 << 20) else (1 << 20)
+    return Plan(
+        mode=mode,
+        nonce=secrets.token_hex(16),
+        parent_pid=os.getpid(),
+        netns=netns,
+        uid=_sandbox_uid(config, mode),
+        host_uid=os.geteuid(),
+        host_gid=os.getegid(),
+        base=base,
+        work=os.path.join(base, "work"),
+        newroot=os.path.join(base, "newroot"),
+        symlinks=tuple(symlinks),
+        dirs=tuple((d, _locked_flags(d)) for d in dirs),
+        submounts=_submounts([*dirs, base]),
+        devices=tuple(d for d in _DEVICES if os.path.exists(d)),
+        cpu_s=max(1, int(-(-cpu // 1))),
+        memory_bytes=config.memory_mb << 20,
+        fsize_bytes=config.max_file_mb << 20,
+        workdir_mb=config.workdir_mb,
+        nproc=config.max_processes,
+        nofile=config.max_open_files,
+        max_fd=max_fd,
+        seccomp=_Filter(seccomp),
+    )
+
+
+# ------------------------------------------------------------------ child side (preexec)
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def preexec(plan: Plan) -> None:
+    """Runs in the Popen child (new session, cwd = work, pipes on 0/1/2).
+
+    Unshares the namespaces, forks the process that becomes the sandbox, and turns
+    itself into the waiter, which never returns. The sandbox process builds its root,
+    drops privileges and returns, after which subprocess execs the interpreter.
+    """
+    step = "start"
+    try:
+        step = "prctl(PR_SET_PDEATHSIG)"
+        _check(LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), step)
+        if os.getppid() != plan.parent_pid:
+            os._exit(SETUP_FAILED)  # the caller is already gone
+        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+        if plan.netns:
+            flags |= CLONE_NEWNET
+        if plan.mode == "userns":
+            flags |= CLONE_NEWUSER
+        what = "namespaces" + (" incl. network" if plan.netns else "")
+        step = f"unshare({'user namespace and ' if plan.mode == 'userns' else ''}{what})"
+        _check(LIBC.unshare(flags), step)
+        if plan.mode == "userns":
+            step = "user namespace id maps"
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{plan.uid} {plan.host_uid} 1\n")
+            _write("/proc/self/gid_map", f"{plan.uid} {plan.host_gid} 1\n")
+        step = "fork"
+        # SIGTERM stays blocked across the fork until the waiter has its handler
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        pid = os.fork()
+    except BaseException as exc:  # report anything, never return
+        _setup_failed(plan, step, exc)
+    if pid:
+        _wait_and_exit(plan, pid)
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        _build_sandbox(plan)
+    except BaseException as exc:
+        _setup_failed(plan, "setup", exc)
+
+
+def _setup_failed(plan: Plan, step: str, exc: BaseException) -> None:
+    msg = str(exc) if isinstance(exc, SetupError) else f"{step}: {type(exc).__name__}: {exc}"
+    try:
+        os.write(2, f"\n{plan.nonce}:{msg}\n".encode(errors="replace"))
+    finally:
+        os._exit(SETUP_FAILED)
+
+
+def _wait_and_exit(plan: Plan, pid: int) -> None:
+    """The waiter: hold no file descriptors (so the caller sees EOF on the pipes as soon
+    as the sandbox is gone), reap the sandbox and exit with its status. SIGTERM makes it
+    SIGKILL the sandbox (PID 1 of its namespace, so everything in there dies) and still
+    reap it, so that no zombie is left to the host's init."""
+    code = SETUP_FAILED
+    try:
+
+        def kill_sandbox(signum: int, frame: object) -> None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already exited and reaped
+
+        signal.signal(signal.SIGTERM, kill_sandbox)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        os.closerange(0, plan.max_fd)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            code = 128 - code
+    except BaseException:
+        pass
+    os._exit(code)
+
+
+def _build_sandbox(plan: Plan) -> None:
+    """In the sandbox process: PID 1 of the new PID namespace, with the capabilities of
+    root (of the host in root mode, of its own user namespace in userns mode)."""
+    os.umask(0o022)
+    _check(LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    # nothing we mount may propagate back to the host
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+    nr = plan.newroot
+    _mount("tmpfs", nr, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m,nr_inodes=1024")
+    readonly: list[tuple[str, int]] = [("/", _MS_NODEV)]
+    for path, target in plan.symlinks:
+        os.symlink(target, nr + path)
+    for path, locked in plan.dirs:
+        os.makedirs(nr + path, exist_ok=True)
+        _mount(path, nr + path, None, _MS_BIND | _MS_REC, None)
+        readonly.append((path, _MS_NODEV | locked))
+    os.makedirs(nr + "/dev", exist_ok=True)
+    for dev in plan.devices:
+        os.close(os.open(nr + dev, os.O_CREAT | os.O_WRONLY, 0o644))
+        _mount(dev, nr + dev, None, _MS_BIND, None)
+        readonly.append((dev, _locked_flags(dev)))
+    for path, target in _DEV_LINKS:
+        os.symlink(target, nr + path)
+    # the run's directory (main.py and friends) and the writable work dir inside it
+    os.makedirs(nr + plan.base, exist_ok=True)
+    _mount(plan.base, nr + plan.base, None, _MS_BIND | _MS_REC, None)
+    readonly.append((plan.base, _MS_NODEV | _locked_flags(plan.base)))
+    readonly.extend((path, _MS_NODEV | locked) for path, locked in plan.submounts)
+    _mount(
+        "tmpfs",
+        nr + plan.work,
+        "tmpfs",
+        _MS_NOSUID | _MS_NODEV,
+        f"mode=0700,uid={plan.uid},gid={plan.uid},size={plan.workdir_mb}m,nr_inodes=4096",
+    )
+    os.mkdir(nr + "/proc", 0o555)
+    os.mkdir(nr + "/.oldroot", 0o700)
+    if _switch_root(nr, plan.mode):
+        readonly.append(("/proc", _MS_NODEV | _MS_NOEXEC))
+    for path, extra in readonly:
+        _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | extra, None)
+    os.chdir(plan.work)
+    # resource limits (RLIMIT_NPROC takes effect once we are not root any more)
+    for res, value in (
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_CPU, plan.cpu_s),
+        (resource.RLIMIT_AS, plan.memory_bytes),
+        (resource.RLIMIT_FSIZE, plan.fsize_bytes),
+        (resource.RLIMIT_NOFILE, plan.nofile),
+        (resource.RLIMIT_NPROC, plan.nproc),
+    ):
+        hard = value + 1 if res == resource.RLIMIT_CPU else value
+        resource.setrlimit(res, (value, hard))
+    _check(LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if plan.mode == "root":
+        os.setgroups([])
+        os.setresgid(plan.uid, plan.uid, plan.uid)
+        os.setresuid(plan.uid, plan.uid, plan.uid)
+        # changing credentials cleared the parent-death signal: set it again
+        _check(LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    # userns mode: the uid is already USERNS_UID (not 0 in the namespace), so execve
+    # clears every capability; nothing to drop here
+    prog = plan.seccomp.prog
+    _check(
+        LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0),
+        "prctl(PR_SET_SECCOMP)",
+    )
+
+
+def _mount_proc(mode: Mode) -> bool:
+    """A /proc that shows only this PID namespace. Inside a user namespace the kernel
+    allows it only while a fully visible /proc of the host is still mounted in this mount
+    namespace (so: before the old root is detached), and not at all where the host's
+    /proc has masked entries (a container's): then the sandbox goes without /proc, which
+    takes functionality away and no isolation. False when there is none."""
+    try:
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+    except SetupError:
+        if mode == "root":
+            raise
+        return False
+    return True
+
+
+def _switch_root(newroot: str, mode: Mode) -> bool:
+    """pivot_root into ``newroot``, mount /proc, detach the old root. Whether /proc is
+    mounted."""
+    nr = _PIVOT_ROOT_NR.get(platform.machine())
+    os.chdir(newroot)
+    if nr is not None:
+        _check(LIBC.syscall(nr, _b(newroot), _b(newroot + "/.oldroot")), "pivot_root")
+        os.chdir("/")
+        has_proc = _mount_proc(mode)
+        _check(LIBC.umount2(b"/.oldroot", _MNT_DETACH), "umount old root")
+        os.rmdir("/.oldroot")
+    else:
+        _mount(newroot, "/", None, _MS_MOVE, None)
+        os.chroot(".")
+        os.chdir("/")
+        os.rmdir("/.oldroot")
+        has_proc = _mount_proc(mode)
+    return has_proc
