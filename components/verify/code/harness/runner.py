@@ -1,0 +1,168 @@
+"""The tests' process: run the test code against stand-ins for the solution's names.
+
+Runs in its own sandbox as ``rlvr_runner.py`` (with ``rlvr_wire.py`` and ``tests.json``);
+``main.py`` calls ``main(fd)``. The solution's code is never loaded here. Each name the
+solution defined is either plain data (a copy), a module (this process imports its own),
+or a ``Remote``: a stand-in whose calls, attributes, items and iteration are queries to
+the solution's process, answered with plain data. So every comparison the tests make,
+nested in ``def check(candidate)`` or not, compares values built here from plain data; a
+``Remote`` itself equals only itself. The verdict is this process's.
+"""
+
+import builtins
+import importlib
+import json
+import os
+import socket
+import sys
+
+import rlvr_wire as wire
+
+_SOCK = None
+_MUTABLE = (list, dict, set, bytearray)
+
+
+class SolutionError(Exception):
+    """The solution raised an exception that is not one of Python's built-in ones."""
+
+
+class _Remote:
+    __slots__ = ("_rlvr_ref",)
+
+    def __init__(self, ref):
+        object.__setattr__(self, "_rlvr_ref", ref)
+
+    def __call__(self, *args, **kwargs):
+        ref = object.__getattribute__(self, "_rlvr_ref")
+        sent = list(args)
+        answer = _query(
+            {
+                "op": "call",
+                "ref": ref,
+                "args": _encode(sent),
+                "kwargs": _encode(dict(kwargs)),
+            }
+        )
+        for i, new in answer.get("mutated", {}).items():
+            _write_back(sent[int(i)], _decode(new))
+        return _decode(answer["value"])
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._ask("getattr", name=name)
+
+    def __setattr__(self, name, value):
+        self._ask("setattr", name=name, value=_encode(value))
+
+    def _ask(self, op, **fields):
+        ref = object.__getattribute__(self, "_rlvr_ref")
+        return _decode(_query(dict(fields, op=op, ref=ref))["value"])
+
+    def __iter__(self):
+        return iter(self._ask("iter"))
+
+    def __len__(self):
+        return self._ask("len")
+
+    def __bool__(self):
+        return self._ask("bool")
+
+    def __str__(self):
+        return self._ask("str")
+
+    def __repr__(self):
+        return self._ask("repr")
+
+    def __getitem__(self, key):
+        return self._ask("getitem", key=_encode(key))
+
+    def __contains__(self, key):
+        return self._ask("contains", key=_encode(key))
+
+
+def _to_ref(value):
+    if type(value) is _Remote:
+        return object.__getattribute__(value, "_rlvr_ref")
+    raise TypeError(
+        "the test passes a " + type(value).__name__ + " to the solution: only plain data "
+        'and the solution\'s own objects cross to its process (set "isolation": '
+        '"in_process" on test cases that need more)'
+    )
+
+
+def _from_ref(ref):
+    if ref.get("t") == "module":
+        return importlib.import_module(ref["v"])
+    return _Remote(ref)
+
+
+def _encode(value):
+    return wire.encode(value, _to_ref)
+
+
+def _decode(obj):
+    return wire.decode(obj, _from_ref)
+
+
+def _write_back(original, new):
+    """Mirror an in-place change the solution made to an argument (``a.sort()``)."""
+    t = type(original)
+    if t is not type(new) or t not in _MUTABLE:
+        return
+    if t is list or t is bytearray:
+        original[:] = new
+    else:
+        original.clear()
+        original.update(new)
+
+
+def _query(req):
+    wire.send(_SOCK, b"Q", req)
+    _kind, answer = wire.recv(_SOCK)
+    error = answer.get("raise")
+    if error is not None:
+        exc_type = getattr(builtins, str(error.get("type")), None)
+        message = str(error.get("message", ""))
+        if error.get("builtin") and isinstance(exc_type, type) and issubclass(exc_type, Exception):
+            raise exc_type(message)
+        raise SolutionError(str(error.get("type")) + ": " + message)
+    if "missing" in answer:
+        raise NameError(str(answer["missing"]))
+    return answer
+
+
+def _where(exc):
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<test>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return "" if line is None else " (test line " + str(line) + ")"
+
+
+def main(fd):
+    global _SOCK
+    _SOCK = socket.socket(fileno=fd)
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "tests.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    _kind, ready = wire.recv(_SOCK)
+    if "names" not in ready:
+        return  # the solution did not load; the caller reports why
+    scope = {"__name__": "__main__", "__builtins__": builtins}
+    verdict = {"ok": True}
+    try:
+        for name, value in ready["names"].items():
+            scope[name] = _decode(value)
+        if spec.get("setup"):
+            exec(compile(spec["setup"], "<setup>", "exec"), scope)
+        exec(compile(spec["test"], "<test>", "exec"), scope)
+    except AssertionError as exc:
+        detail = (": " + str(exc)[:200]) if str(exc) else ""
+        verdict = {"ok": False, "error": "assertion failed" + _where(exc) + detail}
+    except BaseException as exc:
+        text = type(exc).__name__ + ": " + str(exc)[:300]
+        verdict = {"ok": False, "error": text + _where(exc)}
+    sys.stdout.flush()
+    wire.send(_SOCK, b"V", verdict)
