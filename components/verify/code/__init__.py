@@ -93,6 +93,7 @@ def score_or_raise(
     cases = parse_test_cases(ground_truth, extra_info)
     code = extract_code(solution_str)
     total = len(cases)
+    isolation = "in_process" if any(c.in_process for c in cases) else "separate"
     if code is None:
         return {
             "score": 0.0,
@@ -100,6 +101,7 @@ def score_or_raise(
             "passed": 0,
             "total": total,
             "error": "no Python code block found in the response",
+            "isolation": isolation,
         }
     cfg = replace(config or SandboxConfig(), timeout_s=timeout_s, memory_mb=memory_mb)
     passed = 0
@@ -123,6 +125,7 @@ def score_or_raise(
         "passed": passed,
         "total": total,
         "error": first_error,
+        "isolation": isolation,
     }
 
 
@@ -167,4 +170,5 @@ def compute_score(
         "passed": 0,
         "total": 0,
         "error": error,
+        "isolation": None,
     }

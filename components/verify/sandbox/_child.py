@@ -162,7 +162,7 @@ class Plan:
     newroot: str  # base/newroot: mount point of the new root
     symlinks: tuple[tuple[str, str], ...]  # (path, target)
     dirs: tuple[tuple[str, int], ...]  # host dirs bound read-only: (path, locked flags)
-    submounts: tuple[tuple[str, int], ...]  # mounts below those (and base), made read-only
+    submounts: tuple[tuple[str, int], ...]  # mounts below those, made read-only too
     devices: tuple[str, ...]
     cpu_s: int
     memory_bytes: int
@@ -295,7 +295,7 @@ def make_plan(
         newroot=os.path.join(base, "newroot"),
         symlinks=tuple(symlinks),
         dirs=tuple((d, _locked_flags(d)) for d in dirs),
-        submounts=_submounts([*dirs, base]),
+        submounts=_submounts(dirs),
         devices=tuple(d for d in _DEVICES if os.path.exists(d)),
         cpu_s=max(1, int(-(-cpu // 1))),
         memory_bytes=config.memory_mb << 20,
@@ -419,7 +419,8 @@ def _build_sandbox(plan: Plan) -> None:
         os.symlink(target, nr + path)
     # the run's directory (main.py and friends) and the writable work dir inside it
     os.makedirs(nr + plan.base, exist_ok=True)
-    _mount(plan.base, nr + plan.base, None, _MS_BIND | _MS_REC, None)
+    # not recursive: the new root itself is mounted below base (base/newroot)
+    _mount(plan.base, nr + plan.base, None, _MS_BIND, None)
     readonly.append((plan.base, _MS_NODEV | _locked_flags(plan.base)))
     readonly.extend((path, _MS_NODEV | locked) for path, locked in plan.submounts)
     _mount(

@@ -91,10 +91,50 @@ def _to_ref(value):
     )
 
 
+def _stdlib_module(name):
+    """This process's own copy of a standard-library module, or None."""
+    name = str(name)
+    if name.split(".")[0] not in sys.stdlib_module_names:
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
 def _from_ref(ref):
     if ref.get("t") == "module":
-        return importlib.import_module(ref["v"])
+        module = _stdlib_module(ref.get("v"))
+        if module is None:
+            raise TypeError("the solution sent a module that is not in the standard library")
+        return module
     return _Remote(ref)
+
+
+def _solution_names(names):
+    """The scope the tests run in, from the names the solution defined. Builtin names
+    are never taken (``abs = lambda x: 42`` at the solution's top level must not decide
+    ``assert f(-3) == abs(-3)``); a name of a standard-library module that the solution
+    bound to a module or to a non-callable object is this process's own import of that
+    module (tests that use ``math`` without importing it get the real ``math``, not an
+    object the solution calls ``math``); a function or class keeps its name even where
+    a module has it (``def bisect(...)`` is the function under test). Anything else is
+    decoded from plain data or stands in for the solution's object."""
+    scope = {}
+    for name, value in names.items():
+        name = str(name)
+        if not name.isidentifier() or hasattr(builtins, name) or name.startswith("__"):
+            continue
+        callable_ref = type(value) is dict and value.get("t") == "ref" and value.get("call")
+        module = None if callable_ref else _stdlib_module(name)
+        if module is not None:
+            scope[name] = module
+            continue
+        try:
+            scope[name] = _decode(value)
+        except (TypeError, ValueError, wire.WireError):
+            continue
+    return scope
 
 
 def _encode(value):
@@ -153,8 +193,7 @@ def main(fd):
     scope = {"__name__": "__main__", "__builtins__": builtins}
     verdict = {"ok": True}
     try:
-        for name, value in ready["names"].items():
-            scope[name] = _decode(value)
+        scope.update(_solution_names(ready["names"]))
         if spec.get("setup"):
             exec(compile(spec["setup"], "<setup>", "exec"), scope)
         exec(compile(spec["test"], "<test>", "exec"), scope)
