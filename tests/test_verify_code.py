@@ -354,6 +354,7 @@ def test_no_code_block() -> None:
         "passed": 0,
         "total": 1,
         "error": "no Python code block found in the response",
+        "isolation": "separate",
     }
 
 
@@ -373,6 +374,7 @@ def test_stdio_correct_and_incorrect() -> None:
         "passed": 3,
         "total": 3,
         "error": None,
+        "isolation": "separate",
     }
     bad = py("a, b = map(int, input().split())\nprint(a * b if a > 5 else a + b)")
     assert score(bad, STDIO)["score"] == 0.0

@@ -14,10 +14,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import math
+import os
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from components.verify.code import harness
@@ -150,7 +154,9 @@ def _closed(proc: Process, who: str) -> str:
 
 def _fn(code: str, case: TestCase, config: SandboxConfig) -> str | None:
     deadline = time.monotonic() + config.timeout_s
-    with Process(harness.SERVER_MAIN, config, files=harness.server_files(code)) as sol:
+    with Process(
+        harness.SERVER_MAIN, config, files=harness.server_files(code, config.python is None)
+    ) as sol:
         try:
             kind, payload = sol.recv(deadline)
             ready = _loads(payload)
@@ -175,13 +181,50 @@ def _fn(code: str, case: TestCase, config: SandboxConfig) -> str | None:
     return None if _fn_result_ok(actual, case.expected) else "wrong answer"
 
 
+_STARTERS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _starter() -> concurrent.futures.ThreadPoolExecutor:
+    """A thread that lives as long as this process (one per process, so a forked verifier
+    worker makes its own). Long-lived on purpose: a sandbox dies with the thread that
+    started it (``PR_SET_PDEATHSIG`` follows the thread), so a short-lived pool would
+    take its sandboxes down when it exits."""
+    pid = os.getpid()
+    if pid not in _STARTERS:
+        _STARTERS[pid] = concurrent.futures.ThreadPoolExecutor(1, "rlvr-sandbox-start")
+    return _STARTERS[pid]
+
+
+@contextlib.contextmanager
+def _both(
+    first: tuple[str, dict[str, str]], second: tuple[str, dict[str, str]], config: SandboxConfig
+) -> Iterator[tuple[Process, Process]]:
+    """Start two sandboxed processes at once (building a sandbox is mostly waiting on
+    the kernel, so the second one's set-up overlaps the first's); close both after."""
+    later = _starter().submit(Process, second[0], config, files=second[1])
+    try:
+        proc_a = Process(first[0], config, files=first[1])
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            later.result().close()
+        raise
+    try:
+        proc_b = later.result()
+    except BaseException:
+        proc_a.close()
+        raise
+    with proc_a, proc_b:
+        yield proc_a, proc_b
+
+
 def _asserts(code: str, case: TestCase, config: SandboxConfig) -> str | None:
     deadline = time.monotonic() + config.timeout_s
     tests = json.dumps({"test": case.test, "setup": case.setup})
-    with (
-        Process(harness.SERVER_MAIN, config, files=harness.server_files(code)) as sol,
-        Process(harness.RUNNER_MAIN, config, files=harness.runner_files(tests)) as tst,
-    ):
+    with _both(
+        (harness.SERVER_MAIN, harness.server_files(code, config.python is None)),
+        (harness.RUNNER_MAIN, harness.runner_files(tests, config.python is None)),
+        config,
+    ) as (sol, tst):
         side = "the solution's process"
         try:
             kind, ready = sol.recv(deadline)

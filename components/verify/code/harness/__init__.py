@@ -7,6 +7,9 @@ others are never imported here: they are copied into a sandbox next to a small
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import marshal
 from pathlib import Path
 
 _HERE = Path(__file__).parent
@@ -35,11 +38,29 @@ SERVER_MAIN = _main("rlvr_server")
 RUNNER_MAIN = _main("rlvr_runner")
 
 
-def server_files(solution: str) -> dict[str, str]:
-    """Files of the solution's sandbox."""
-    return {"solution.py": solution, "rlvr_wire.py": WIRE, "rlvr_server.py": SERVER}
+@functools.cache
+def _pyc(module: str, source: str) -> bytes:
+    """``source`` compiled for *this* interpreter, as a sourceless ``.pyc``: the
+    sandbox imports it without compiling (about a millisecond per module per run)."""
+    code = compile(source, f"{module}.py", "exec", dont_inherit=True)
+    header = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") * 3
+    return header + marshal.dumps(code)
 
 
-def runner_files(tests_json: str) -> dict[str, str]:
+def _modules(modules: dict[str, str], precompiled: bool) -> dict[str, str | bytes]:
+    if precompiled:
+        return {f"{name}.pyc": _pyc(name, src) for name, src in modules.items()}
+    return {f"{name}.py": src for name, src in modules.items()}
+
+
+def server_files(solution: str, precompiled: bool = False) -> dict[str, str | bytes]:
+    """Files of the solution's sandbox. ``precompiled`` only where the sandbox runs
+    the same interpreter as this process (the default ``SandboxConfig.python``)."""
+    mods = _modules({"rlvr_wire": WIRE, "rlvr_server": SERVER}, precompiled)
+    return {"solution.py": solution, **mods}
+
+
+def runner_files(tests_json: str, precompiled: bool = False) -> dict[str, str | bytes]:
     """Files of the tests' sandbox."""
-    return {"tests.json": tests_json, "rlvr_wire.py": WIRE, "rlvr_runner.py": RUNNER}
+    mods = _modules({"rlvr_wire": WIRE, "rlvr_runner": RUNNER}, precompiled)
+    return {"tests.json": tests_json, **mods}

@@ -10,10 +10,7 @@ nested in ``def check(candidate)`` or not, compares values built here from plain
 """
 
 import builtins
-import importlib
-import json
 import os
-import socket
 import sys
 
 import rlvr_wire as wire
@@ -97,9 +94,10 @@ def _stdlib_module(name):
     if name.split(".")[0] not in sys.stdlib_module_names:
         return None
     try:
-        return importlib.import_module(name)
+        __import__(name)
     except ImportError:
         return None
+    return sys.modules.get(name)
 
 
 def _from_ref(ref):
@@ -183,10 +181,10 @@ def _where(exc):
 
 def main(fd):
     global _SOCK
-    _SOCK = socket.socket(fileno=fd)
+    _SOCK = fd
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "tests.json"), encoding="utf-8") as f:
-        spec = json.load(f)
+        spec = wire.loads(f.read())
     _kind, ready = wire.recv(_SOCK)
     if "names" not in ready:
         return  # the solution did not load; the caller reports why

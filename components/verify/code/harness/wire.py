@@ -4,7 +4,8 @@ Stdlib only and self-contained: the parent imports it as
 ``components.verify.code.harness.wire``, and each sandbox gets a copy as ``rlvr_wire.py``
 next to its ``main.py``.
 
-Frames: one byte of kind, four bytes of big-endian length, a JSON payload.
+Frames: one byte of kind, four bytes of big-endian length, a JSON payload (over the
+channel's raw file descriptor: no ``socket`` module, whose import costs milliseconds).
 
 * ``R`` from the solution's process: its ready message or the answer to a query;
 * ``Q`` from the test runner: a query for the solution's process (a call, an attribute);
@@ -20,13 +21,11 @@ in the solution's process and is reached through further queries). Decoding buil
 those types: nothing in a message can run code in the receiver.
 """
 
-import decimal
-import fractions
-import json
-import struct
+import os
+import sys
 
-FRAME = struct.Struct(">cI")
 MAX_DEPTH = 200
+HEADER = 5  # kind (1 byte) + length (4 bytes, big-endian)
 _SCALARS = (type(None), bool, int, float, str)
 
 
@@ -34,15 +33,67 @@ class WireError(Exception):
     """A malformed frame or value."""
 
 
-def send(sock, kind, obj):
-    data = json.dumps(obj, separators=(",", ":")).encode("utf-8")
-    sock.sendall(FRAME.pack(kind, len(data)) + data)
+def _codec():
+    """(dumps, loads) for JSON. In a sandbox every millisecond of start-up counts and
+    ``import json`` costs about as much as starting the interpreter (it pulls in ``re``),
+    so the C accelerator ``_json`` is used directly where it has the interface this was
+    written against; otherwise the ``json`` package."""
+    try:
+        import _json
+
+        def _constant(name):
+            return {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}[name]
+
+        class _Context:
+            strict = True
+            object_hook = None
+            object_pairs_hook = None
+            parse_float = float
+            parse_int = int
+            parse_constant = staticmethod(_constant)
+            memo = {}
+
+        scanner = _json.make_scanner(_Context())
+
+        def _default(obj):
+            raise TypeError("not JSON: " + type(obj).__name__)
+
+        encoder = _json.make_encoder(
+            None, _default, _json.encode_basestring_ascii, None, ":", ",", False, False, True
+        )
+
+        def dumps(obj):
+            return "".join(encoder(obj, 0))
+
+        def loads(text):
+            obj, end = scanner(text, 0)
+            if text[end:].strip():
+                raise ValueError("extra data after the value")
+            return obj
+
+        if loads(dumps([1, 2.5, "x", {"k": None}, True])) == [1, 2.5, "x", {"k": None}, True]:
+            return dumps, loads
+    except Exception:  # any other interface: the package
+        pass
+    import json
+
+    return (lambda obj: json.dumps(obj, separators=(",", ":"))), json.loads
 
 
-def _read_exact(sock, n):
+dumps, loads = _codec()
+
+
+def send(fd, kind, obj):
+    data = dumps(obj).encode("utf-8")
+    view = memoryview(kind + len(data).to_bytes(4, "big") + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exact(fd, n):
     chunks, got = [], 0
     while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
+        chunk = os.read(fd, min(n - got, 1 << 20))
         if not chunk:
             raise EOFError("channel closed")
         chunks.append(chunk)
@@ -50,9 +101,13 @@ def _read_exact(sock, n):
     return b"".join(chunks)
 
 
-def recv(sock):
-    kind, size = FRAME.unpack(_read_exact(sock, FRAME.size))
-    return kind, json.loads(_read_exact(sock, size).decode("utf-8"))
+def recv(fd):
+    head = _read_exact(fd, HEADER)
+    size = int.from_bytes(head[1:], "big")
+    try:
+        return head[:1], loads(_read_exact(fd, size).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise WireError("unreadable message: " + str(exc)[:80]) from None
 
 
 def encode(value, to_ref, lenient=False, depth=0):
@@ -82,9 +137,11 @@ def encode(value, to_ref, lenient=False, depth=0):
         return {"t": t.__name__, "v": bytes(value).hex()}
     if t is complex:
         return {"t": "complex", "v": [value.real, value.imag]}
-    if t is fractions.Fraction:
+    # only a program that imported these can hold one: no import here
+    fractions, decimal = sys.modules.get("fractions"), sys.modules.get("decimal")
+    if fractions is not None and t is fractions.Fraction:
         return {"t": "fraction", "v": [value.numerator, value.denominator]}
-    if t is decimal.Decimal:
+    if decimal is not None and t is decimal.Decimal:
         return {"t": "decimal", "v": str(value)}
     if lenient:
         if isinstance(value, bool):
@@ -136,8 +193,12 @@ def decode(obj, from_ref, depth=0):
     if tag == "complex":
         return complex(float(v[0]), float(v[1]))
     if tag == "fraction":
+        import fractions
+
         return fractions.Fraction(int(v[0]), int(v[1]))
     if tag == "decimal":
+        import decimal
+
         return decimal.Decimal(str(v))
     if tag in ("ref", "module"):
         return from_ref(obj)
