@@ -12,6 +12,11 @@ from kfp import dsl, kubernetes
 
 from components.core.config import ClusterSection
 
+# stages that run model-written code: their pods get this label, which the code-sandbox
+# overlay matches (gVisor RuntimeClass, narrow egress)
+CODE_STAGES = ("verify", "evaluate")
+RUNS_CODE_LABEL = ("rlvr.dev/runs-code", "true")
+
 SECRET_KEYS = {
     "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
@@ -25,6 +30,8 @@ def place(
     worker: `run.segment_iterations`), which scales its pod deadline."""
     p = cluster.stages[stage]
     task.set_caching_options(False)
+    if stage in CODE_STAGES:
+        kubernetes.add_pod_label(task, *RUNS_CODE_LABEL)
     if p.cpu_request:
         task.set_cpu_request(p.cpu_request)
     if p.cpu_limit:

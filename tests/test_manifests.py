@@ -25,12 +25,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
-KUSTOMIZATIONS = ("base", "overlays/dev", "overlays/gpu-pools")
+KUSTOMIZATIONS = ("base", "overlays/dev", "overlays/gpu-pools", "overlays/code-sandbox")
 NAMESPACE = "rlvr"
 # Validated against the oldest Kubernetes still commonly run that has every field used here
 # (PodSecurity admission labels, fsGroupChangePolicy, ttlSecondsAfterFinished), and the newest
 # schemas kubernetes-validate ships.
 K8S_VERSIONS = ("1.30.0", "latest")
+# MutatingAdmissionPolicy (v1beta1) exists from 1.34 on
+VERSIONS_FOR = {"overlays/code-sandbox": ("1.34.0", "latest")}
 
 CLUSTER_SCOPED = {
     "Namespace",
@@ -42,6 +44,8 @@ CLUSTER_SCOPED = {
     "CustomResourceDefinition",
     "IngressClass",
     "RuntimeClass",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
 }
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
 
@@ -253,7 +257,7 @@ def test_renderer_agrees_with_kustomize_on_common_labels_and_deletes(tmp_path):
 def test_every_object_validates_against_the_kubernetes_schemas(rendered, name):
     kv = pytest.importorskip("kubernetes_validate.utils", reason="kubernetes-validate missing")
     errors = []
-    for version in K8S_VERSIONS:
+    for version in VERSIONS_FOR.get(name, K8S_VERSIONS):
         version = kv.latest_version() if version == "latest" else version
         for obj in rendered[name]:
             try:
@@ -489,3 +493,21 @@ def test_local_overlay_fills_the_secret(tmp_path):
     assert "stringData" not in secret
     assert set(secret["data"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
     assert _one(objs, "Deployment", "minio")
+
+
+def test_code_pods_run_under_gvisor_with_narrow_egress(rendered):
+    objs = {obj["kind"]: obj for obj in rendered["overlays/code-sandbox"]}
+    label = {"rlvr.dev/runs-code": "true"}
+    assert objs["RuntimeClass"]["metadata"]["name"] == "gvisor"
+    policy = objs["MutatingAdmissionPolicy"]["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    assert policy["matchConstraints"]["objectSelector"]["matchLabels"] == label
+    assert (
+        'runtimeClassName: "gvisor"' in policy["mutations"][0]["applyConfiguration"]["expression"]
+    )
+    binding = objs["MutatingAdmissionPolicyBinding"]["spec"]
+    assert binding["policyName"] == objs["MutatingAdmissionPolicy"]["metadata"]["name"]
+    netpol = objs["NetworkPolicy"]["spec"]
+    assert netpol["podSelector"]["matchLabels"] == label and netpol["policyTypes"] == ["Egress"]
+    ports = {p["port"] for rule in netpol["egress"] for p in rule["ports"]}
+    assert ports == {53, 443, 9000, 8887, 8080}

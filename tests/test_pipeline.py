@@ -104,6 +104,10 @@ def test_compiled_placement_from_config(workspace, tmp_path, monkeypatch):
             assert spec["nodeSelector"]["labels"] == {"rlvr.io/pool": "verify"}
             assert task["retryPolicy"]["maxRetryCount"] == 5
         assert int(spec["activeDeadlineSeconds"]) > 0
+        # the code-sandbox overlay puts exactly these pods under gVisor
+        labels = spec.get("podMetadata", {}).get("labels", {})
+        runs_code = labels.get("rlvr.dev/runs-code") == "true"
+        assert runs_code == (stage in ("verify", "evaluate")), name
         env = {e["envVar"] for e in spec["secretAsEnv"][0]["keyToEnv"]}
         assert spec["secretAsEnv"][0]["secretName"] == "rlvr-object-store"
         assert env == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
