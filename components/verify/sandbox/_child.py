@@ -322,9 +322,13 @@ def _write(path: str, text: str) -> None:
 def preexec(plan: Plan) -> None:
     """Runs in the Popen child (new session, cwd = work, pipes on 0/1/2).
 
-    Unshares the namespaces, forks the process that becomes the sandbox, and turns
-    itself into the waiter, which never returns. The sandbox process builds its root,
-    drops privileges and returns, after which subprocess execs the interpreter.
+    Root mode: unshares the namespaces, forks the process that becomes the sandbox, and
+    turns itself into the waiter, which never returns. Userns mode: forks a child that
+    enters a new user namespace, writes that child's id maps from out here (inside
+    gVisor a process may not write its own, and the caller of ``unshare`` is inside),
+    and waits for it; the child unshares the other namespaces and forks the sandbox in
+    turn. Either way the sandbox process builds its root, drops privileges and returns,
+    after which subprocess execs the interpreter.
     """
     step = "start"
     try:
@@ -335,29 +339,82 @@ def preexec(plan: Plan) -> None:
         flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
         if plan.netns:
             flags |= CLONE_NEWNET
-        if plan.mode == "userns":
-            flags |= CLONE_NEWUSER
-        what = "namespaces" + (" incl. network" if plan.netns else "")
-        step = f"unshare({'user namespace and ' if plan.mode == 'userns' else ''}{what})"
-        _check(LIBC.unshare(flags), step)
-        if plan.mode == "userns":
-            step = "user namespace id maps"
-            _write("/proc/self/setgroups", "deny")
-            _write("/proc/self/uid_map", f"{plan.uid} {plan.host_uid} 1\n")
-            _write("/proc/self/gid_map", f"{plan.uid} {plan.host_gid} 1\n")
+        step = "unshare(namespaces" + (" incl. network)" if plan.netns else ")")
+        if plan.mode == "root":
+            _check(LIBC.unshare(flags), step)
         step = "fork"
         # SIGTERM stays blocked across the fork until the waiter has its handler
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        if plan.mode == "userns":
+            ready_r, ready_w = os.pipe()
+            go_r, go_w = os.pipe()
         pid = os.fork()
     except BaseException as exc:  # report anything, never return
         _setup_failed(plan, step, exc)
-    if pid:
+    if plan.mode == "userns":
+        if pid:
+            _map_ids(plan, pid, ready_r, ready_w, go_r, go_w)
+            _wait_and_exit(plan, pid)
+        _enter_user_namespace(plan, flags, step, ready_r, ready_w, go_r, go_w)
+        pid = _fork_inner(plan)
+        if pid:
+            _wait_and_exit(plan, pid)
+    elif pid:
         _wait_and_exit(plan, pid)
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _build_sandbox(plan)
     except BaseException as exc:
         _setup_failed(plan, "setup", exc)
+
+
+def _map_ids(plan: Plan, pid: int, ready_r: int, ready_w: int, go_r: int, go_w: int) -> None:
+    """Outer waiter, userns mode: once the child is in its user namespace, map the
+    sandbox uid/gid to the caller's own (the one mapping an unprivileged process may
+    write), then let the child go on. If the child failed, it reported why itself."""
+    os.close(ready_w)
+    os.close(go_r)
+    if os.read(ready_r, 1) != b"u":
+        return  # the child exited (and reported); the waiter passes its status on
+    try:
+        proc = f"/proc/{pid}"
+        if os.path.exists(proc + "/setgroups"):  # gVisor has none, and needs none
+            _write(proc + "/setgroups", "deny")
+        _write(proc + "/uid_map", f"{plan.uid} {plan.host_uid} 1\n")
+        _write(proc + "/gid_map", f"{plan.uid} {plan.host_gid} 1\n")
+        os.write(go_w, b"g")
+    except BaseException as exc:
+        os.kill(pid, signal.SIGKILL)
+        _setup_failed(plan, "user namespace id maps", exc)
+    os.close(go_w)
+    os.close(ready_r)
+
+
+def _enter_user_namespace(
+    plan: Plan, flags: int, step: str, ready_r: int, ready_w: int, go_r: int, go_w: int
+) -> None:
+    """Child, userns mode: new user namespace, wait for the maps, then the others."""
+    try:
+        os.close(ready_r)
+        os.close(go_w)
+        _check(LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+        _check(LIBC.unshare(CLONE_NEWUSER), "unshare(user namespace)")
+        os.write(ready_w, b"u")
+        if os.read(go_r, 1) != b"g":
+            os._exit(SETUP_FAILED)  # the waiter reported why
+        os.close(ready_w)
+        os.close(go_r)
+        _check(LIBC.unshare(flags), step)
+    except BaseException as exc:
+        _setup_failed(plan, "user namespace", exc)
+
+
+def _fork_inner(plan: Plan) -> int:
+    try:
+        return os.fork()
+    except BaseException as exc:
+        _setup_failed(plan, "fork", exc)
+        raise  # unreachable: _setup_failed exits
 
 
 def _setup_failed(plan: Plan, step: str, exc: BaseException) -> None:
