@@ -495,19 +495,29 @@ def test_local_overlay_fills_the_secret(tmp_path):
     assert _one(objs, "Deployment", "minio")
 
 
-def test_code_pods_run_under_gvisor_with_narrow_egress(rendered):
+def test_code_pods_get_the_sandbox_profile_and_narrow_egress(rendered):
     objs = {obj["kind"]: obj for obj in rendered["overlays/code-sandbox"]}
     label = {"rlvr.dev/runs-code": "true"}
-    assert objs["RuntimeClass"]["metadata"]["name"] == "gvisor"
     policy = objs["MutatingAdmissionPolicy"]["spec"]
     assert policy["failurePolicy"] == "Fail"
     assert policy["matchConstraints"]["objectSelector"]["matchLabels"] == label
-    assert (
-        'runtimeClassName: "gvisor"' in policy["mutations"][0]["applyConfiguration"]["expression"]
-    )
+    expr = policy["mutations"][0]["applyConfiguration"]["expression"]
+    assert 'type: "Localhost"' in expr and "profiles/rlvr-code-sandbox.json" in expr
     binding = objs["MutatingAdmissionPolicyBinding"]["spec"]
     assert binding["policyName"] == objs["MutatingAdmissionPolicy"]["metadata"]["name"]
     netpol = objs["NetworkPolicy"]["spec"]
     assert netpol["podSelector"]["matchLabels"] == label and netpol["policyTypes"] == ["Egress"]
     ports = {p["port"] for rule in netpol["egress"] for p in rule["ports"]}
     assert ports == {53, 443, 9000, 8887, 8080}
+
+
+def test_the_shipped_seccomp_profile_is_the_generated_one():
+    from components.verify.sandbox.seccomp import SANDBOX_BUILDER_NEEDS, pod_profile
+
+    shipped = json.loads(
+        (MANIFESTS / "overlays/code-sandbox/seccomp/rlvr-code-sandbox.json").read_text()
+    )
+    assert shipped == pod_profile(), "regenerate: python -m components.verify.sandbox pod-profile"
+    denied = set(shipped["syscalls"][0]["names"])
+    assert not denied & set(SANDBOX_BUILDER_NEEDS)
+    assert {"ptrace", "bpf", "keyctl", "perf_event_open", "setns", "io_uring_setup"} <= denied

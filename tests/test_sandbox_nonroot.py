@@ -66,6 +66,31 @@ print(json.dumps(out))
 """
 
 
+# A container as Kubernetes runs it under PodSecurity restricted, emulated: non-root, no
+# capabilities, no_new_privs, and a seccomp filter -- either the shipped pod profile
+# (SANDBOX_BUILDER_NEEDS allowed) or one that refuses unshare and mount as the runtimes'
+# default profiles do for a pod without CAP_SYS_ADMIN.
+POD = r"""
+import ctypes, json, sys
+from components.verify import sandbox
+from components.verify.code import compute_score
+from components.verify.sandbox import _child, seccomp
+
+allow = seccomp.SANDBOX_BUILDER_NEEDS if sys.argv[1] == "pod-profile" else ()
+flt = _child._Filter(seccomp.build_filter(allow=allow))
+assert _child.LIBC.prctl(38, 1, 0, 0, 0) == 0
+assert _child.LIBC.prctl(22, 2, ctypes.addressof(flt.prog), 0, 0) == 0
+caps = sandbox.probe()
+out = {"caps": [caps.available, caps.network_isolated, caps.reason]}
+if caps.available:
+    py = lambda c: "```python\n" + c + "\n```"
+    tests = {"asserts": ["assert add(2, 3) == 5"]}
+    out["honest"] = compute_score(py("def add(a, b):\n    return a + b"), tests)["score"]
+    out["wrong"] = compute_score(py("def add(a, b):\n    return 0"), tests)["score"]
+print(json.dumps(out))
+"""
+
+
 def _as_nobody() -> None:
     os.setgroups([])
     os.setresgid(NOBODY, NOBODY, NOBODY)
@@ -95,6 +120,41 @@ def _interpreter_for_nobody() -> str | None:
     return None
 
 
+def _run_as_non_root(code: str, *args: str) -> dict:
+    if os.geteuid() == 0:
+        exe = _interpreter_for_nobody()
+        if exe is None:
+            pytest.skip("no Python 3.11+ interpreter that uid 65534 can run with this repo")
+        preexec = _as_nobody
+    else:
+        exe, preexec = sys.executable, None
+    proc = subprocess.run(
+        [exe, "-c", code, *args],
+        preexec_fn=preexec,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_restricted_pod_with_the_shipped_profile_runs_code_rewards() -> None:
+    out = _run_as_non_root(POD, "pod-profile")
+    assert out["caps"][:2] == [True, True], out
+    assert (out["honest"], out["wrong"]) == (1.0, 0.0)
+
+
+def test_default_container_profile_is_refused_with_the_fix_named() -> None:
+    out = _run_as_non_root(POD, "runtime-default")
+    available, _net, reason = out["caps"]
+    assert available is False
+    assert "unshare(user namespace): Operation not permitted" in reason
+    assert "pod-profile" in reason and "manifests/overlays/code-sandbox" in reason
+
+
 @pytest.fixture(scope="module")
 def battery() -> dict:
     listener = socket.socket()
@@ -102,26 +162,9 @@ def battery() -> dict:
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        if os.geteuid() == 0:
-            exe = _interpreter_for_nobody()
-            if exe is None:
-                pytest.skip("no Python 3.11+ interpreter that uid 65534 can run with this repo")
-            preexec = _as_nobody
-        else:
-            exe, preexec = sys.executable, None
-        proc = subprocess.run(
-            [exe, "-c", BATTERY, str(port)],
-            preexec_fn=preexec,
-            cwd=REPO,
-            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        return _run_as_non_root(BATTERY, str(port))
     finally:
         listener.close()
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_runs_as_non_root_in_a_user_namespace(battery: dict) -> None:

@@ -141,3 +141,30 @@ def test_each_family_is_refused_inside_the_sandbox() -> None:
     assert report["ordinary"] is True
     assert report["refused"] == {name: "EPERM" for name in report["refused"]}
     assert len(report["refused"]) == 23
+
+
+@pytest.mark.parametrize("machine", seccomp.SUPPORTED_MACHINES)
+def test_pod_profile_and_its_filter_agree(machine: str) -> None:
+    # the shipped Localhost profile (JSON, for the container runtime) and the BPF program
+    # built with the same exceptions decide every syscall the same way
+    profile = seccomp.pod_profile()
+    prog = seccomp.build_filter(machine, allow=seccomp.SANDBOX_BUILDER_NEEDS)
+    table = seccomp._NR[machine]
+    arch = seccomp._AUDIT_ARCH[machine]
+    refused = set(profile["syscalls"][0]["names"])
+    assert profile["syscalls"][1] == {
+        "names": ["clone3"],
+        "action": "SCMP_ACT_ERRNO",
+        "errnoRet": errno.ENOSYS,
+    }
+    assert profile["syscalls"][2]["args"] == [{"index": 0, "value": 16, "op": "SCMP_CMP_EQ"}]
+    for name, nr in table.items():
+        got = evaluate(prog, arch, nr)
+        if name == "clone3":
+            assert got == errno.ENOSYS
+        elif name in refused:
+            assert got == errno.EPERM, name
+        else:
+            assert got == ALLOW, name
+    assert evaluate(prog, arch, table["clone"], 0x10000000 | 0x11) == ALLOW  # userns: allowed
+    assert evaluate(prog, arch, table["socket"], 16) == errno.EPERM

@@ -136,7 +136,7 @@ def test_refuses_when_user_namespaces_are_refused(
     monkeypatch.setattr(_child, "CLONE_NEWUSER", 0x1)
     caps = sandbox.capabilities()
     assert not caps.available and "unprivileged user namespaces" in (caps.reason or "")
-    assert "gVisor RuntimeClass" in (caps.reason or "")
+    assert "manifests/overlays/code-sandbox" in (caps.reason or "")
     with pytest.raises(SandboxUnavailable, match="without root it needs"):
         run_python("print('ran')")
 

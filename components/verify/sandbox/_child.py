@@ -354,7 +354,7 @@ def preexec(plan: Plan) -> None:
     if plan.mode == "userns":
         if pid:
             _map_ids(plan, pid, ready_r, ready_w, go_r, go_w)
-            _wait_and_exit(plan, pid)
+            _wait_and_exit(plan, pid, forward=True)
         _enter_user_namespace(plan, flags, step, ready_r, ready_w, go_r, go_w)
         pid = _fork_inner(plan)
         if pid:
@@ -425,17 +425,18 @@ def _setup_failed(plan: Plan, step: str, exc: BaseException) -> None:
         os._exit(SETUP_FAILED)
 
 
-def _wait_and_exit(plan: Plan, pid: int) -> None:
+def _wait_and_exit(plan: Plan, pid: int, forward: bool = False) -> None:
     """The waiter: hold no file descriptors (so the caller sees EOF on the pipes as soon
     as the sandbox is gone), reap the sandbox and exit with its status. SIGTERM makes it
     SIGKILL the sandbox (PID 1 of its namespace, so everything in there dies) and still
-    reap it, so that no zombie is left to the host's init."""
+    reap it, so that no zombie is left to the host's init. ``forward`` (the outer waiter
+    in userns mode): pass SIGTERM on to the inner waiter, which does that."""
     code = SETUP_FAILED
     try:
 
         def kill_sandbox(signum: int, frame: object) -> None:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGTERM if forward else signal.SIGKILL)
             except ProcessLookupError:
                 pass  # already exited and reaped
 

@@ -448,9 +448,12 @@ def probe(config: SandboxConfig | None = None) -> Capabilities:
             False,
             f"cannot build the sandbox as uid {os.geteuid()} ({err}): without root it needs "
             "unprivileged user namespaces (sysctl user.max_user_namespaces > 0; on Debian "
-            "kernel.unprivileged_userns_clone=1; on Ubuntu the AppArmor userns restriction "
-            "lifted). On Kubernetes, run the verify and evaluate pods under the gVisor "
-            "RuntimeClass (docs/verifiers.md, 'Running code rewards on a cluster')",
+            "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ an AppArmor profile that "
+            "allows them). In a container, the runtime's default seccomp profile refuses "
+            "unshare and mount: run it with the profile from `python -m "
+            "components.verify.sandbox pod-profile`; on Kubernetes apply "
+            "manifests/overlays/code-sandbox (docs/verifiers.md, 'Running code rewards on "
+            "a cluster')",
         )
     return Capabilities(False, False, f"cannot build the sandbox ({err})")
 

@@ -96,16 +96,19 @@ def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k & 0xFFFFFFFF)
 
 
-def build_filter(machine: str | None = None) -> bytes:
+def build_filter(machine: str | None = None, allow: tuple[str, ...] = ()) -> bytes:
     """The filter program (``struct sock_filter[]`` as bytes) for ``machine`` (default:
     this one). Raises ``ValueError`` for a machine without a syscall table here; the
-    sandbox then refuses to run code rather than run it unfiltered."""
+    sandbox then refuses to run code rather than run it unfiltered. ``allow`` takes
+    names off the deny list (with ``unshare`` also ``clone`` with namespace flags): with
+    ``SANDBOX_BUILDER_NEEDS`` it is the same policy as ``pod_profile``."""
     machine = machine or platform.machine()
     if machine not in _NR:
         raise ValueError(f"no seccomp syscall table for {machine!r} (supported: {', '.join(_NR)})")
     nr = _NR[machine]
     eperm = _RET_ERRNO | errno.EPERM
-    denied = [nr[name] for name in DENIED if name in nr]
+    denied = [nr[name] for name in DENIED if name in nr and name not in allow]
+    clone_flags = 0 if "unshare" in allow else _CLONE_NEW_ANY
     # layout: arch check, load nr, [x32 check], one JEQ per denied syscall, then the
     # three argument checks; every jump target is the fixed tail below
     head = [
@@ -135,7 +138,7 @@ def build_filter(machine: str | None = None) -> bytes:
         _ins(_RET_K, 0, 0, eperm),
         _ins(_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS),
         _ins(_LD_W_ABS, 0, 0, _OFF_ARG0),
-        _ins(_JSET_K, 0, 1, _CLONE_NEW_ANY),
+        _ins(_JSET_K, 0, 1, clone_flags),
         _ins(_RET_K, 0, 0, eperm),
         _ins(_RET_K, 0, 0, _RET_ALLOW),
         _ins(_LD_W_ABS, 0, 0, _OFF_ARG0),
@@ -144,3 +147,38 @@ def build_filter(machine: str | None = None) -> bytes:
         _ins(_RET_K, 0, 0, _RET_ALLOW),
     ]
     return b"".join(head + body + tail)
+
+
+# ------------------------------------------------------------------ the pod's own profile
+
+# what the verifier process itself needs to build a sandbox without root (userns mode)
+SANDBOX_BUILDER_NEEDS = ("unshare", "mount", "umount2", "pivot_root")
+_OCI_ARCH = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}
+
+
+def pod_profile() -> dict:
+    """The seccomp profile (OCI / Kubernetes ``Localhost`` JSON) for pods that run code
+    rewards: the same refusals as the per-run filter, except the four calls that
+    building a sandbox without root needs (``unshare``, ``mount``, ``umount2``,
+    ``pivot_root``) and ``clone`` with namespace flags. The runtimes' default profiles
+    refuse those without ``CAP_SYS_ADMIN``, which no baseline or restricted pod has;
+    with this profile the pod stays non-root with every capability dropped, and the
+    untrusted code inside each sandbox still runs under the stricter per-run filter.
+    Generated: ``python -m components.verify.sandbox pod-profile > FILE``."""
+    names = sorted(
+        {n for table in _NR.values() for n in table} & set(DENIED) - set(SANDBOX_BUILDER_NEEDS)
+    )
+    eperm = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": [_OCI_ARCH[m] for m in SUPPORTED_MACHINES],
+        "syscalls": [
+            {"names": names, **eperm},
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+            {
+                "names": ["socket"],
+                **eperm,
+                "args": [{"index": 0, "value": _AF_NETLINK, "op": "SCMP_CMP_EQ"}],
+            },
+        ],
+    }
