@@ -30,7 +30,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -85,14 +85,32 @@ def response_text(problem: Problem) -> str:
     return f"\\boxed{{{problem.answer}}}"
 
 
+def grade_math(texts: Sequence[str], problems: Sequence[Problem]) -> list[float]:
+    # The same grader as the RL reward and the evaluation (the `math` verifier).
+    return [compute_score(t, p.answer)["score"] for t, p in zip(texts, problems, strict=True)]
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a demo's warm-up teaches and how its datasets are written: the response for a
+    problem, the grader of sampled responses (the stop rule), the Parquet writer."""
+
+    response: Callable[[Problem], str] = response_text
+    grade: Callable[[Sequence[str], Sequence[Problem]], list[float]] = grade_math
+    write_table: Callable[[Iterable[Problem], str, Path], Path] = write_table
+
+
+ARITHMETIC = Task()
+
+
 def encode_sft(
-    tokenizer: PreTrainedTokenizerFast, problems: Sequence[Problem]
+    tokenizer: PreTrainedTokenizerFast, problems: Sequence[Problem], task: Task = ARITHMETIC
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``prompt + response + eos`` ids, attention mask and response-only labels."""
     rows: list[tuple[list[int], list[int]]] = []
     for p in problems:
         prompt = tokenizer.encode(chat_prompt(tokenizer, p), add_special_tokens=False)
-        response = tokenizer.encode(response_text(p), add_special_tokens=False)
+        response = tokenizer.encode(task.response(p), add_special_tokens=False)
         rows.append((prompt, response + [tokenizer.eos_token_id]))
     width = max(len(a) + len(b) for a, b in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -116,11 +134,12 @@ def sampled_pass_at_1(
     max_new_tokens: int,
     seed: int,
     greedy: bool = False,
+    task: Task = ARITHMETIC,
 ) -> float:
     """Mean reward over ``samples`` temperature-1.0 samples (or one greedy answer) per problem."""
     model.eval()
     prompts = [chat_prompt(tokenizer, p) for p in problems for _ in range(1 if greedy else samples)]
-    answers = [p.answer for p in problems for _ in range(1 if greedy else samples)]
+    repeated = [p for p in problems for _ in range(1 if greedy else samples)]
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
     sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0}
     with torch.random.fork_rng(devices=[]):
@@ -136,9 +155,7 @@ def sampled_pass_at_1(
         )
     texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     model.train()
-    # The same grader as the RL reward and the evaluation (the `math` verifier).
-    scores = [compute_score(t, a)["score"] for t, a in zip(texts, answers, strict=True)]
-    return sum(scores) / len(texts)
+    return sum(task.grade(texts, repeated)) / len(texts)
 
 
 def warm_up(
@@ -147,9 +164,10 @@ def warm_up(
     train: Sequence[Problem],
     dev: Sequence[Problem],
     cfg: WarmupConfig,
+    task: Task = ARITHMETIC,
 ) -> list[dict[str, float]]:
     """Supervised warm-up with the sampled-dev stop rule; returns the dev curve."""
-    ids, mask, labels = encode_sft(tokenizer, train)
+    ids, mask, labels = encode_sft(tokenizer, train, task)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     rng = random.Random(cfg.seed)
     curve: list[dict[str, float]] = []
@@ -176,6 +194,7 @@ def warm_up(
                 samples=cfg.dev_samples,
                 max_new_tokens=cfg.max_new_tokens,
                 seed=cfg.seed * 100_003 + step,
+                task=task,
             )
             curve.append({"step": step, "loss": round(loss.item(), 4), "dev_sampled": acc})
             bar.set_postfix(loss=f"{loss.item():.3f}", dev_sampled=f"{acc:.3f}")
@@ -189,7 +208,7 @@ def outputs_exist(out: Path) -> bool:
     return all((out / name).exists() for name in OUTPUTS)
 
 
-def prepare(out: Path, cfg: WarmupConfig) -> Path:
+def prepare(out: Path, cfg: WarmupConfig, task: Task = ARITHMETIC) -> Path:
     """Write datasets and the warmed base policy under ``out`` (skipped if already there)."""
     out = Path(out)
     if outputs_exist(out):
@@ -207,7 +226,7 @@ def prepare(out: Path, cfg: WarmupConfig) -> Path:
         seed=cfg.seed,
     )
     print(f"policy: Qwen2, {count_parameters(model):,} parameters, vocab {len(tokenizer)}")
-    curve = warm_up(model, tokenizer, splits["train"], splits["dev"], cfg)
+    curve = warm_up(model, tokenizer, splits["train"], splits["dev"], cfg, task)
     greedy = sampled_pass_at_1(
         model,
         tokenizer,
@@ -216,6 +235,7 @@ def prepare(out: Path, cfg: WarmupConfig) -> Path:
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
         greedy=True,
+        task=task,
     )
     print(
         f"warm-up stopped at step {curve[-1]['step']}: dev pass@1 sampled "
@@ -225,8 +245,8 @@ def prepare(out: Path, cfg: WarmupConfig) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        write_table(splits["train"], "train", tmp / "train.parquet")
-        write_table(splits["eval"], "eval", tmp / "eval.parquet")
+        task.write_table(splits["train"], "train", tmp / "train.parquet")
+        task.write_table(splits["eval"], "eval", tmp / "eval.parquet")
         save_checkpoint(model, tokenizer, tmp / "base")
         summary = {
             "config": asdict(cfg),
@@ -251,11 +271,16 @@ def prepare(out: Path, cfg: WarmupConfig) -> Path:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(
+    argv: Sequence[str] | None = None,
+    task: Task = ARITHMETIC,
+    defaults: WarmupConfig | None = None,
+    description: str | None = None,
+) -> None:
+    parser = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--seed", type=int, default=0)
-    defaults = WarmupConfig()
+    defaults = defaults or WarmupConfig()
+    parser.add_argument("--seed", type=int, default=defaults.seed)
     for name in ("n_train", "n_eval", "max_steps", "eval_every", "batch_size"):
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
@@ -270,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(
         min(torch.get_num_threads(), 2)
     )  # tiny model: more threads only add overhead
-    prepare(args.out, cfg)
+    prepare(args.out, cfg, task)
 
 
 if __name__ == "__main__":
