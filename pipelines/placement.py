@@ -13,7 +13,7 @@ from kfp import dsl, kubernetes
 from components.core.config import ClusterSection
 
 # stages that run model-written code: their pods get this label, which the code-sandbox
-# overlay matches (gVisor RuntimeClass, narrow egress)
+# overlay matches (the seccomp profile that lets the sandbox build itself, narrow egress)
 CODE_STAGES = ("verify", "evaluate")
 RUNS_CODE_LABEL = ("rlvr.dev/runs-code", "true")
 

@@ -272,3 +272,101 @@ def test_in_process_cases_are_marked() -> None:
     out = score("def add(a, b):\n    return a + b", cases)
     assert out["score"] == 1.0 and out["isolation"] == "in_process"
     assert score("def add(a, b):\n    return a + b", TOP)["isolation"] == "separate"
+
+
+# ------------------------------------------------------------- found in review, kept here
+
+
+def test_builtin_named_entry_point_is_refused_not_replaced() -> None:
+    # the tests' `pow` could be Python's or the solution's: either guess can be gamed
+    cases = {"asserts": ["assert pow(2, 3) == 8"]}
+    for code in ("def pow(a, b):\n    return 0", "def pow(a, b):\n    return a ** b"):
+        out = score(code, cases)
+        assert out["score"] == 0.0 and "redefines the builtin pow" in out["error"], out
+    # unless the tests do not use that name
+    assert (
+        score("def max(xs):\n    return 0\ndef add(a, b):\n    return a + b", TOP)["score"] == 1.0
+    )
+
+
+def test_stop_iteration_cannot_end_a_tests_iteration() -> None:
+    cases = {
+        "asserts": [
+            "assert all(map(lambda p: add(*p) == sum(p), [(1, 2), (3, 4)]))",
+            "assert list(filter(lambda p: add(*p) != sum(p), [(1, 2), (3, 4)])) == []",
+        ]
+    }
+    out = score("def add(a, b):\n    raise StopIteration", cases)
+    assert out["score"] == 0.0 and "SolutionError: StopIteration" in out["error"], out
+    assert score("def add(a, b):\n    return a + b", cases)["score"] == 1.0
+
+
+def test_callable_named_like_a_stdlib_module_cannot_answer_for_it() -> None:
+    cases = {"asserts": ["assert math.isclose(volume(10), 4188.79, rel_tol=0.001)"]}
+    fakes = [
+        "class math:\n    isclose = staticmethod(lambda *a, **k: True)\ndef volume(r):\n    return 0",
+        "def math():\n    pass\nmath.isclose = lambda *a, **k: True\ndef volume(r):\n    return 0",
+    ]
+    for code in fakes:
+        assert score(code, cases)["score"] == 0.0, code
+    honest = "import math\ndef volume(r):\n    return 4 / 3 * math.pi * r ** 3"
+    assert score(honest, cases)["score"] == 1.0
+    # a function named like a module is still the function under test
+    bis = {"asserts": ["assert bisect([1, 3, 5], 4) == 2"]}
+    assert score("def bisect(xs, x):\n    return sum(v < x for v in xs)", bis)["score"] == 1.0
+
+
+def test_forged_answers_never_crash_the_verifier() -> None:
+    # the solution writes its own answer frames on the channel (sys.argv[1]) and waits
+    forge = """
+        import json, os, sys, time
+        def add(a, b):
+            for value in ({"t": "fraction", "v": [1, 0]}, {"t": "decimal", "v": "abc"},
+                          {"t": "int", "v": "zz"}, {"t": "dict", "v": [[[1], 2]]}):
+                data = json.dumps({"value": value}).encode()
+                os.write(int(sys.argv[1]), b"R" + len(data).to_bytes(4, "big") + data)
+                time.sleep(0.2)
+            return 0
+    """
+    fn_cases = {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}
+    out = score(forge, fn_cases)
+    assert out["score"] == 0.0 and "not plain data" in out["error"], out
+    assert score(forge, TOP)["score"] == 0.0
+    big = {"fn_name": "big", "inputs": [[1]], "outputs": [1.5]}
+    assert score("def big(x):\n    return 10 ** 400", big)["score"] == 0.0
+
+
+HONEST = {
+    "generator-next": (
+        "def gen():\n    yield 1\n    yield 2",
+        "g = gen()\nassert next(g) == 1 and next(g) == 2\ntry:\n    next(g)\n    assert False\n"
+        "except StopIteration:\n    pass",
+    ),
+    "endless-generator-islice": (
+        "def nat():\n    n = 0\n    while True:\n        yield n\n        n += 1",
+        "import itertools\nassert list(itertools.islice(nat(), 5)) == [0, 1, 2, 3, 4]",
+    ),
+    "exception-subclass": (
+        "class BadInput(ValueError):\n    pass\ndef f(x):\n    raise BadInput('no')",
+        "try:\n    f(-1)\n    assert False\nexcept ValueError as e:\n    assert 'no' in str(e)",
+    ),
+    "big-int": (
+        "import math\ndef fact(n):\n    return math.factorial(n)",
+        "import math\nassert fact(2000) == math.factorial(2000)",
+    ),
+    "big-module-table": (
+        "SIEVE = [True] * 300000\ndef is_p(n):\n    return SIEVE[n]",
+        "assert is_p(7) and len(SIEVE) == 300000 and SIEVE[299999]",
+    ),
+    "big-argument": (
+        "def total(xs):\n    return sum(xs)",
+        "assert total(list(range(10 ** 6))) == 499999500000",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HONEST)
+def test_honest_solutions_the_first_design_failed(case: str) -> None:
+    code, test = HONEST[case]
+    out = score(code, {"asserts": [test]})
+    assert out["score"] == 1.0, out

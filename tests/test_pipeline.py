@@ -104,7 +104,7 @@ def test_compiled_placement_from_config(workspace, tmp_path, monkeypatch):
             assert spec["nodeSelector"]["labels"] == {"rlvr.io/pool": "verify"}
             assert task["retryPolicy"]["maxRetryCount"] == 5
         assert int(spec["activeDeadlineSeconds"]) > 0
-        # the code-sandbox overlay puts exactly these pods under gVisor
+        # the code-sandbox overlay gives exactly these pods its seccomp profile and egress policy
         labels = spec.get("podMetadata", {}).get("labels", {})
         runs_code = labels.get("rlvr.dev/runs-code") == "true"
         assert runs_code == (stage in ("verify", "evaluate")), name

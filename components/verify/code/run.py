@@ -20,6 +20,7 @@ import json
 import math
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -55,7 +56,10 @@ def _values_equal(actual: Any, expected: Any) -> bool:
     if isinstance(actual, int | float) and isinstance(expected, int | float):
         if isinstance(actual, int) and isinstance(expected, int):
             return actual == expected
-        a, e = float(actual), float(expected)
+        try:
+            a, e = float(actual), float(expected)
+        except OverflowError:  # an int beyond float range is not close to a float
+            return False
         if math.isnan(a) or math.isnan(e):
             return math.isnan(a) and math.isnan(e)
         return math.isclose(a, e, rel_tol=REL_TOL, abs_tol=ABS_TOL)
@@ -168,20 +172,23 @@ def _fn(code: str, case: TestCase, config: SandboxConfig) -> str | None:
             answer = _loads(payload)
             if kind != b"R" or _solution_error(answer):
                 return _solution_error(answer) or "protocol error"
-            value = wire.decode(answer.get("value"), _refuse_ref)
-            actual = _as_json_data(value)
+            actual = _as_json_data(wire.decode(answer.get("value"), _refuse_ref))
         except ChannelTimeout:
             return "timeout"
         except ChannelOverflow:
             return "output limit exceeded"
         except ChannelClosed:
             return _closed(sol, "the solution's process")
-        except (wire.WireError, TypeError, ValueError) as exc:
+        except (wire.WireError, TypeError, ValueError, ArithmeticError, RecursionError) as exc:
             return f"result is not plain data ({str(exc)[:120]})"
-    return None if _fn_result_ok(actual, case.expected) else "wrong answer"
+    try:
+        return None if _fn_result_ok(actual, case.expected) else "wrong answer"
+    except (ArithmeticError, RecursionError, TypeError, ValueError):
+        return "wrong answer"  # e.g. an int too large for a float next to a float
 
 
 _STARTERS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_STARTERS_LOCK = threading.Lock()
 
 
 def _starter() -> concurrent.futures.ThreadPoolExecutor:
@@ -190,9 +197,10 @@ def _starter() -> concurrent.futures.ThreadPoolExecutor:
     started it (``PR_SET_PDEATHSIG`` follows the thread), so a short-lived pool would
     take its sandboxes down when it exits."""
     pid = os.getpid()
-    if pid not in _STARTERS:
-        _STARTERS[pid] = concurrent.futures.ThreadPoolExecutor(1, "rlvr-sandbox-start")
-    return _STARTERS[pid]
+    with _STARTERS_LOCK:
+        if pid not in _STARTERS:
+            _STARTERS[pid] = concurrent.futures.ThreadPoolExecutor(1, "rlvr-sandbox-start")
+        return _STARTERS[pid]
 
 
 @contextlib.contextmanager

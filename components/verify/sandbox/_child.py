@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import os
 import platform
 import resource
@@ -87,11 +88,11 @@ _DEV_LINKS = (
 )
 
 # The uid a sandbox runs as in root mode, when not configured: a high, otherwise unused
-# uid, distinct per calling process so that concurrent verifier workers do not share a
-# process budget (RLIMIT_NPROC counts all processes of a uid). 65534 (nobody) if that uid
-# is not mapped. In userns mode the uid inside is USERNS_UID (the host sees the caller's).
+# uid, distinct per sandbox so that concurrent sandboxes do not share a process budget
+# (RLIMIT_NPROC counts all processes of a uid). 65534 (nobody) if that uid is not mapped. In userns mode the uid inside is USERNS_UID (the host sees the caller's).
 _AUTO_UID_BASE = 2_000_000_000
 _NOBODY = 65534
+_SANDBOX_SEQ = itertools.count()
 USERNS_UID = 1000
 
 Mode = Literal["root", "userns"]
@@ -205,7 +206,11 @@ def _sandbox_uid(config: SandboxConfig, mode: Mode) -> int:
         if config.uid == 0:
             raise ValueError("the sandbox uid must not be 0")
         return config.uid
-    uid = _AUTO_UID_BASE + os.getpid()
+    # one uid per sandbox, not per calling process: RLIMIT_NPROC counts every process of
+    # a uid, so a fork bomb in one sandbox must not starve another one of the same caller
+    # (an assert case's two processes, or concurrent threads). pid and a counter, both
+    # bounded so that the uid stays below 2**32 - 1.
+    uid = _AUTO_UID_BASE + (os.getpid() % (1 << 20)) * (1 << 11) + next(_SANDBOX_SEQ) % (1 << 11)
     return uid if _uid_mapped(uid) else _NOBODY
 
 
@@ -430,7 +435,9 @@ def _wait_and_exit(plan: Plan, pid: int, forward: bool = False) -> None:
     as the sandbox is gone), reap the sandbox and exit with its status. SIGTERM makes it
     SIGKILL the sandbox (PID 1 of its namespace, so everything in there dies) and still
     reap it, so that no zombie is left to the host's init. ``forward`` (the outer waiter
-    in userns mode): pass SIGTERM on to the inner waiter, which does that."""
+    in userns mode): pass SIGTERM on to the inner waiter, which does that. (If the caller
+    itself dies, PR_SET_PDEATHSIG kills waiter and sandbox, and the host's init reaps
+    them.)"""
     code = SETUP_FAILED
     try:
 

@@ -31,6 +31,7 @@ _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # a channel frame: one byte of kind, four bytes of length (big-endian), the payload
 _FRAME = struct.Struct(">cI")
+MIN_MESSAGE_CAP = 16 << 20  # a Process message may be this large whatever max_output_bytes is
 
 
 def mode() -> Mode:
@@ -281,9 +282,10 @@ class Process:
 
     ``main.py`` runs with ``sys.argv[1]`` naming a file descriptor (a connected Unix
     stream socket) on which it reads and writes frames: one byte of kind, four bytes of
-    big-endian length, the payload. Its stdin and stdout are ``/dev/null``; its stderr
-    goes to a file (bounded by the run's file-size limit) that the caller reads only to
-    report a failed setup. Everything else is as for ``run_python``. Use as a context
+    big-endian length, the payload (at most ``max(max_output_bytes, 16 MiB)``). Its stdin
+    and stdout are ``/dev/null``; its stderr goes to a file in the run's host directory
+    (bounded by the file-size limit, removed with the directory) that the caller reads
+    only to report a failed setup. Everything else is as for ``run_python``. Use as a context
     manager; ``close`` kills what is left, reaps it and removes the run's files.
     """
 
@@ -292,6 +294,8 @@ class Process:
     ) -> None:
         caps = check_available(config)
         self.config = config
+        # a message may be larger than what run_python lets a program print
+        self.max_message_bytes = max(config.max_output_bytes, MIN_MESSAGE_CAP)
         self._dir = _Dir(code, config, caps.network_isolated, files, ())
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -309,6 +313,9 @@ class Process:
             finally:
                 theirs.close()
             ours.setblocking(False)
+        except SetupError as exc:
+            self.close()
+            raise SandboxUnavailable(f"sandbox setup failed: {exc}; the code did not run") from exc
         except BaseException:
             self.close()
             raise
@@ -344,7 +351,7 @@ class Process:
     def recv(self, deadline: float) -> tuple[bytes, bytes]:
         """Read one frame (kind, payload)."""
         assert self._sock is not None
-        cap = self.config.max_output_bytes
+        cap = self.max_message_bytes
         with selectors.DefaultSelector() as sel:
             sel.register(self._sock, selectors.EVENT_READ)
             while True:

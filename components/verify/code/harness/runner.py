@@ -57,7 +57,20 @@ class _Remote:
         return _decode(_query(dict(fields, op=op, ref=ref))["value"])
 
     def __iter__(self):
-        return iter(self._ask("iter"))
+        it = self._ask("iter")  # an iterator kept in the solution's process
+        ref = object.__getattribute__(it, "_rlvr_ref")
+        while True:  # a chunk at a time: islice(endless(), 5) stops after one query
+            answer = _query({"op": "take", "ref": ref})
+            yield from _decode(answer["value"])
+            if answer.get("done"):
+                return
+
+    def __next__(self):
+        ref = object.__getattribute__(self, "_rlvr_ref")
+        answer = _query({"op": "next", "ref": ref})
+        if answer.get("stop"):
+            raise StopIteration
+        return _decode(answer["value"])
 
     def __len__(self):
         return self._ask("len")
@@ -78,8 +91,24 @@ class _Remote:
         return self._ask("contains", key=_encode(key))
 
 
+class _ModuleOrRemote(_Remote):
+    """A solution function or class whose name is a standard-library module's: calling it
+    calls the solution (``bisect(xs, 3)``), an attribute is the real module's
+    (``math.isclose``): a test that uses the module without importing it cannot be
+    answered by an object the solution named after it."""
+
+    __slots__ = ("_rlvr_module",)
+
+    def __init__(self, ref, module):
+        super().__init__(ref)
+        object.__setattr__(self, "_rlvr_module", module)
+
+    def __getattr__(self, name):
+        return getattr(object.__getattribute__(self, "_rlvr_module"), name)
+
+
 def _to_ref(value):
-    if type(value) is _Remote:
+    if isinstance(value, _Remote):
         return object.__getattribute__(value, "_rlvr_ref")
     raise TypeError(
         "the test passes a " + type(value).__name__ + " to the solution: only plain data "
@@ -110,29 +139,34 @@ def _from_ref(ref):
 
 
 def _solution_names(names):
-    """The scope the tests run in, from the names the solution defined. Builtin names
-    are never taken (``abs = lambda x: 42`` at the solution's top level must not decide
-    ``assert f(-3) == abs(-3)``); a name of a standard-library module that the solution
-    bound to a module or to a non-callable object is this process's own import of that
-    module (tests that use ``math`` without importing it get the real ``math``, not an
-    object the solution calls ``math``); a function or class keeps its name even where
-    a module has it (``def bisect(...)`` is the function under test). Anything else is
-    decoded from plain data or stands in for the solution's object."""
-    scope = {}
+    """The scope the tests run in, from the names the solution defined, and the builtin
+    names the solution redefined. Builtin names are never taken (``abs = lambda x: 42``
+    at the solution's top level must not decide ``assert f(-3) == abs(-3)``; ``main``
+    refuses a test that uses one, see there). A name of a standard-library module is
+    this process's own import of that module when the solution bound it to a module or
+    to data, and a ``_ModuleOrRemote`` when the solution bound it to a function or a
+    class (``def bisect(...)`` is the function under test; ``math.isclose`` is still the
+    real one). Anything else is decoded from plain data or stands in for the solution's
+    object."""
+    scope, shadowed = {}, set()
     for name, value in names.items():
         name = str(name)
-        if not name.isidentifier() or hasattr(builtins, name) or name.startswith("__"):
+        if not name.isidentifier() or name.startswith("__"):
             continue
-        callable_ref = type(value) is dict and value.get("t") == "ref" and value.get("call")
-        module = None if callable_ref else _stdlib_module(name)
-        if module is not None:
-            scope[name] = module
+        if hasattr(builtins, name):
+            shadowed.add(name)
             continue
+        module = _stdlib_module(name)
         try:
-            scope[name] = _decode(value)
+            if type(value) is dict and value.get("t") == "ref" and value.get("call"):
+                scope[name] = _Remote(value) if module is None else _ModuleOrRemote(value, module)
+            elif module is not None:
+                scope[name] = module
+            else:
+                scope[name] = _decode(value)
         except (TypeError, ValueError, wire.WireError):
             continue
-    return scope
+    return scope, shadowed
 
 
 def _encode(value):
@@ -141,6 +175,15 @@ def _encode(value):
 
 def _decode(obj):
     return wire.decode(obj, _from_ref)
+
+
+def _names_used(code):
+    """Every name a compiled test refers to, nested functions included."""
+    found = set(code.co_names) | set(code.co_varnames)
+    for const in code.co_consts:
+        if isinstance(const, type(code)):
+            found |= _names_used(const)
+    return found
 
 
 def _write_back(original, new):
@@ -160,14 +203,31 @@ def _query(req):
     _kind, answer = wire.recv(_SOCK)
     error = answer.get("raise")
     if error is not None:
-        exc_type = getattr(builtins, str(error.get("type")), None)
-        message = str(error.get("message", ""))
-        if error.get("builtin") and isinstance(exc_type, type) and issubclass(exc_type, Exception):
-            raise exc_type(message)
-        raise SolutionError(str(error.get("type")) + ": " + message)
+        raise _exception(error)
     if "missing" in answer:
         raise NameError(str(answer["missing"]))
     return answer
+
+
+# exceptions that steer Python itself (ending an iteration): from the solution they
+# would end a test's all()/filter()/comprehension early, so they arrive as SolutionError
+_CONTROL_FLOW = (StopIteration, StopAsyncIteration)
+
+
+def _exception(error):
+    """The exception to raise here for one the solution raised: the first built-in class
+    of its MRO (so ``except ValueError`` catches the solution's ``BadInput(ValueError)``),
+    else ``SolutionError``."""
+    name, base = str(error.get("type")), error.get("base")
+    message = str(error.get("message", ""))
+    exc_type = getattr(builtins, str(base), None) if base else None
+    if (
+        isinstance(exc_type, type)
+        and issubclass(exc_type, Exception)
+        and not issubclass(exc_type, _CONTROL_FLOW)
+    ):
+        return exc_type(message if name == base else name + ": " + message)
+    return SolutionError(name + ": " + message)
 
 
 def _where(exc):
@@ -191,10 +251,21 @@ def main(fd):
     scope = {"__name__": "__main__", "__builtins__": builtins}
     verdict = {"ok": True}
     try:
-        scope.update(_solution_names(ready["names"]))
-        if spec.get("setup"):
-            exec(compile(spec["setup"], "<setup>", "exec"), scope)
-        exec(compile(spec["test"], "<test>", "exec"), scope)
+        names, shadowed = _solution_names(ready["names"])
+        scope.update(names)
+        setup = compile(spec.get("setup") or "", "<setup>", "exec")
+        test = compile(spec["test"], "<test>", "exec")
+        clash = sorted(shadowed & (_names_used(setup) | _names_used(test)))
+        if clash:
+            # which one does the test mean, the solution's or Python's? No way to tell, and
+            # either guess can be gamed: refuse, with the fix
+            raise NameError(
+                "the solution redefines the builtin " + ", ".join(clash) + ", which the "
+                'tests use; rename the function under test, or set "isolation": '
+                '"in_process" on this test case'
+            )
+        exec(setup, scope)
+        exec(test, scope)
     except AssertionError as exc:
         detail = (": " + str(exc)[:200]) if str(exc) else ""
         verdict = {"ok": False, "error": "assertion failed" + _where(exc) + detail}

@@ -15,7 +15,7 @@ Values: JSON ``null``/booleans/numbers/strings are themselves, a JSON array is a
 ``list``, and every JSON object is tagged: ``{"t": tag, "v": ...}`` for ``tuple``,
 ``set``, ``frozenset``, ``dict`` (``v``: ``[[key, value], ...]``), ``bytes`` and
 ``bytearray`` (hex), ``complex`` (``[re, im]``), ``fraction`` (``[num, den]``),
-``decimal`` (its string), ``module`` (a module *name*: the receiver imports its own copy),
+``decimal`` (its string), ``int`` (hex, for integers beyond 4000 decimal digits), ``module`` (a module *name*: the receiver imports its own copy),
 and ``ref`` (``{"t": "ref", "id": n, "type": name, "call": bool}``: an object that stays
 in the solution's process and is reached through further queries). Decoding builds only
 those types: nothing in a message can run code in the receiver.
@@ -25,6 +25,7 @@ import os
 import sys
 
 MAX_DEPTH = 200
+_BIG_INT_BITS = 4000 * 3  # under Python's 4300-digit limit for decimal strings
 HEADER = 5  # kind (1 byte) + length (4 bytes, big-endian)
 _SCALARS = (type(None), bool, int, float, str)
 
@@ -119,6 +120,9 @@ def encode(value, to_ref, lenient=False, depth=0):
     if depth > MAX_DEPTH:
         raise TypeError("value nested too deeply")
     t = type(value)
+    if t is int and value.bit_length() > _BIG_INT_BITS:
+        # hex both ways is linear in the length; decimal is quadratic and capped
+        return {"t": "int", "v": format(value, "x")}
     if t in _SCALARS:
         return value
     d = depth + 1
@@ -147,7 +151,7 @@ def encode(value, to_ref, lenient=False, depth=0):
         if isinstance(value, bool):
             return bool.__bool__(value)
         if isinstance(value, int):
-            return int.__int__(value)
+            return encode(int.__int__(value), to_ref, lenient, d)
         if isinstance(value, float):
             return float.__float__(value)
         if isinstance(value, str):
@@ -178,6 +182,19 @@ def decode(obj, from_ref, depth=0):
     if t is not dict:
         raise WireError("unexpected " + t.__name__)
     tag, v = obj.get("t"), obj.get("v")
+    try:
+        return _decode_tagged(tag, v, from_ref, obj, d)
+    except WireError:
+        raise
+    except (TypeError, ValueError, ArithmeticError, KeyError, IndexError) as exc:
+        raise WireError("bad " + str(tag)[:20] + " value: " + str(exc)[:80]) from None
+
+
+def _decode_tagged(tag, v, from_ref, obj, d):
+    if tag == "int":
+        if type(v) is not str or len(v) > (1 << 22):
+            raise WireError("bad int")
+        return int(v, 16)
     if tag == "tuple":
         return tuple(decode(x, from_ref, d) for x in v)
     if tag == "dict":
