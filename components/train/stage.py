@@ -16,6 +16,7 @@ pure function of the global step over the whole run (batching.learning_rate).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -109,7 +110,18 @@ def init_distributed(device: str) -> tuple[int, int]:
         deepspeed.init_distributed(
             dist_backend="nccl" if device == "cuda" else "gloo", verbose=False
         )
+        # tear the group down before the interpreter finalizes: a process group left to
+        # static destructors can end the process with "terminate called without an active
+        # exception" (exit 134) after all its work succeeded
+        atexit.register(_destroy_process_group)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def zero_stage_for(t: TrainSection, dtype: torch.dtype) -> int:
