@@ -191,6 +191,15 @@ _STARTERS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _STARTERS_LOCK = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    # a verifier worker forked while another thread held the lock must not inherit it held
+    global _STARTERS_LOCK
+    _STARTERS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _starter() -> concurrent.futures.ThreadPoolExecutor:
     """A thread that lives as long as this process (one per process, so a forked verifier
     worker makes its own). Long-lived on purpose: a sandbox dies with the thread that
