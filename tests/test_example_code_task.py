@@ -51,3 +51,16 @@ def test_the_reward_runs_the_program() -> None:
     assert compute_score("def f():return 23+45", gt)["score"] == 1.0  # computed, not recalled
     assert compute_score("def f():return 67", gt)["score"] == 0.0
     assert compute_score("def f(:return", gt)["score"] == 0.0
+
+
+def test_prepare_keeps_the_tasks_own_defaults(monkeypatch) -> None:
+    # the code task's responses need 20 new tokens; a flag-less default must not fall back
+    # to the arithmetic task's 12 (the warm-up's stop rule would then never see an answer)
+    from examples.arithmetic import prepare as arith
+    from examples.arithmetic_code import prepare as code
+
+    seen = {}
+    monkeypatch.setattr(arith, "prepare", lambda out, cfg, task: seen.update(cfg=cfg, task=task))
+    code.main(["--out", "/nonexistent", "--max-steps", "7"])
+    assert seen["cfg"].max_new_tokens == 20 and seen["cfg"].max_steps == 7
+    assert seen["task"] is code.CODE

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -289,8 +289,9 @@ def main(
         flag = f"--{name.replace('_', '-')}"
         parser.add_argument(flag, type=float, default=getattr(defaults, name))
     args = parser.parse_args(argv)
-    cfg = WarmupConfig(
-        **{k: v for k, v in vars(args).items() if k != "out" and k in asdict(defaults)}
+    # the caller's defaults for what has no flag (max_new_tokens, sizes), flags over them
+    cfg = replace(
+        defaults, **{k: v for k, v in vars(args).items() if k != "out" and k in asdict(defaults)}
     )
     torch.set_num_threads(
         min(torch.get_num_threads(), 2)
