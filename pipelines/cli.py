@@ -73,8 +73,26 @@ def prepare_inputs(cfg: RunConfig) -> None:
         sys.exit(2)
 
 
-def eval_table(cfg_or_root: RunConfig | str) -> Table:
-    """A rich table of every committed evaluation of a run."""
+def local_path_warnings(cfg: RunConfig) -> list[str]:
+    """What a compiled pipeline names on this machine only: a cluster's pods cannot reach a
+    local store or local inputs (`rlvr submit` refuses them; a compiled file may go anywhere)."""
+    out = []
+    if "://" not in cfg.run.store:
+        out.append(
+            f"run.store is a local path ({cfg.run.store}): pods on a cluster cannot reach it; "
+            "use an object store URI (s3://bucket/prefix) for a pipeline that runs there"
+        )
+    for key, path in [("model.base", cfg.model.base), ("data.train", cfg.data.train)] + [
+        (f"data.eval.{i}.path", e.path) for i, e in enumerate(cfg.data.eval)
+    ]:
+        if "://" not in path:
+            out.append(f"{key} is a local path ({path}): upload it and give its URI")
+    return out
+
+
+def eval_table(cfg_or_root: RunConfig | str, label: str | None = None) -> Table:
+    """A rich table of every committed evaluation of a run (``label``: what to call the
+    checkpoint column's entries, for a one-checkpoint evaluation of an outside model)."""
     if isinstance(cfg_or_root, RunConfig):
         store, root = store_for(cfg_or_root), RunLayout.of(cfg_or_root).root
     else:
@@ -94,7 +112,7 @@ def eval_table(cfg_or_root: RunConfig | str) -> Table:
             ks = [int(k.split("@")[1]) for k in ov if k.startswith("pass@") and "_" not in k]
             kmax = max(ks)
             table.add_row(
-                f"{c:05d}",
+                label or f"{c:05d}",
                 name,
                 f"{ov['pass@1']:.3f}",
                 f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-",
@@ -105,6 +123,7 @@ def eval_table(cfg_or_root: RunConfig | str) -> Table:
 
 
 @click.group(help="rlvr: RL from verifiable rewards as Kubeflow Pipelines stages.")
+@click.version_option(package_name="rlvr", prog_name="rlvr")
 def main() -> None:
     pass
 
@@ -328,6 +347,8 @@ def compile_cmd(
 
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
     _check(cfg, inputs=False)
+    for warning in local_path_warnings(cfg):
+        click.echo(f"warning: {warning}", err=True)
     compile_to(_build(cfg, pipeline, stage_name, iteration), output)
     click.echo(output)
 
@@ -455,7 +476,8 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
     cfg.evaluate.num_shards = 1  # one local process evaluates everything; no shards to gather
     if checkpoint:
         result = run_stage(evaluate_external, cfg, checkpoint=checkpoint, force=force)
-        Console().print(eval_table(result["root"]))
+        Console().print(eval_table(result["root"], label=checkpoint))
+        console.print(f"metrics, samples and plots: {result['root']}/evals/00000/")
         return
     if watch:
         run_stage(watch_run, cfg, poll_s=poll_s, timeout_s=timeout_s, force=force)
@@ -473,6 +495,14 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
 def report(run_dir: str) -> None:
     from components.evaluate.stage import write_run_report
 
+    store, root = get_store(run_dir), run_dir.rstrip("/")
+    if not store.exists(join(root, "run.yaml")):
+        click.echo(
+            f"error: {run_dir} is not a run: it has no run.yaml (give the run's directory or URI, "
+            "<run.store>/<run_id>, e.g. rlvr-runs/arithmetic)",
+            err=True,
+        )
+        sys.exit(2)
     Console().print(eval_table(run_dir))
     paths = run_stage(lambda _cfg: write_run_report(get_store(run_dir), run_dir), None)
     console.print(f"plots and report: {paths['report.md']}")

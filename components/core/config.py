@@ -452,19 +452,45 @@ def _parse_value(text: str) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `a.b.c=value` overrides to a raw config mapping (in place) and return it."""
+    """Apply `a.b.c=value` overrides to a raw config mapping (in place) and return it.
+
+    A numeric part indexes a list (`data.eval.0.n=8`); the value is YAML, so a whole list or
+    mapping can be given inline (`data.eval=[{name: x, path: y.parquet}]`)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key.path=value")
         key, _, value = item.partition("=")
         parts = key.strip().split(".")
-        node = raw
-        for p in parts[:-1]:
-            nxt = node.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"override {item!r}: {p!r} is not a section")
-            node = nxt
-        node[parts[-1]] = _parse_value(value)
+        node: Any = raw
+        for i, p in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                if not p.isdigit():
+                    raise ConfigError(
+                        f"override {item!r}: {'.'.join(parts[:i])} is a list; address an item by "
+                        f"its index ({'.'.join(parts[:i])}.0.{p}=...) or give the whole list as "
+                        f"YAML ({'.'.join(parts[:i])}=[...])"
+                    )
+                idx = int(p)
+                if idx >= len(node):
+                    raise ConfigError(
+                        f"override {item!r}: {'.'.join(parts[:i])} has {len(node)} item(s), "
+                        f"no index {idx}; give the whole list as YAML ({'.'.join(parts[:i])}=[...])"
+                    )
+                if last:
+                    node[idx] = _parse_value(value)
+                else:
+                    node = node[idx]
+                continue
+            if not isinstance(node, dict):
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(parts[:i])!r} is not a section; give its "
+                    f"value as YAML ({'.'.join(parts[:i])}={{...}} or =[...])"
+                )
+            if last:
+                node[p] = _parse_value(value)
+            else:
+                node = node.setdefault(p, {})
     return raw
 
 

@@ -1,0 +1,87 @@
+"""Issue 16's smaller items, each through the real CLI: stages that exit cleanly every time,
+`--set` on list items, `--version`, `report` of a missing run, `compile` warnings for paths a
+cluster cannot reach."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from components.core.config import ConfigError, load_config
+from pipelines.cli import local_path_warnings, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stage(name: str, config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "stage", name, str(config), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_every_stage_exits_cleanly_every_time(workspace: Path, tiny_assets: Path) -> None:
+    """A stage that did its work (or refused bad input) must end with 0 (or 2), never with an
+    abort at interpreter shutdown (134: a thread or extension left running)."""
+    codes = []
+    for name in ("init", "generate", "verify", "train", "evaluate"):
+        for attempt in range(2):  # the second run finds the output committed
+            res = _stage(name, workspace, "--iteration", "0")
+            codes.append((name, attempt, res.returncode, res.stderr[-300:]))
+    empty = workspace.parent / "empty.parquet"
+    pq.write_table(pq.read_table(tiny_assets / "train.parquet").slice(0, 0), empty)
+    for attempt in range(2):
+        res = _stage("init", workspace, "--run-id", "empty", "--set", f"data.train={empty}")
+        codes.append(("init-empty", attempt, res.returncode, res.stderr[-300:]))
+    assert [c[:3] for c in codes if c[2] not in (0, 2)] == [], codes
+    assert [c[2] for c in codes if c[0] == "init-empty"] == [2, 2]
+    assert all(c[2] == 0 for c in codes if c[0] != "init-empty"), codes
+
+
+def test_set_addresses_list_items(workspace: Path) -> None:
+    cfg = load_config(workspace, ["data.eval.0.n=2", "data.eval.0.temperature=0.5"])
+    assert (cfg.data.eval[0].n, cfg.data.eval[0].temperature) == (2, 0.5)
+    with pytest.raises(ConfigError, match=r"data.eval is a list; address an item by its index"):
+        load_config(workspace, ["data.eval.n=2"])
+    with pytest.raises(ConfigError, match=r"has 1 item\(s\), no index 3; give the whole list"):
+        load_config(workspace, ["data.eval.3.n=2"])
+    whole = load_config(workspace, ["data.eval=[{name: a, path: x.parquet, n: 3}]"])
+    assert [e.name for e in whole.data.eval] == ["a"] and whole.data.eval[0].n == 3
+
+
+def test_version() -> None:
+    out = CliRunner().invoke(main, ["--version"])
+    assert out.exit_code == 0 and out.output.startswith("rlvr, version ")
+
+
+def test_report_of_a_missing_run(tmp_path: Path) -> None:
+    out = CliRunner().invoke(main, ["report", str(tmp_path / "nope")])
+    assert out.exit_code == 2 and "is not a run: it has no run.yaml" in out.output
+
+
+def test_compile_warns_about_what_a_cluster_cannot_reach(workspace: Path, tmp_path: Path) -> None:
+    cfg = load_config(workspace)
+    warnings = local_path_warnings(cfg)
+    assert len(warnings) == 4 and warnings[0].startswith("run.store is a local path")
+    assert {w.split(" ")[0] for w in warnings[1:]} == {
+        "model.base",
+        "data.train",
+        "data.eval.0.path",
+    }
+    remote = load_config(
+        workspace,
+        ["run.store=s3://b/runs", "model.base=s3://b/base", "data.train=s3://b/t.parquet",
+         "data.eval.0.path=s3://b/e.parquet"],
+    )  # fmt: skip
+    assert local_path_warnings(remote) == []
+    out = CliRunner().invoke(main, ["compile", str(workspace), "-o", str(tmp_path / "p.yaml")])
+    assert out.exit_code == 0 and "warning: run.store is a local path" in out.output
