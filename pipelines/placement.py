@@ -66,6 +66,10 @@ def place(
         kubernetes.use_secret_as_env(
             task, secret_name=cluster.object_store_secret, secret_key_to_env=SECRET_KEYS
         )
+    if cluster.hf_token_secret:
+        kubernetes.use_secret_as_env(
+            task, secret_name=cluster.hf_token_secret, secret_key_to_env={"HF_TOKEN": "HF_TOKEN"}
+        )
     if cluster.defaults_config_map:
         kubernetes.use_config_map_as_env(
             task,

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.core.config import RunConfig
+from components.core.hub import HubError, is_hub, materialize
 from components.core.preflight import Problems, check_checkpoint_dir, check_store, scan_dataset
 from components.core.schemas import SchemaError, read_parquet
 from components.core.store import StoreError, get_store, is_s3
@@ -42,7 +43,10 @@ def _eval_settings(cfg: RunConfig, problems: Problems) -> None:
 
 def _read(uri: str, cfg: RunConfig, problems: Problems, key: str) -> pa.Table | None:
     try:
-        return read_parquet(get_store(uri, cfg.run.s3_endpoint_url), uri)
+        path = materialize(uri)[0] if is_hub(uri) else uri
+        return read_parquet(get_store(path, cfg.run.s3_endpoint_url), path)
+    except HubError as e:
+        problems.error(f"config {key}", str(e))
     except (SchemaError, StoreError) as e:
         problems.error(f"config {key} ({uri})", str(e).removeprefix(f"{uri}: "))
     except FileNotFoundError:
@@ -58,7 +62,7 @@ def _local_paths_for_a_cluster(cfg: RunConfig, problems: Problems) -> None:
     }
     inputs.update({f"data.eval[{e.name}].path": e.path for e in cfg.data.eval})
     for key, uri in inputs.items():
-        if not is_s3(uri):
+        if not is_s3(uri) and not is_hub(uri):
             problems.warn(f"config {key}", f"{uri} is a local path: the cluster's pods cannot read "
                           "it", "put it in the object store and use its s3:// URI")  # fmt: skip
 
@@ -97,7 +101,15 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
                                f"{ev.data_sources} matches no row of {uri}")  # fmt: skip
 
     base = cfg.model.base
-    if is_s3(base):
+    if is_hub(base):
+        try:
+            base = materialize(base)[0]  # checked like a local directory below
+        except HubError as e:
+            problems.error("config model.base", str(e))
+            base = ""
+    if not base:
+        pass
+    elif is_s3(base):
         try:
             get_store(base, cfg.run.s3_endpoint_url).read_text(base.rstrip("/") + "/config.json")
         except StoreError as e:

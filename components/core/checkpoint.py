@@ -108,8 +108,16 @@ def write_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def import_checkpoint(src: str, out: OutputDir, endpoint_url: str | None = None) -> dict:
-    """Copy an external HF directory (local path, or S3 prefix) into the run and commit it."""
+def import_checkpoint(
+    src: str, out: OutputDir, endpoint_url: str | None = None, stats: dict | None = None
+) -> dict:
+    """Copy an external HF directory (local path, S3 prefix, or Hub id ``hf://...``) into the
+    run and commit it; ``stats`` go into the manifest (the Hub's revision)."""
+    if src.startswith("hf://"):
+        from components.core.hub import materialize
+
+        local, revision = materialize(src)
+        return import_checkpoint(local, out, stats={"source": src, "revision": revision})
     if is_s3(src):
         store = get_store(src, endpoint_url)
         files = store.list_files(src)
@@ -132,4 +140,4 @@ def import_checkpoint(src: str, out: OutputDir, endpoint_url: str | None = None)
             out.put_file(p, p.relative_to(path).as_posix())
     if not out.files:
         raise StoreError(f"nothing to import from {src}")
-    return out.commit({"source": src})
+    return out.commit(stats or {"source": src})

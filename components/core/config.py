@@ -68,7 +68,8 @@ class PrepareSection(_Strict):
 
 class ModelSection(_Strict):
     base: str
-    """The base policy: an HF checkpoint directory (path or URI), copied into the run."""
+    """The base policy: an HF checkpoint directory (path or URI) or a Hugging Face Hub id
+    (``Qwen/Qwen2.5-0.5B-Instruct``, ``hf://OWNER/NAME@REVISION``), copied into the run."""
 
 
 class EvalSetConfig(_Strict):
@@ -346,6 +347,9 @@ class ClusterSection(_Strict):
     """Per-stage resources, accelerators, node pools, retries and timeouts."""
     object_store_secret: str | None = "rlvr-object-store"
     """Kubernetes Secret whose AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY become the stages' env."""
+    hf_token_secret: str | None = None
+    """Kubernetes Secret whose HF_TOKEN key becomes the stages' env (Hub inputs that are
+    private or gated); referenced by name, its value never enters the compiled pipeline."""
     defaults_config_map: str | None = "rlvr-defaults"
     """ConfigMap (manifests/base) whose AWS_ENDPOINT_URL becomes the stages' env."""
     run_as_user: int | None = 10001
@@ -498,13 +502,23 @@ def _is_uri(s: str) -> bool:
     return "://" in s and not s.startswith("file://")
 
 
-def _resolve(path: str, base: Path) -> str:
+def _resolve(path: str, base: Path, *, hub: str | None = None) -> str:
+    """A local path made absolute (relative to the config file), a URI as is, and, for
+    ``hub="model"`` / ``"dataset"``, a bare Hugging Face Hub id (``Qwen/Qwen2.5-0.5B``,
+    ``owner/name/train.parquet``) as ``hf://...`` when no local path of that name exists."""
     if _is_uri(path):
         return path
     if path.startswith("file://"):
         path = path[len("file://") :]
     p = Path(path).expanduser()
-    return str(p if p.is_absolute() else (base / p).resolve())
+    local = p if p.is_absolute() else (base / p).resolve()
+    if hub is not None and not local.exists():
+        from components.core.hub import bare_to_spec
+
+        spec = bare_to_spec(path, dataset=hub == "dataset")
+        if spec is not None:
+            return spec
+    return str(local)
 
 
 def load_config(
@@ -536,10 +550,10 @@ def load_config(
     except ValidationError as e:
         raise ConfigError(_format_error(e, str(path))) from None
     base = path.resolve().parent
-    cfg.model.base = _resolve(cfg.model.base, base)
-    cfg.data.train = _resolve(cfg.data.train, base)
+    cfg.model.base = _resolve(cfg.model.base, base, hub="model")
+    cfg.data.train = _resolve(cfg.data.train, base, hub="dataset")
     for ev in cfg.data.eval:
-        ev.path = _resolve(ev.path, base)
+        ev.path = _resolve(ev.path, base, hub="dataset")
     if cfg.prepare is not None and cfg.prepare.out is not None:
         cfg.prepare.out = _resolve(cfg.prepare.out, base)
     cfg.run.store = _resolve(cfg.run.store, Path.cwd())

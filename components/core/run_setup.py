@@ -17,6 +17,7 @@ from typing import Any
 from components.core.checkpoint import import_checkpoint
 from components.core.commit import OutputDir
 from components.core.config import RunConfig
+from components.core.hub import HubError, is_hub, materialize
 from components.core.layout import RunLayout, store_for
 from components.core.preflight import Problems, check_checkpoint_dir, scan_dataset
 from components.core.schemas import SchemaError, read_dataset, read_parquet
@@ -25,12 +26,22 @@ from components.core.store import StoreError, get_store
 log = logging.getLogger("rlvr.init")
 
 
+def _local(src: str) -> tuple[str, dict[str, str]]:
+    """Where to read an input from, and what the manifest says of its origin: a Hub input
+    is downloaded once (``components.core.hub``) and recorded with its revision."""
+    if is_hub(src):
+        path, revision = materialize(src)
+        return path, {"source": src, "revision": revision}
+    return src, {"source": src}
+
+
 def _copy_dataset(cfg: RunConfig, src: str, out: OutputDir) -> None:
-    src_store = get_store(src, cfg.run.s3_endpoint_url)
-    data = src_store.read_bytes(src)
+    path, origin = _local(src)
+    src_store = get_store(path, cfg.run.s3_endpoint_url)
+    data = src_store.read_bytes(path)
     out.begin(force=True)
-    out.put_bytes(data, Path(src).name if not src.endswith("/") else "data.parquet")
-    out.commit({"source": src, "rows": read_dataset(src_store, src).num_rows})
+    out.put_bytes(data, Path(path).name if not path.endswith("/") else "data.parquet")
+    out.commit({**origin, "rows": read_dataset(src_store, path).num_rows})
 
 
 def run(cfg: RunConfig, iteration: int = 0, *, force: bool = False) -> dict[str, Any]:
@@ -48,11 +59,20 @@ def run(cfg: RunConfig, iteration: int = 0, *, force: bool = False) -> dict[str,
     problems = Problems()
     for _name, src, _out in todo:
         try:
-            scan_dataset(read_parquet(get_store(src, cfg.run.s3_endpoint_url), src), src, problems)
-        except (SchemaError, StoreError) as e:
+            path, _origin = _local(src)
+            scan_dataset(
+                read_parquet(get_store(path, cfg.run.s3_endpoint_url), path), src, problems
+            )
+        except (SchemaError, StoreError, HubError) as e:
             problems.error(src, str(e).removeprefix(f"{src}: "))
     if copy_base and "://" not in cfg.model.base:
         check_checkpoint_dir(Path(cfg.model.base), f"model.base ({cfg.model.base})", problems)
+    elif copy_base and is_hub(cfg.model.base):
+        try:
+            local, _rev = materialize(cfg.model.base)
+            check_checkpoint_dir(Path(local), f"model.base ({cfg.model.base})", problems)
+        except HubError as e:
+            problems.error("model.base", str(e))
     problems.raise_if_any("init: inputs")
 
     store.write_text(layout.run_yaml, cfg.to_yaml())
