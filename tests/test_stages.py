@@ -11,7 +11,7 @@ import pytest
 from components.core import run_setup
 from components.core.checkpoint import load_policy
 from components.core.layout import RunLayout
-from components.core.schemas import SCORED
+from components.core.schemas import SCORED, components_dict
 from components.evaluate.stage import EVAL_SEED_ITERATION
 from components.evaluate.stage import run as evaluate
 from components.generate.stage import run as generate
@@ -176,7 +176,7 @@ def test_weighted_reward_components_and_overlong_penalty():
     )  # fmt: skip
     out = scored.to_pylist()
     # overlong: length <= 6 -> 0; 8 -> -(8-6)/4 = -0.5; 10 -> -(10-6)/4 = -1.0
-    assert [dict(r["reward_components"]) for r in out] == [
+    assert [components_dict(r["reward_components"]) for r in out] == [
         {"correct": 1.0, "format": 1.0, "overlong": 0.0},
         {"correct": 0.0, "format": 0.0, "overlong": -1.0},
         {"correct": 1.0, "format": 1.0, "overlong": -0.5},

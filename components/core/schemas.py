@@ -17,8 +17,15 @@ import pyarrow.parquet as pq
 
 from components.core.store import Store
 
-SCHEMA_VERSION = 2
-"""2: rollouts carry `policy_version` (the checkpoint that sampled them; bounded staleness)."""
+SCHEMA_VERSION = 3
+"""2: rollouts carry `policy_version` (the checkpoint that sampled them; bounded staleness).
+3: `reward_components` is a list of {name, value} structs, no longer a map (HF datasets has no
+map type; pandas, polars, duckdb and pyarrow read both). Version-2 files are still read: the
+map is converted on read (`upgrade`)."""
+
+# one reward component: the name it has in `verify.rewards` and its (unweighted) value
+COMPONENT = pa.struct([("name", pa.string()), ("value", pa.float32())])
+COMPONENTS = pa.list_(COMPONENT)
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
@@ -54,7 +61,7 @@ SCORED = pa.schema(
         ("verifier", pa.string()),
         ("extracted_answer", pa.string()),
         ("verify_error", pa.string()),
-        ("reward_components", pa.map_(pa.string(), pa.float32())),
+        ("reward_components", COMPONENTS),
     ]
 )
 
@@ -90,11 +97,41 @@ def validate(schema: pa.Schema, name: str, source: str) -> None:
                 f"contract (docs/contracts.md); regenerate it with the stage that writes {name}"
             )
         got = schema.field(fld.name).type
-        if got != fld.type:
+        if got != fld.type and not _upgradable(fld.name, got):
             raise SchemaError(
                 f"{source}: column {fld.name!r} has type {got}, the {name} contract needs "
                 f"{fld.type} (docs/contracts.md)"
             )
+
+
+def _upgradable(column: str, got: pa.DataType) -> bool:
+    """A column type of an older schema version that ``upgrade`` converts."""
+    return column == "reward_components" and pa.types.is_map(got)
+
+
+def upgrade(table: pa.Table) -> pa.Table:
+    """An older version's record table in the current layout (version 2's map of reward
+    components becomes the list of {name, value} structs)."""
+    if "reward_components" not in table.column_names:
+        return table
+    col = table.column("reward_components")
+    if not pa.types.is_map(col.type):
+        return table
+    chunks = []
+    for chunk in col.chunks:
+        entries = pa.StructArray.from_arrays(
+            [chunk.keys.cast(pa.string()), chunk.items.cast(pa.float32())], ["name", "value"]
+        )
+        chunks.append(pa.ListArray.from_arrays(chunk.offsets, entries, mask=chunk.is_null()))
+    i = table.column_names.index("reward_components")
+    return table.set_column(
+        i, pa.field("reward_components", COMPONENTS), pa.chunked_array(chunks, COMPONENTS)
+    )
+
+
+def components_dict(value: list[dict] | None) -> dict[str, float]:
+    """One row's reward components (as ``to_pylist`` gives them) as {name: value}."""
+    return {c["name"]: c["value"] for c in value or []}
 
 
 def validate_dataset(schema: pa.Schema, source: str) -> None:
@@ -152,6 +189,7 @@ def read_records(store: Store, uris: Iterable[str], name: str) -> pa.Table:
     for uri in uris:
         t = read_parquet(store, uri)
         validate(t.schema, name, uri)
+        t = upgrade(t)
         tables.append(
             t.select(
                 SCHEMAS[name].names + [c for c in t.column_names if c not in SCHEMAS[name].names]

@@ -82,7 +82,7 @@ def problems_from(table) -> list[ProblemSamples]:
 
     def correct(i: int) -> bool:
         comps = cols["reward_components"][i]
-        first = comps[0][1] if comps else cols["reward"][i]
+        first = comps[0]["value"] if comps else cols["reward"][i]
         return float(first) > CORRECT_THRESHOLD
 
     out = []

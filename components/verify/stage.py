@@ -38,7 +38,7 @@ from components.core.commit import (
 from components.core.config import OverlongPenalty, RewardSpec, RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
-from components.core.schemas import SCORED, read_records, stamp
+from components.core.schemas import COMPONENTS, SCORED, read_records, stamp
 from components.core.warm import Timeline, run_once, serve_stage
 from components.core.warm import segment as warm_segment
 from components.verify.executor import ScoreItem, score_batch
@@ -182,7 +182,9 @@ def score_table(
         )
         .append_column(
             "reward_components",
-            pa.array([list(c.items()) for c in components], pa.map_(pa.string(), pa.float32())),
+            pa.array(
+                [[{"name": k, "value": v} for k, v in c.items()] for c in components], COMPONENTS
+            ),
         )
     )
     extra_cols = [c for c in scored.column_names if c not in SCORED.names]
