@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -32,6 +33,7 @@ from components.core.store import Store, StoreError, is_s3, join
 
 SUCCESS = "_SUCCESS"
 MANIFEST_VERSION = 1
+log = logging.getLogger("rlvr.commit")
 
 
 class NotCommittedError(StoreError):
@@ -59,10 +61,15 @@ class OutputDir:
         return self.store.exists(join(self.uri, SUCCESS))
 
     def up_to_date(self, inputs: dict[str, str]) -> bool:
-        """Committed, and computed from exactly these inputs."""
+        """Committed, and computed from exactly these inputs. When it is committed but from
+        other inputs, the log says which changed (the reason for recomputing)."""
         if not self.is_committed():
             return False
-        return read_manifest(self.store, self.uri).get("inputs") == inputs
+        stored = read_manifest(self.store, self.uri).get("inputs") or {}
+        changed = stale_inputs(stored, inputs)
+        if changed:
+            log.info("%s: recomputing, %s", self.uri, "; ".join(changed))
+        return not changed
 
     def begin(self, force: bool = False) -> bool:
         """Prepare to write. False means: already committed, nothing to do."""
@@ -222,15 +229,49 @@ def content_digest(store: Store, uri: str) -> str:
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
 
 
-def lineage(store: Store, uris: list[str], config: Any = None) -> dict[str, str]:
-    """Input digests recorded in a manifest: one per input directory, plus the config section."""
-    out = {uri: content_digest(store, uri) for uri in uris}
+def _relative(uri: str, root: str | None) -> str:
+    root = (root or "").rstrip("/")
+    return uri[len(root) + 1 :] if root and uri.startswith(root + "/") else uri
+
+
+def lineage(
+    store: Store, uris: list[str], config: Any = None, root: str | None = None
+) -> dict[str, str]:
+    """Input digests recorded in a manifest: one per input directory, plus the config section.
+    Inputs inside the run are keyed by their path relative to the run's ``root``
+    (``iterations/00003/rollouts``), so a run copied to another directory, prefix or bucket
+    finds its outputs up to date; the digests are of content, not of locations."""
+    out = {_relative(uri, root): content_digest(store, uri) for uri in uris}
     if config is not None:
         dumped = (
             config.model_dump_json() if hasattr(config, "model_dump_json") else json.dumps(config)
         )
         out["config"] = hashlib.sha256(dumped.encode()).hexdigest()[:16]
     return out
+
+
+def stale_inputs(stored: dict[str, str], inputs: dict[str, str]) -> list[str]:
+    """Why a committed output no longer matches ``inputs`` (empty: it does). A key recorded
+    by an older rlvr as an absolute URI matches its run-relative successor by suffix."""
+
+    def find(key: str) -> str | None:
+        if key in stored:
+            return key
+        suffix = [k for k in stored if k.endswith("/" + key)]
+        return suffix[0] if len(suffix) == 1 else None
+
+    changed, seen = [], set()
+    for key, digest in inputs.items():
+        old = find(key)
+        if old is None:
+            changed.append(f"input {key} is new")
+            continue
+        seen.add(old)
+        if stored[old] != digest:
+            what = "the stage's config" if key == "config" else f"input {key}"
+            changed.append(f"{what} changed ({stored[old]} -> {digest})")
+    changed += [f"input {k} is gone" for k in stored if k not in seen]
+    return changed
 
 
 def committed_files(store: Store, uri: str, suffix: str = "") -> list[str]:

@@ -174,11 +174,13 @@ def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> dict[str
         store,
         [layout.checkpoint(c), *(layout.eval_data(e.name) for e in cfg.data.eval)],
         {
-            "eval": [e.model_dump(mode="json") for e in cfg.data.eval],
+            # not the source path: the run's copy of each set is an input by content
+            "eval": [e.model_dump(mode="json", exclude={"path"}) for e in cfg.data.eval],
             "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
             "generate": cfg.generate.model_dump(mode="json", exclude={"num_shards", "batch_size"}),
             "verify": cfg.verify.model_dump(mode="json", exclude={"num_shards", "num_workers"}),
         },
+        root=layout.root,
     )
 
 

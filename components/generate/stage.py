@@ -348,6 +348,7 @@ class GenerateStage:
                 "seed": cfg.run.seed,
                 "policy_version": version,
             },
+            root=layout.root,
         )
         return out, inputs
 

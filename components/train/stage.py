@@ -641,6 +641,7 @@ class TrainStage:
                 "iterations": cfg.run.iterations,
                 "seed": cfg.run.seed,
             },
+            root=layout.root,
         )
         return ckpt_out, state_out, inputs
 

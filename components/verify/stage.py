@@ -218,7 +218,9 @@ class VerifyStage:
         layout = self.layout
         uri = shard_dir(layout.scored(iteration), self.shard, self.num_shards)
         out = OutputDir(self.store, uri, "verify")
-        return out, lineage(self.store, [layout.rollouts(iteration)], self.cfg.verify)
+        return out, lineage(
+            self.store, [layout.rollouts(iteration)], self.cfg.verify, root=layout.root
+        )
 
     def up_to_date(self, iteration: int) -> bool:
         out, inputs = self._plan(iteration)
