@@ -37,8 +37,12 @@ from typing import Any
 
 log = logging.getLogger("rlvr.local")
 
-#: Lines of a task's output that also go to the console: this project's log records, errors.
-CONSOLE_LINE = re.compile(r" rlvr\.[\w.]+ (INFO|WARNING|ERROR) |^error: |Error: |^Traceback")
+#: Lines of a task's output that also go to the console (all of it goes to the task's log file
+#: under the run's logs/): each held-out result as it lands, this project's warnings and errors,
+#: and failures. Per-iteration progress is what the bars show.
+CONSOLE_LINE = re.compile(
+    r" rlvr\.evaluate INFO | rlvr\.[\w.]+ (WARNING|ERROR) |^error: |Error: |^Traceback"
+)
 
 
 class LocalRunError(RuntimeError):

@@ -84,3 +84,25 @@ def test_a_failed_task_stops_the_run_with_its_message(tmp_path):
     assert "ValueError: verifier plugin missing" in str(e.value)
     assert e.value.log_file == tmp_path / "logs" / "broken.log"
     assert stopped[0] == "broken"  # and the waiter then stopped too, instead of waiting 60 s
+
+
+def test_the_console_gets_results_and_problems_only():
+    from pipelines.local_runner import CONSOLE_LINE
+
+    shown = [
+        "2026-11-23 11:14:26,408 rlvr.evaluate INFO evaluate 00003: pass@1 0.1825",
+        "2026-11-23 11:14:26,408 rlvr.verify WARNING 3 samples timed out",
+        "2026-11-23 11:14:26,408 rlvr.train ERROR rank 1 died",
+        "error: train: inputs: 1 problem",
+        "Traceback (most recent call last):",
+    ]
+    hidden = [
+        "2026-11-23 11:14:26,408 rlvr.generate INFO generate 00005: 256 samples from checkpoint 5",
+        "2026-11-23 11:14:26,408 rlvr.train INFO train 00004: loss -0.0175 reward 0.270",
+        "[2026-11-23 11:25:10,556] [WARNING] [real_accelerator.py:213:get_accelerator] Setting "
+        "accelerator to CPU.",
+        "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully",
+        "/x/kfp/local/orchestrator/task_executor.py:100: UserWarning: Task 'x': settings",
+    ]
+    assert all(CONSOLE_LINE.search(line) for line in shown)
+    assert not any(CONSOLE_LINE.search(line) for line in hidden)

@@ -141,6 +141,10 @@ def test_rlvr_run_in_segments_on_kfp_local_and_resume(workspace):
             assert (root / f"eval_shards/{c:05d}/shard-{k:05d}-of-00002/_SUCCESS").is_file()
     assert (root / "report/report.md").is_file() and (root / "report/history.png").is_file()
     assert (root / "report/timeline.png").is_file()
+    # evaluations happen as the run goes: checkpoint 0's is committed before the last train
+    # (an interrupted run still has its held-out numbers)
+    committed = lambda d: (root / d / "_SUCCESS").stat().st_mtime_ns  # noqa: E731
+    assert committed("evals/00000") < committed("checkpoints/00003")
     assert yaml.safe_load((root / "run.yaml").read_text())["run"]["iterations"] == 3
     assert "held-out evaluation" in proc.stdout and "00003" in proc.stdout
     assert "an iteration" in proc.stderr  # the timing summary
