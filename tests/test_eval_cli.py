@@ -25,6 +25,10 @@ def test_eval_any_checkpoint_is_kept_and_not_redone(workspace, tiny_assets):
     second = CliRunner().invoke(main, args, catch_exceptions=False)
     assert second.exit_code == 0 and success.stat().st_mtime_ns == stamp  # unchanged: skipped
     assert "00000" in second.output
+    # the row is labelled with the checkpoint evaluated (not "00000" of a run it never had),
+    # and the output says where the metrics went
+    assert "metrics, samples and plots" in second.output and "checkpoint" in second.output
+    assert "base" in second.output
 
 
 def test_eval_needs_exactly_one_target(workspace):
