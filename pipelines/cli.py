@@ -476,7 +476,9 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
     cfg.evaluate.num_shards = 1  # one local process evaluates everything; no shards to gather
     if checkpoint:
         result = run_stage(evaluate_external, cfg, checkpoint=checkpoint, force=force)
-        Console().print(eval_table(result["root"], label=checkpoint))
+        name = checkpoint.rstrip("/").rsplit("/", 1)[-1] or checkpoint
+        Console().print(eval_table(result["root"], label=name))
+        console.print(f"evaluated {checkpoint}")
         console.print(f"metrics, samples and plots: {result['root']}/evals/00000/")
         return
     if watch:
