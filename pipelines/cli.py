@@ -474,6 +474,10 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
         sys.exit(2)
     cfg = _load(config, overrides, run_id=run_id)
     cfg.evaluate.num_shards = 1  # one local process evaluates everything; no shards to gather
+    if checkpoint and "://" not in checkpoint and not Path(checkpoint).exists():
+        from components.core.hub import bare_to_spec
+
+        checkpoint = bare_to_spec(checkpoint, dataset=False) or checkpoint  # a Hub id
     if checkpoint:
         result = run_stage(evaluate_external, cfg, checkpoint=checkpoint, force=force)
         name = checkpoint.rstrip("/").rsplit("/", 1)[-1] or checkpoint

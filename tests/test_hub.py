@@ -114,3 +114,25 @@ def test_the_token_reaches_the_cluster_by_reference(tmp_path: Path, tiny_assets)
     assert refs and all(
         r["keyToEnv"] == [{"secretKey": "HF_TOKEN", "envVar": "HF_TOKEN"}] for r in refs
     )
+
+
+def test_what_a_prepare_step_builds_stays_local(tmp_path: Path, tiny_assets) -> None:
+    # nothing exists yet, but the paths are the prepare step's outputs, or under a directory
+    # that exists: local paths, never Hub ids
+    path = write_config(tmp_path, tiny_assets)
+    raw = yaml.safe_load(path.read_text())
+    raw["prepare"] = {"module": "examples.arithmetic.prepare", "out": "build"}
+    raw["model"]["base"] = "build/base"
+    raw["data"]["train"] = "build/data/train.parquet"
+    path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(path)
+    assert cfg.model.base == str(tmp_path / "build/base")
+    assert cfg.data.train == str(tmp_path / "build/data/train.parquet")
+    (tmp_path / "models").mkdir()
+    assert load_config(path, ["model.base=models/base"]).model.base == str(tmp_path / "models/base")
+
+
+def test_huggingface_hubs_own_dataset_form_is_accepted() -> None:
+    ref = hub.parse("hf://datasets/acme/arith@v2/data/train.parquet")
+    assert (ref.repo_id, ref.filename, ref.revision) == ("acme/arith", "data/train.parquet", "v2")
+    assert hub.parse("hf://acme/tiny@abc").revision == "abc"

@@ -90,3 +90,16 @@ def test_version_2_files_still_read(tmp_path: Path) -> None:
     ]
     assert upgrade(got) is got  # already current
     assert SCHEMA_VERSION == 3
+
+
+def test_upgrade_handles_sliced_chunks_nulls_and_empty_maps() -> None:
+    # a row group read in pieces arrives as slices of one array with offsets not at 0
+    v2 = pa.array(
+        [[("a", 1.0)], [("b", 2.0), ("c", 3.0)], None, [], [("d", 4.0)]] * 3,
+        pa.map_(pa.string(), pa.float32()),
+    )
+    table = pa.table({"reward_components": pa.chunked_array([v2.slice(0, 4), v2.slice(4, 9)])})
+    got = upgrade(table).column("reward_components").to_pylist()
+    want = [[{"name": k, "value": v} for k, v in row] if row is not None else None
+            for row in v2.to_pylist()[:13]]  # fmt: skip
+    assert got == want

@@ -94,3 +94,33 @@ def test_stale_inputs_names_what_changed() -> None:
     # a manifest of an older rlvr keyed inputs by absolute URI: matched by suffix
     old = {"/old/place/runs/t/iterations/00001/rollouts": "a", "config": "c"}
     assert stale_inputs(old, {"iterations/00001/rollouts": "a", "config": "c"}) == []
+
+
+def test_evaluations_of_an_older_version_stay_current(cfg) -> None:
+    # schema-version-2 rlvr digested the eval sets' source paths into the config; that digest
+    # is accepted, so upgrading does not re-evaluate a finished run
+    import hashlib
+    import json as _json
+
+    from components.core.layout import RunLayout, store_for
+    from components.evaluate.stage import _inputs
+
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    from components.core import run_setup
+
+    run_setup.run(cfg)
+    now = _inputs(store, layout, cfg, 0)
+    old_config = {
+        "eval": [e.model_dump(mode="json") for e in cfg.data.eval],
+        "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
+        "generate": cfg.generate.model_dump(mode="json", exclude={"num_shards", "batch_size"}),
+        "verify": cfg.verify.model_dump(mode="json", exclude={"num_shards", "num_workers"}),
+    }
+    old_digest = hashlib.sha256(_json.dumps(old_config).encode()).hexdigest()[:16]
+    assert now.alternatives == {"config": old_digest} and now["config"] != old_digest
+    stored = {f"{layout.root}/{k}": v for k, v in now.items() if k != "config"}
+    stored["config"] = old_digest  # as an older rlvr wrote it: absolute keys, old digest
+    assert stale_inputs(stored, now, now.alternatives) == []
+    assert stale_inputs(stored, now) == [
+        f"the stage's config changed ({old_digest} -> {now['config']})"
+    ]

@@ -127,7 +127,7 @@ def import_checkpoint(
         try:
             for f in files:
                 store.download_file(f"{src.rstrip('/')}/{f}", tmp / f)
-            return import_checkpoint(str(tmp), out)
+            return import_checkpoint(str(tmp), out, stats=stats or {"source": src})
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     path = Path(src[len("file://") :] if src.startswith("file://") else src)

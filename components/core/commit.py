@@ -66,9 +66,9 @@ class OutputDir:
         if not self.is_committed():
             return False
         stored = read_manifest(self.store, self.uri).get("inputs") or {}
-        changed = stale_inputs(stored, inputs)
+        changed = stale_inputs(stored, inputs, getattr(inputs, "alternatives", None))
         if changed:
-            log.info("%s: recomputing, %s", self.uri, "; ".join(changed))
+            log.warning("%s: recomputing, %s", self.uri, "; ".join(changed))
         return not changed
 
     def begin(self, force: bool = False) -> bool:
@@ -234,25 +234,48 @@ def _relative(uri: str, root: str | None) -> str:
     return uri[len(root) + 1 :] if root and uri.startswith(root + "/") else uri
 
 
+class Lineage(dict):
+    """Input digests (what a manifest records), plus ``alternatives``: digests an older rlvr
+    recorded for the same inputs (``{"config": old digest}``), accepted as equal by
+    ``up_to_date`` so that an upgrade does not recompute a finished run. Not stored."""
+
+    alternatives: dict[str, str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.alternatives = {}
+
+
+def _config_digest(config: Any) -> str:
+    dumped = config.model_dump_json() if hasattr(config, "model_dump_json") else json.dumps(config)
+    return hashlib.sha256(dumped.encode()).hexdigest()[:16]
+
+
 def lineage(
-    store: Store, uris: list[str], config: Any = None, root: str | None = None
-) -> dict[str, str]:
+    store: Store,
+    uris: list[str],
+    config: Any = None,
+    root: str | None = None,
+    legacy_config: Any = None,
+) -> Lineage:
     """Input digests recorded in a manifest: one per input directory, plus the config section.
     Inputs inside the run are keyed by their path relative to the run's ``root``
     (``iterations/00003/rollouts``), so a run copied to another directory, prefix or bucket
     finds its outputs up to date; the digests are of content, not of locations."""
-    out = {_relative(uri, root): content_digest(store, uri) for uri in uris}
+    out = Lineage({_relative(uri, root): content_digest(store, uri) for uri in uris})
     if config is not None:
-        dumped = (
-            config.model_dump_json() if hasattr(config, "model_dump_json") else json.dumps(config)
-        )
-        out["config"] = hashlib.sha256(dumped.encode()).hexdigest()[:16]
+        out["config"] = _config_digest(config)
+    if legacy_config is not None:
+        out.alternatives["config"] = _config_digest(legacy_config)
     return out
 
 
-def stale_inputs(stored: dict[str, str], inputs: dict[str, str]) -> list[str]:
+def stale_inputs(
+    stored: dict[str, str], inputs: dict[str, str], alternatives: dict[str, str] | None = None
+) -> list[str]:
     """Why a committed output no longer matches ``inputs`` (empty: it does). A key recorded
-    by an older rlvr as an absolute URI matches its run-relative successor by suffix."""
+    by an older rlvr as an absolute URI matches its run-relative successor by suffix, and a
+    digest in ``alternatives`` (what an older rlvr computed) counts as equal."""
 
     def find(key: str) -> str | None:
         if key in stored:
@@ -267,7 +290,7 @@ def stale_inputs(stored: dict[str, str], inputs: dict[str, str]) -> list[str]:
             changed.append(f"input {key} is new")
             continue
         seen.add(old)
-        if stored[old] != digest:
+        if stored[old] != digest and stored[old] != (alternatives or {}).get(key):
             what = "the stage's config" if key == "config" else f"input {key}"
             changed.append(f"{what} changed ({stored[old]} -> {digest})")
     changed += [f"input {k} is gone" for k in stored if k not in seen]

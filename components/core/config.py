@@ -469,11 +469,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         for i, p in enumerate(parts):
             last = i == len(parts) - 1
             if isinstance(node, list):
-                if not p.isdigit():
+                if not (p.isascii() and p.isdigit()):
                     raise ConfigError(
                         f"override {item!r}: {'.'.join(parts[:i])} is a list; address an item by "
-                        f"its index ({'.'.join(parts[:i])}.0.{p}=...) or give the whole list as "
-                        f"YAML ({'.'.join(parts[:i])}=[...])"
+                        f"its index from 0 ({'.'.join(parts[:i])}.0...=...) or give the whole "
+                        f"list as YAML ({'.'.join(parts[:i])}=[...])"
                     )
                 idx = int(p)
                 if idx >= len(node):
@@ -491,6 +491,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                     f"override {item!r}: {'.'.join(parts[:i])!r} is not a section; give its "
                     f"value as YAML ({'.'.join(parts[:i])}={{...}} or =[...])"
                 )
+            if p.isascii() and p.isdigit() and p not in node:
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(parts[:i]) or 'the config'} has no list here "
+                    f"to index; give the value as YAML ({'.'.join(parts[:i])}=[...])"
+                )
             if last:
                 node[p] = _parse_value(value)
             else:
@@ -502,7 +507,9 @@ def _is_uri(s: str) -> bool:
     return "://" in s and not s.startswith("file://")
 
 
-def _resolve(path: str, base: Path, *, hub: str | None = None) -> str:
+def _resolve(
+    path: str, base: Path, *, hub: str | None = None, prepare_out: str | None = None
+) -> str:
     """A local path made absolute (relative to the config file), a URI as is, and, for
     ``hub="model"`` / ``"dataset"``, a bare Hugging Face Hub id (``Qwen/Qwen2.5-0.5B``,
     ``owner/name/train.parquet``) as ``hf://...`` when no local path of that name exists."""
@@ -512,7 +519,15 @@ def _resolve(path: str, base: Path, *, hub: str | None = None) -> str:
         path = path[len("file://") :]
     p = Path(path).expanduser()
     local = p if p.is_absolute() else (base / p).resolve()
-    if hub is not None and not local.exists():
+    # a Hub id only where nothing local could be meant: no such path, not even its first
+    # directory (a typo or an input a prepare step has yet to build stays a local path),
+    # and not under the prepare step's output
+    if (
+        hub is not None
+        and not local.exists()
+        and not (base / p.parts[0]).exists()
+        and not (prepare_out and str(local).startswith(prepare_out.rstrip("/") + "/"))
+    ):
         from components.core.hub import bare_to_spec
 
         spec = bare_to_spec(path, dataset=hub == "dataset")
@@ -550,12 +565,13 @@ def load_config(
     except ValidationError as e:
         raise ConfigError(_format_error(e, str(path))) from None
     base = path.resolve().parent
-    cfg.model.base = _resolve(cfg.model.base, base, hub="model")
-    cfg.data.train = _resolve(cfg.data.train, base, hub="dataset")
-    for ev in cfg.data.eval:
-        ev.path = _resolve(ev.path, base, hub="dataset")
     if cfg.prepare is not None and cfg.prepare.out is not None:
         cfg.prepare.out = _resolve(cfg.prepare.out, base)
+    out = cfg.prepare.out if cfg.prepare is not None else None
+    cfg.model.base = _resolve(cfg.model.base, base, hub="model", prepare_out=out)
+    cfg.data.train = _resolve(cfg.data.train, base, hub="dataset", prepare_out=out)
+    for ev in cfg.data.eval:
+        ev.path = _resolve(ev.path, base, hub="dataset", prepare_out=out)
     cfg.run.store = _resolve(cfg.run.store, Path.cwd())
     if cfg.run.run_id is None:
         cfg.run.run_id = base.name

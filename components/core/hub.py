@@ -1,7 +1,8 @@
 """Hugging Face Hub models and datasets as run inputs, the way TRL and verl users name them.
 
 ``model.base: Qwen/Qwen2.5-0.5B-Instruct`` (or ``hf://Qwen/Qwen2.5-0.5B-Instruct@REV``) and
-``data.train: hf://datasets/OWNER/NAME/path/in/repo.parquet@REV`` (or the bare
+``data.train: hf://datasets/OWNER/NAME/path/in/repo.parquet@REV`` (also huggingface_hub's own
+``hf://datasets/OWNER/NAME@REV/path/in/repo.parquet``; or the bare
 ``OWNER/NAME/path.parquet``) are downloaded once through ``huggingface_hub`` into its cache
 (token: the standard ``HF_TOKEN`` variable; on a cluster from a Secret by reference, see
 ``cluster.hf_token_secret``), then copied into the run like any local input, so a run stays
@@ -25,6 +26,9 @@ PREFIX = "hf://"
 _NAME = r"[A-Za-z0-9][\w.-]*"
 _MODEL_ID = re.compile(rf"^{_NAME}/{_NAME}(@[\w./-]+)?$")
 _DATASET_FILE = re.compile(rf"^{_NAME}/{_NAME}/[\w./-]+\.parquet(@[\w./-]+)?$")
+
+
+MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
 
 
 class HubError(ValueError):
@@ -65,8 +69,14 @@ def bare_to_spec(text: str, *, dataset: bool) -> str | None:
 def parse(spec: str) -> HubRef:
     if not is_hub(spec):
         raise HubError(f"{spec}: not a Hub spec (hf://OWNER/NAME[@REV] or hf://datasets/...)")
-    body, _, revision = spec[len(PREFIX) :].partition("@")
-    parts = body.strip("/").split("/")
+    body = spec[len(PREFIX) :].strip("/")
+    parts = body.split("/")
+    revision = ""
+    if parts[0] == "datasets" and len(parts) >= 3 and "@" in parts[2]:
+        # huggingface_hub's own form: hf://datasets/OWNER/NAME@REV/path
+        parts[2], _, revision = parts[2].partition("@")
+    elif "@" in parts[-1]:
+        parts[-1], _, revision = parts[-1].partition("@")
     if parts[0] == "datasets":
         if len(parts) < 4 or not parts[-1].endswith(".parquet"):
             raise HubError(
@@ -89,7 +99,7 @@ def _revision_of(path: str) -> str:
 def materialize(spec: str) -> tuple[str, str]:
     """(local path, commit hash) of a Hub input, downloading it once (cached by
     ``huggingface_hub``; repeated calls in one process return at once)."""
-    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub import constants, hf_hub_download, snapshot_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -103,7 +113,14 @@ def materialize(spec: str) -> tuple[str, str]:
     cache_dir = os.environ.get("HF_HUB_CACHE") or None
     try:
         if ref.repo_type == "model":
-            path = snapshot_download(ref.repo_id, revision=ref.revision, cache_dir=cache_dir)
+            # what a run keeps: config, weights as safetensors, tokenizer; not pickles or
+            # original/ checkpoints (import_checkpoint would drop them after downloading)
+            path = snapshot_download(
+                ref.repo_id,
+                revision=ref.revision,
+                cache_dir=cache_dir,
+                allow_patterns=MODEL_FILES,
+            )
         else:
             path = hf_hub_download(
                 ref.repo_id,
@@ -122,10 +139,15 @@ def materialize(spec: str) -> tuple[str, str]:
         ) from None
     except RevisionNotFoundError:
         raise HubError(f"{spec}: revision {ref.revision!r} not found") from None
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError as e:
+        if constants.HF_HUB_OFFLINE:
+            raise HubError(
+                f"{spec}: not in the local Hub cache and downloads are off (HF_HUB_OFFLINE=1); "
+                "download it once with network, or point HF_HUB_CACHE at a mirror that has it"
+            ) from None
         raise HubError(
-            f"{spec}: not in the local Hub cache and downloads are off (HF_HUB_OFFLINE=1); "
-            "download it once with network, or point HF_HUB_CACHE at a mirror that has it"
+            f"{spec}: the Hub could not be reached and it is not in the local cache ({e}); "
+            "check the network (HF_ENDPOINT for a mirror); no local path of that name exists"
         ) from None
     except EntryNotFoundError:
         raise HubError(f"{spec}: {ref.filename!r} is not a file of {ref.repo_id}") from None

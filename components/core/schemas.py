@@ -106,27 +106,25 @@ def validate(schema: pa.Schema, name: str, source: str) -> None:
 
 def _upgradable(column: str, got: pa.DataType) -> bool:
     """A column type of an older schema version that ``upgrade`` converts."""
-    return column == "reward_components" and pa.types.is_map(got)
+    return (
+        column == "reward_components"
+        and pa.types.is_map(got)
+        and pa.types.is_string(got.key_type)
+        and pa.types.is_floating(got.item_type)
+    )
 
 
 def upgrade(table: pa.Table) -> pa.Table:
     """An older version's record table in the current layout (version 2's map of reward
-    components becomes the list of {name, value} structs)."""
+    components becomes the list of {name, value} structs). A cast, so sliced chunks (row
+    groups read in pieces), nulls and empty maps convert as they are."""
     if "reward_components" not in table.column_names:
         return table
     col = table.column("reward_components")
     if not pa.types.is_map(col.type):
         return table
-    chunks = []
-    for chunk in col.chunks:
-        entries = pa.StructArray.from_arrays(
-            [chunk.keys.cast(pa.string()), chunk.items.cast(pa.float32())], ["name", "value"]
-        )
-        chunks.append(pa.ListArray.from_arrays(chunk.offsets, entries, mask=chunk.is_null()))
     i = table.column_names.index("reward_components")
-    return table.set_column(
-        i, pa.field("reward_components", COMPONENTS), pa.chunked_array(chunks, COMPONENTS)
-    )
+    return table.set_column(i, pa.field("reward_components", COMPONENTS), col.cast(COMPONENTS))
 
 
 def components_dict(value: list[dict] | None) -> dict[str, float]:

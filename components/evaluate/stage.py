@@ -170,17 +170,19 @@ def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
 
 
 def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> dict[str, str]:
+    settings = {
+        "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
+        "generate": cfg.generate.model_dump(mode="json", exclude={"num_shards", "batch_size"}),
+        "verify": cfg.verify.model_dump(mode="json", exclude={"num_shards", "num_workers"}),
+    }
     return lineage(
         store,
         [layout.checkpoint(c), *(layout.eval_data(e.name) for e in cfg.data.eval)],
-        {
-            # not the source path: the run's copy of each set is an input by content
-            "eval": [e.model_dump(mode="json", exclude={"path"}) for e in cfg.data.eval],
-            "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
-            "generate": cfg.generate.model_dump(mode="json", exclude={"num_shards", "batch_size"}),
-            "verify": cfg.verify.model_dump(mode="json", exclude={"num_shards", "num_workers"}),
-        },
+        # not the source path: the run's copy of each set is an input by content
+        {"eval": [e.model_dump(mode="json", exclude={"path"}) for e in cfg.data.eval], **settings},
         root=layout.root,
+        # what schema-version-2 rlvr digested (with the paths): its evaluations stay current
+        legacy_config={"eval": [e.model_dump(mode="json") for e in cfg.data.eval], **settings},
     )
 
 
