@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import argparse
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -182,12 +183,19 @@ def make_splits(
     return splits
 
 
-def to_table(problems: Sequence[Problem], split: str) -> pa.Table:
-    """Rows in verl's dataset format."""
+def to_table(
+    problems: Sequence[Problem],
+    split: str,
+    *,
+    data_source: str = DATA_SOURCE,
+    ground_truth: Callable[[Problem], str] = lambda p: p.answer,
+) -> pa.Table:
+    """Rows in verl's dataset format (``ground_truth``: what the verifier is given; another
+    task over the same problems, such as the code demo, passes its own)."""
     rows = {
-        "data_source": [DATA_SOURCE] * len(problems),
+        "data_source": [data_source] * len(problems),
         "prompt": [[{"role": "user", "content": p.prompt_text}] for p in problems],
-        "reward_model": [{"ground_truth": p.answer, "style": "rule"} for p in problems],
+        "reward_model": [{"ground_truth": ground_truth(p), "style": "rule"} for p in problems],
         "extra_info": [
             {"index": i, "level": p.level, "split": split, "expression": p.expression}
             for i, p in enumerate(problems)
@@ -196,10 +204,11 @@ def to_table(problems: Sequence[Problem], split: str) -> pa.Table:
     return pa.Table.from_pydict(rows, schema=SCHEMA)
 
 
-def write_table(problems: Iterable[Problem], split: str, path: Path) -> Path:
+def write_table(problems: Iterable[Problem], split: str, path: Path, **rows: Any) -> Path:
+    """Write ``to_table(problems, split, **rows)`` to ``path`` atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(to_table(list(problems), split), tmp)
+    pq.write_table(to_table(list(problems), split, **rows), tmp)
     tmp.replace(path)
     return path
 

@@ -15,10 +15,8 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from examples.arithmetic.data import SCHEMA, Problem
+from examples.arithmetic import data as arithmetic
+from examples.arithmetic.data import Problem
 
 DATA_SOURCE = "arithmetic_code"
 _RETURN = re.compile(r"def f\(\):\s*return\s*(-?\d+)")
@@ -44,23 +42,8 @@ def grade_literal(texts: Sequence[str], problems: Sequence[Problem]) -> list[flo
     return scores
 
 
-def to_table(problems: Sequence[Problem], split: str) -> pa.Table:
-    """Rows in verl's dataset format, with test cases as the ground truth."""
-    rows = {
-        "data_source": [DATA_SOURCE] * len(problems),
-        "prompt": [[{"role": "user", "content": p.prompt_text}] for p in problems],
-        "reward_model": [{"ground_truth": ground_truth(p), "style": "rule"} for p in problems],
-        "extra_info": [
-            {"index": i, "level": p.level, "split": split, "expression": p.expression}
-            for i, p in enumerate(problems)
-        ],
-    }
-    return pa.Table.from_pydict(rows, schema=SCHEMA)
-
-
 def write_table(problems: Iterable[Problem], split: str, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(to_table(list(problems), split), tmp)
-    tmp.replace(path)
-    return path
+    """The arithmetic problems' rows, with test cases as the ground truth."""
+    return arithmetic.write_table(
+        problems, split, path, data_source=DATA_SOURCE, ground_truth=ground_truth
+    )
