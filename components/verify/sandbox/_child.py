@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import itertools
 import os
 import platform
@@ -268,9 +269,19 @@ def _submounts(roots: list[str]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(found))
 
 
-def make_plan(
-    config: SandboxConfig, base: str, netns: bool, prefix: str, mode: Mode, seccomp: bytes
-) -> Plan:
+@dataclass(frozen=True)
+class _HostLayout:
+    """What of the host a sandbox shows: the same for every run with the same interpreter
+    and extra paths, so it is read once per process (mount tables and statvfs, not per run)."""
+
+    symlinks: tuple[tuple[str, str], ...]
+    dirs: tuple[tuple[str, int], ...]
+    submounts: tuple[tuple[str, int], ...]
+    devices: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=8)
+def _host_layout(prefix: str, extra_ro_paths: tuple[str, ...]) -> _HostLayout:
     symlinks: list[tuple[str, str]] = []
     dirs: list[str] = []
     for path in _SYSTEM_PATHS:
@@ -279,11 +290,28 @@ def make_plan(
         elif os.path.isdir(path):
             dirs.append(path)
     real_dirs = [os.path.realpath(d) for d in dirs]
-    for extra in (prefix, *config.extra_ro_paths):
+    for extra in (prefix, *extra_ro_paths):
         real = os.path.realpath(extra)
         if os.path.isdir(real) and not _covered(real, real_dirs):
             dirs.append(real)
             real_dirs.append(real)
+    return _HostLayout(
+        symlinks=tuple(symlinks),
+        dirs=tuple((d, _locked_flags(d)) for d in dirs),
+        submounts=_submounts(dirs),
+        devices=tuple(d for d in _DEVICES if os.path.exists(d)),
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _filter(program: bytes) -> _Filter:
+    return _Filter(program)
+
+
+def make_plan(
+    config: SandboxConfig, base: str, netns: bool, prefix: str, mode: Mode, seccomp: bytes
+) -> Plan:
+    host = _host_layout(prefix, tuple(config.extra_ro_paths))
     cpu = config.cpu_s if config.cpu_s is not None else config.timeout_s + 1
     nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     max_fd = nofile_hard if 0 < nofile_hard <= (1 << 20) else (1 << 20)
@@ -298,10 +326,10 @@ def make_plan(
         base=base,
         work=os.path.join(base, "work"),
         newroot=os.path.join(base, "newroot"),
-        symlinks=tuple(symlinks),
-        dirs=tuple((d, _locked_flags(d)) for d in dirs),
-        submounts=_submounts(dirs),
-        devices=tuple(d for d in _DEVICES if os.path.exists(d)),
+        symlinks=host.symlinks,
+        dirs=host.dirs,
+        submounts=host.submounts,
+        devices=host.devices,
         cpu_s=max(1, int(-(-cpu // 1))),
         memory_bytes=config.memory_mb << 20,
         fsize_bytes=config.max_file_mb << 20,
@@ -309,7 +337,7 @@ def make_plan(
         nproc=config.max_processes,
         nofile=config.max_open_files,
         max_fd=max_fd,
-        seccomp=_Filter(seccomp),
+        seccomp=_filter(seccomp),
     )
 
 

@@ -33,6 +33,7 @@ by every process the program starts and cannot be removed.
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import struct
 
@@ -96,6 +97,7 @@ def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k & 0xFFFFFFFF)
 
 
+@functools.lru_cache(maxsize=8)
 def build_filter(machine: str | None = None, allow: tuple[str, ...] = ()) -> bytes:
     """The filter program (``struct sock_filter[]`` as bytes) for ``machine`` (default:
     this one). Raises ``ValueError`` for a machine without a syscall table here; the
