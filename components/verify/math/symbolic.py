@@ -50,30 +50,32 @@ def _read_group(s: str, i: int) -> tuple[str, int] | None:
     return s[i], i + 1
 
 
+def _read_script(s: str, i: int) -> tuple[str, int] | None:
+    """A sub- or superscript group starting at ``s[i]`` as plain math, and where it ends."""
+    g = _read_group(s, i)
+    if g is None:
+        return None
+    plain = _latex_to_plain(g[0])
+    return None if plain is None else (plain, g[1])
+
+
 def _function_application(s: str, i: int, func: str) -> tuple[str, int] | None:
     """Convert ``\\sin^2 2x`` style application starting after the command name.
 
     ``\\sin 2x`` is ``sin(2x)`` and ``\\sin x \\cos x`` is ``sin(x)*cos(x)``: without
     parentheses the argument runs to the next operator or function command.
     """
-    base = None
+    base = power = None
     if func == "log" and i < len(s) and s[i] == "_":
-        g = _read_group(s, i + 1)
-        if g is None:
+        script = _read_script(s, i + 1)
+        if script is None:
             return None
-        base = _latex_to_plain(g[0])
-        if base is None:
-            return None
-        i = g[1]
-    power = None
+        base, i = script
     if i < len(s) and s[i] == "^":
-        g = _read_group(s, i + 1)
-        if g is None:
+        script = _read_script(s, i + 1)
+        if script is None:
             return None
-        power = _latex_to_plain(g[0])
-        if power is None:
-            return None
-        i = g[1]
+        power, i = script
     while i < len(s) and s[i] == " ":
         i += 1
     if i < len(s) and s[i] in "({":

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from components.verify.sandbox import _child
@@ -277,6 +278,25 @@ class ChannelOverflow(Exception):
     """The process announced a frame larger than the configured cap."""
 
 
+def _ready(sel: selectors.BaseSelector, deadline: float) -> bool:
+    """Whether the channel is ready before ``deadline``; ``ChannelTimeout`` once it passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise ChannelTimeout("timeout")
+    return bool(sel.select(remaining))
+
+
+def _nonblocking(op: Callable[[Any], Any], arg: Any) -> Any:
+    """``op(arg)`` on the non-blocking channel: None if it would block, ``ChannelClosed`` if
+    the other end is gone."""
+    try:
+        return op(arg)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise ChannelClosed(str(exc)) from exc
+
+
 class Process:
     """A sandboxed program that talks to the caller over a message channel.
 
@@ -336,17 +356,8 @@ class Process:
         with selectors.DefaultSelector() as sel:
             sel.register(self._sock, selectors.EVENT_WRITE)
             while sent < len(data):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ChannelTimeout("timeout")
-                if not sel.select(remaining):
-                    continue
-                try:
-                    sent += self._sock.send(data[sent:])
-                except BlockingIOError:
-                    continue
-                except OSError as exc:
-                    raise ChannelClosed(str(exc)) from exc
+                if _ready(sel, deadline):
+                    sent += _nonblocking(self._sock.send, data[sent:]) or 0
 
     def recv(self, deadline: float) -> tuple[bytes, bytes]:
         """Read one frame (kind, payload)."""
@@ -364,20 +375,12 @@ class Process:
                         payload = bytes(self._buf[_FRAME.size : end])
                         del self._buf[:end]
                         return kind, payload
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ChannelTimeout("timeout")
-                if not sel.select(remaining):
+                if not _ready(sel, deadline):
                     continue
-                try:
-                    chunk = self._sock.recv(1 << 16)
-                except BlockingIOError:
-                    continue
-                except OSError as exc:
-                    raise ChannelClosed(str(exc)) from exc
-                if not chunk:
+                chunk = _nonblocking(self._sock.recv, 1 << 16)
+                if chunk == b"":
                     raise ChannelClosed("the process closed its channel")
-                self._buf += chunk
+                self._buf += chunk or b""
 
     def close(self) -> int | None:
         """Stop the process (if still running), reap it, remove its files; its exit
