@@ -354,6 +354,12 @@ def serve(
     return results
 
 
+def segment_summary(stage: WarmStage, segment: int, results: list[dict]) -> dict:
+    """What a stage's segment worker returns: its task, how many steps it served, skipped."""
+    return {"task": stage.task, "segment": segment, "steps": len(results),
+            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
+
+
 def serve_stage(
     stage: WarmStage,
     iterations: Iterable[int],

@@ -44,7 +44,13 @@ from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.schemas import read_records, stamp
 from components.core.store import Store, StoreError, join
-from components.core.warm import Timeline, run_once, segment_eval_checkpoints, serve_stage
+from components.core.warm import (
+    Timeline,
+    run_once,
+    segment_eval_checkpoints,
+    segment_summary,
+    serve_stage,
+)
 from components.core.warm import segment as warm_segment
 from components.evaluate.metrics import (
     CORRECT_THRESHOLD,
@@ -470,8 +476,7 @@ def serve(
         start=seg.start,
         retried=retried,
     )
-    return {"task": stage.task, "segment": segment, "steps": len(results),
-            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
+    return segment_summary(stage, segment, results)
 
 
 def _plots(

@@ -40,7 +40,7 @@ from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
 from components.core.store import Store
-from components.core.warm import Timeline, policy_version, run_once, serve_stage
+from components.core.warm import Timeline, policy_version, run_once, segment_summary, serve_stage
 from components.core.warm import segment as warm_segment
 from components.generate.backends import Backend, PromptRequest, SamplingSpec, sample_seed
 from components.generate.engine import PolicyEngine
@@ -446,5 +446,4 @@ def serve(
     seg = warm_segment(cfg, segment)
     stage = GenerateStage(cfg, shard=shard, num_shards=num_shards)
     results = serve_stage(stage, seg.iterations, cfg=cfg, attempt=attempt, retried=retried)
-    return {"task": stage.task, "segment": segment, "steps": len(results),
-            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
+    return segment_summary(stage, segment, results)

@@ -46,7 +46,7 @@ from components.core.config import RunConfig, TrainSection
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
-from components.core.warm import Timeline, run_once, serve_stage
+from components.core.warm import Timeline, run_once, segment_summary, serve_stage
 from components.core.warm import segment as warm_segment
 from components.generate.backends import LOGPROB_DEFINITION
 from components.generate.engine import WEIGHT_SUFFIXES
@@ -802,8 +802,7 @@ def serve(
     results = serve_stage(
         stage, warm_segment(cfg, segment).iterations, cfg=cfg, attempt=attempt, retried=retried
     )
-    return {"task": stage.task, "segment": segment, "steps": len(results),
-            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
+    return segment_summary(stage, segment, results)
 
 
 def _write_hf(

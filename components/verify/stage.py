@@ -39,7 +39,7 @@ from components.core.config import OverlongPenalty, RewardSpec, RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import COMPONENTS, SCORED, read_records, stamp
-from components.core.warm import Timeline, run_once, serve_stage
+from components.core.warm import Timeline, run_once, segment_summary, serve_stage
 from components.core.warm import segment as warm_segment
 from components.verify.executor import ScoreItem, score_batch
 from components.verify.format import soft_overlong_penalty
@@ -301,5 +301,4 @@ def serve(
     results = serve_stage(
         stage, warm_segment(cfg, segment).iterations, cfg=cfg, attempt=attempt, retried=retried
     )
-    return {"task": stage.task, "segment": segment, "steps": len(results),
-            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
+    return segment_summary(stage, segment, results)
