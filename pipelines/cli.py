@@ -74,20 +74,11 @@ def prepare_inputs(cfg: RunConfig) -> None:
 
 
 def local_path_warnings(cfg: RunConfig) -> list[str]:
-    """What a compiled pipeline names on this machine only: a cluster's pods cannot reach a
-    local store or local inputs (`rlvr submit` refuses them; a compiled file may go anywhere)."""
-    out = []
-    if "://" not in cfg.run.store:
-        out.append(
-            f"run.store is a local path ({cfg.run.store}): pods on a cluster cannot reach it; "
-            "use an object store URI (s3://bucket/prefix) for a pipeline that runs there"
-        )
-    for key, path in [("model.base", cfg.model.base), ("data.train", cfg.data.train)] + [
-        (f"data.eval.{i}.path", e.path) for i, e in enumerate(cfg.data.eval)
-    ]:
-        if "://" not in path:
-            out.append(f"{key} is a local path ({path}): upload it and give its URI")
-    return out
+    """``pipelines.preflight.local_path_warnings``, imported on use (it pulls in pyarrow,
+    which every other command of this CLI need not pay for at start-up)."""
+    from pipelines.preflight import local_path_warnings as warnings
+
+    return warnings(cfg)
 
 
 def eval_table(cfg_or_root: RunConfig | str, label: str | None = None) -> Table:

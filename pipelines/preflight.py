@@ -54,17 +54,36 @@ def _read(uri: str, cfg: RunConfig, problems: Problems, key: str) -> pa.Table | 
     return None
 
 
+def local_paths(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(config key, path) of the store and every input that exists on this machine only: a
+    cluster's pods cannot reach them (object-store and Hub URIs they can)."""
+    entries = [("run.store", cfg.run.store), ("model.base", cfg.model.base),
+               ("data.train", cfg.data.train)]  # fmt: skip
+    entries += [(f"data.eval.{i}.path", e.path) for i, e in enumerate(cfg.data.eval)]
+    return [(key, uri) for key, uri in entries if not is_s3(uri) and not is_hub(uri)]
+
+
+def _local_path_advice(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(config key, what is wrong and what to do) per ``local_paths`` entry."""
+    out = []
+    for key, path in local_paths(cfg):
+        if key == "run.store":
+            out.append((key, f"is a local path ({path}): pods on a cluster cannot reach it; use "
+                             "an object store URI (s3://bucket/prefix) for a pipeline that runs "
+                             "there"))  # fmt: skip
+        else:
+            out.append((key, f"is a local path ({path}): upload it and give its URI"))
+    return out
+
+
+def local_path_warnings(cfg: RunConfig) -> list[str]:
+    """One line per input or store a cluster cannot reach (`rlvr compile` prints them)."""
+    return [f"{key} {advice}" for key, advice in _local_path_advice(cfg)]
+
+
 def _local_paths_for_a_cluster(cfg: RunConfig, problems: Problems) -> None:
-    inputs = {
-        "model.base": cfg.model.base,
-        "data.train": cfg.data.train,
-        "run.store": cfg.run.store,
-    }
-    inputs.update({f"data.eval[{e.name}].path": e.path for e in cfg.data.eval})
-    for key, uri in inputs.items():
-        if not is_s3(uri) and not is_hub(uri):
-            problems.warn(f"config {key}", f"{uri} is a local path: the cluster's pods cannot read "
-                          "it", "put it in the object store and use its s3:// URI")  # fmt: skip
+    for key, advice in _local_path_advice(cfg):
+        problems.warn(f"config {key}", advice)
 
 
 def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False) -> Problems:
