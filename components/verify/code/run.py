@@ -291,7 +291,7 @@ def _harness_payload(run: RunResult, marker: str) -> dict[str, Any] | None:
 
 def _in_process(code: str, case: TestCase, config: SandboxConfig) -> str | None:
     marker = "@@rlvr-result-" + secrets.token_hex(16) + "@@"
-    spec = {"kind": "assert", "test": case.test, "setup": case.setup}
+    spec = {"test": case.test, "setup": case.setup}
     files = {"solution.py": code, "case.json": json.dumps(spec)}
     run = run_python(harness.IN_PROCESS, marker + "\n", config, files=files)
     failure = _run_failure(run)

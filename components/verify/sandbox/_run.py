@@ -148,7 +148,6 @@ class _Dir:
         config: SandboxConfig,
         netns: bool,
         files: dict[str, str | bytes] | None,
-        argv_tail: tuple[str, ...] = (),
     ) -> None:
         exe, prefix = _child.interpreter(config)
         self.base = os.path.realpath(tempfile.mkdtemp(prefix="rlvr-sandbox-"))
@@ -174,7 +173,7 @@ class _Dir:
         except BaseException:
             self.remove()
             raise
-        self.argv = [exe, "-I", "-S", "-B", "-X", "utf8", main, *argv_tail]
+        self.argv = [exe, "-I", "-S", "-B", "-X", "utf8", main]
 
     def popen(self, stdin: Any, stdout: Any, stderr: Any, pass_fds: tuple[int, ...] = ()):
         try:
@@ -316,7 +315,7 @@ class Process:
         self.config = config
         # a message may be larger than what run_python lets a program print
         self.max_message_bytes = max(config.max_output_bytes, MIN_MESSAGE_CAP)
-        self._dir = _Dir(code, config, caps.network_isolated, files, ())
+        self._dir = _Dir(code, config, caps.network_isolated, files)
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None

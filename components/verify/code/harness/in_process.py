@@ -52,25 +52,6 @@ def _main():
     except BaseException as exc:
         report({"error": "solution raised " + type(exc).__name__ + ": " + str(exc)[:300]})
         return
-    if case["kind"] == "fn":
-        name = case["fn_name"]
-        fn = scope.get(name)
-        if not callable(fn):
-            cls = scope.get("Solution")
-            fn = getattr(cls(), name, None) if isinstance(cls, type) else None
-        if not callable(fn):
-            report({"error": "function " + repr(name) + " not found"})
-            return
-        try:
-            result = fn(*case["args"])
-        except BaseException as exc:
-            report({"error": type(exc).__name__ + ": " + str(exc)[:300]})
-            return
-        try:
-            report({"result": plain(result)})
-        except (TypeError, ValueError, RecursionError) as exc:
-            report({"error": "result is not plain data (" + str(exc)[:100] + ")"})
-        return
     try:
         if case.get("setup"):
             exec(compile(case["setup"], "<setup>", "exec"), scope)
