@@ -11,10 +11,25 @@
 # pipelines/; each build passes -f images/<stage>/Dockerfile, and BuildKit (Docker 23+ by
 # default) applies images/<stage>/Dockerfile.dockerignore, an allow-list of what is copied.
 #
+# The Dockerfiles use BuildKit (secret mounts, per-Dockerfile .dockerignore): a docker CLI with
+# buildx, or one with BuildKit built in (Debian's docker.io); build.sh sets DOCKER_BUILDKIT=1.
+#
 # Environment:
 #   DOCKER       container CLI with docker's build/push/inspect flags (default: docker)
+#   FLAVOR       gpu (default: the CUDA bases) or cpu: every stage on CPU_BASE, CPU torch, the
+#                transformers backend in generate/evaluate
+#   CPU_BASE     the FLAVOR=cpu base, a Python 3.11 image with `python3` and pip (default:
+#                python:3.11.14-slim-bookworm; images/base/debian.sh makes one from Debian's
+#                packages where no registry is reachable)
 #   STAGES       stages to build (default: "generate verify train evaluate")
-#   PLATFORM     target platform (default: linux/amd64; the CUDA bases are amd64 only)
+#   PLATFORM     target platform (default: linux/amd64 for gpu, where the CUDA bases are amd64
+#                only; the machine's own for cpu)
+#   PIP_CONF     a pip.conf for the builds' pip (a mirror, find-links, a cert path), mounted as
+#                the BuildKit secret pip.conf at /etc/pip.conf and never stored in a layer.
+#                FLAVOR=cpu without PIP_CONF adds PyTorch's CPU index for torch.
+#   PIP_CA       a CA bundle for that pip (a proxy's own CA), the secret pip-ca: reference it
+#                in PIP_CONF as `cert = /run/secrets/pip-ca`
+#   NETWORK      the builds' network mode, e.g. host where the daemon has no bridge
 #   KFP_VERSION  kfp installed in the images (default: the Dockerfiles' pin); must equal the kfp
 #                that compiles the pipeline, else every pod pip-installs kfp at start
 #   VLLM_BASE, TORCH_BASE, PYTHON_BASE
@@ -50,7 +65,17 @@ fi
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 docker=${DOCKER:-docker}
-platform=${PLATFORM:-linux/amd64}
+flavor=${FLAVOR:-gpu}
+[[ $flavor == gpu || $flavor == cpu ]] || die "FLAVOR '$flavor' must be gpu or cpu"
+if [[ $flavor == cpu ]]; then
+  platform=${PLATFORM:-}
+  cpu_base=${CPU_BASE:-python:3.11.14-slim-bookworm}
+  VLLM_BASE=${VLLM_BASE:-$cpu_base} TORCH_BASE=${TORCH_BASE:-$cpu_base}
+  PYTHON_BASE=${PYTHON_BASE:-$cpu_base}
+else
+  platform=${PLATFORM:-linux/amd64}
+fi
+export DOCKER_BUILDKIT=1
 read -r -a stages <<<"${STAGES:-generate verify train evaluate}"
 revision=${REVISION:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}
 
@@ -68,7 +93,23 @@ if [[ -n $local_kfp && $local_kfp != "$image_kfp" ]]; then
     "rebuild with KFP_VERSION=$local_kfp or compile with kfp==$image_kfp" >&2
 fi
 
-build_args=(--build-arg "KFP_VERSION=$image_kfp")
+build_args=(--build-arg "KFP_VERSION=$image_kfp" --build-arg "FLAVOR=$flavor")
+[[ -z $platform ]] || build_args+=(--platform "$platform")
+[[ -z ${NETWORK:-} ]] || build_args+=(--network "$NETWORK")
+pip_conf=${PIP_CONF:-}
+if [[ -z $pip_conf && $flavor == cpu ]]; then
+  pip_conf=$(mktemp)
+  trap 'rm -f "$pip_conf"' EXIT
+  printf '[global]\nextra-index-url = https://download.pytorch.org/whl/cpu\n' >"$pip_conf"
+fi
+if [[ -n $pip_conf ]]; then
+  [[ -r $pip_conf ]] || die "PIP_CONF $pip_conf is not a readable file"
+  build_args+=(--secret "id=pip.conf,src=$pip_conf")
+fi
+if [[ -n ${PIP_CA:-} ]]; then
+  [[ -r $PIP_CA ]] || die "PIP_CA $PIP_CA is not a readable file"
+  build_args+=(--secret "id=pip-ca,src=$PIP_CA")
+fi
 for var in VLLM_BASE TORCH_BASE PYTHON_BASE; do
   if [[ -n ${!var:-} ]]; then
     build_args+=(--build-arg "$var=${!var}")
@@ -78,16 +119,18 @@ done
 images=()
 for stage in "${stages[@]}"; do
   image="$registry/rlvr-$stage:$tag"
-  echo "==> building $image" >&2
+  echo "==> building $image ($flavor)" >&2
+  started=$SECONDS
   "$docker" build \
-    --platform "$platform" \
     -f "$root/images/$stage/Dockerfile" \
     -t "$image" \
     --label "org.opencontainers.image.title=rlvr-$stage" \
     --label "org.opencontainers.image.version=$tag" \
     --label "org.opencontainers.image.revision=$revision" \
+    --label "rlvr.flavor=$flavor" \
     "${build_args[@]}" \
     "$root"
+  echo "    built $image in $((SECONDS - started)) s" >&2
   images+=("$image")
 done
 

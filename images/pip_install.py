@@ -2,9 +2,13 @@
 
 Every images/*/Dockerfile installs its Python packages through this script:
 
-    python pip_install.py -c constraints.txt [--pip-arg ARG]... PKG [PKG...]
+    python pip_install.py -c constraints.txt [--pip-arg ARG]... [--if-missing=PKG]... PKG [PKG...]
 
 - Each PKG must be pinned (`name==version`) in the constraints file and is installed at that pin.
+- An `--if-missing` package is installed at its pin only where the base lacks it, and otherwise
+  held at the base's version like the rest of the base. One Dockerfile then serves both flavors:
+  the GPU bases bring torch (and, for vLLM, transformers and friends), a bare Python base (the
+  CPU flavor) gets them from the pins.
 - Every distribution already installed (the base image's torch, vLLM, CUDA wheels, numpy...) is
   handed to pip as a `name==installed-version` constraint. Resolving PKG's dependencies can add
   packages but never up- or downgrade one the base ships, so the GPU bases keep the set they were
@@ -38,6 +42,10 @@ _PEP440 = re.compile(
     (?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*$""",
     re.VERBOSE | re.IGNORECASE,
 )
+#: The installer's own tools are not part of the set a base was tested with, and packages
+#: legitimately need newer ones (torch 2.13 needs setuptools >= 77; Debian's ensurepip gives a
+#: venv 66): they are neither held nor reported as moved.
+TOOLING = {"pip", "setuptools", "wheel"}
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;#]+)$")
 
 
@@ -89,13 +97,13 @@ def merged_constraints(
     lines: dict[str, str] = {}
     warnings: list[str] = []
     for key, (name, version) in base.items():
-        if key in wanted:
+        if key in wanted or key in TOOLING:
             continue
         if not _PEP440.match(version):
             warnings.append(f"base package {name} {version!r} is not a PEP 440 version; not held")
             continue
         lines[key] = f"{name}=={version}"
-        if key in pins and pins[key][1] != version:
+        if key in pins and pins[key][1] != version.split("+")[0]:  # 2.13.0+cpu is ==2.13.0
             warnings.append(
                 f"{name}: keeping the base image's {version} (constraints file says {pins[key][1]})"
             )
@@ -105,16 +113,29 @@ def merged_constraints(
     return [lines[k] for k in sorted(lines)], warnings
 
 
+def missing_from_base(names: list[str], base: dict[str, tuple[str, str]]) -> list[str]:
+    """The `--if-missing` names the base does not have (those it has stay at its version)."""
+    return [n for n in names if canonical(n) not in base]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-c", "--constraints", required=True, type=Path)
     ap.add_argument("--pip-arg", action="append", default=[], help="extra argument for pip")
+    ap.add_argument(
+        "--if-missing", action="append", default=[], metavar="PKG",
+        help="install PKG at its pin only where the base lacks it",
+    )  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="print the constraints and stop")
-    ap.add_argument("packages", nargs="+")
+    ap.add_argument("packages", nargs="*")
     args = ap.parse_args(argv)
 
     pins = parse_pins(args.constraints.read_text())
     base = installed_distributions()
+    args.packages += missing_from_base(args.if_missing, base)
+    if not args.packages:
+        print("pip_install: nothing to install (the base has every --if-missing package)")
+        return 0
     lines, warnings = merged_constraints(pins, args.packages, base)
     for w in warnings:
         print(f"pip_install: {w}", file=sys.stderr)
@@ -136,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     moved = sorted(
         f"{base[k][0]} {base[k][1]} -> {after.get(k, ('', 'removed'))[1]}"
         for k in base
-        if k not in wanted and after.get(k, (None, None))[1] != base[k][1]
+        if k not in wanted and k not in TOOLING and after.get(k, (None, None))[1] != base[k][1]
     )
     if moved:
         print(f"pip_install: base packages changed: {'; '.join(moved)}", file=sys.stderr)

@@ -186,12 +186,28 @@ def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
 @click.option("--iterations", type=int, default=None, help="Override run.iterations.")
 @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
 @click.option("--skip-check", is_flag=True, help="Do not run `rlvr check` first.")
+@click.option(
+    "--runner",
+    type=click.Choice(["subprocess", "docker"]),
+    default="subprocess",
+    show_default=True,
+    help="Run each task as a subprocess here, or in its stage's image (cluster.image_repo / "
+    "image_tag; build them with images/build.sh).",
+)
+@click.option(
+    "--docker-user",
+    default="image",
+    show_default=True,
+    help="With --runner docker: the uid the images declare (image), yours (host), or UID:GID.",
+)
 def run(
     config: str,
     run_id: str | None,
     iterations: int | None,
     overrides: tuple[str, ...],
     skip_check: bool,
+    runner: str,
+    docker_user: str,
 ) -> None:
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
     prepare_inputs(cfg)
@@ -218,6 +234,11 @@ def run(
     local_root = Path(layout.root) if "://" not in layout.root else Path("./local_outputs")
     pipeline = build_train_pipeline(cfg, for_cluster=False)
     threads = local_thread_env(cfg)
+    docker = None
+    if runner == "docker":
+        from pipelines.local_docker import DockerSetupError, plan_for, prepare
+
+        docker = plan_for(cfg, local_root, user=docker_user)
 
     def task_env(task: str) -> dict[str, str]:
         return threads(task)
@@ -234,6 +255,16 @@ def run(
             if task not in status.failures():  # a worker that died without recording why
                 status.mark_failed(task, "its process exited with an error")
 
+        if docker is not None:  # last: it hands what exists of the run over to the images' uid
+            (local_root / "kfp").mkdir(parents=True, exist_ok=True)
+            log_dir.mkdir(parents=True, exist_ok=True)
+            if "://" not in layout.root:  # failure markers: written by tasks and by this process
+                Path(status.dir).mkdir(parents=True, exist_ok=True)
+            try:
+                prepare(docker, local_root)
+            except DockerSetupError as e:
+                click.echo(f"error: {e}", err=True)
+                sys.exit(2)
         try:
             with RunMonitor(cfg, seg, console):
                 run_pipeline(
@@ -246,6 +277,7 @@ def run(
                     failure_message=lambda task, status=status: (
                         status.failures().get(task) or {}).get("error"),
                     task_env=task_env,
+                    docker=docker,
                 )  # fmt: skip
         except LocalRunError as e:
             cause = status.root_cause()
@@ -254,7 +286,8 @@ def run(
                 log_file = log_dir / f"{task}.log"
                 e = LocalRunError(task, record.get("error", ""), log_file if log_file.exists()
                                   else None)  # fmt: skip
-            print_error(e, failure_hints(task, record, config, cfg, overrides))
+            options = "" if docker is None else f" --runner docker --docker-user {docker_user}"
+            print_error(e, failure_hints(task, record, config, cfg, overrides, options))
             sys.exit(2 if record.get("user_error") else 1)
     elapsed = time.perf_counter() - t0
     if cfg.data.eval:

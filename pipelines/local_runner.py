@@ -33,7 +33,10 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipelines.local_docker import DockerPlan
 
 log = logging.getLogger("rlvr.local")
 
@@ -59,9 +62,14 @@ _live: set[subprocess.Popen] = set()
 
 
 def _kill_live_tasks() -> None:
-    """Stop every running task and whatever it started (a torchrun's ranks, verifier pools)."""
+    """Stop every running task and whatever it started (a torchrun's ranks, verifier pools),
+    containers included."""
     import os
     import signal
+
+    from pipelines.local_docker import stop_live_containers
+
+    stop_live_containers()
 
     for proc in list(_live):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -82,16 +90,40 @@ TaskEnv = Callable[[str], dict[str, str]]
 """Extra environment variables of a task, by its display name."""
 
 
+def _current_task() -> str:
+    return getattr(_current, "task", "task")
+
+
+def _log_opener(log_dir: Path) -> Callable[[str], Any]:
+    """`open_log(task)`: a context whose value writes one line of the task's output to its log
+    file, and the rlvr lines (CONSOLE_LINE) also to the console."""
+
+    @contextlib.contextmanager
+    def open_log(task: str) -> Iterator[Callable[[str], None]]:
+        with open(_task_log_path(log_dir, task), "w") as out:
+
+            def write(line: str) -> None:
+                out.write(line)
+                out.flush()
+                if CONSOLE_LINE.search(line):
+                    print(f"[{task}] {line.rstrip()}", flush=True)
+
+            yield write
+
+    return open_log
+
+
 def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., int]:
+    open_log = _log_opener(log_dir)
+
     def run_local_subprocess(
         full_command: list[str], env_vars: dict[str, str] | None = None
     ) -> int:
         import os
 
-        task = getattr(_current, "task", "task")
-        path = _task_log_path(log_dir, task)
+        task = _current_task()
         env = {**os.environ, **task_env(task), **(env_vars or {})}
-        with open(path, "w") as out, subprocess.Popen(
+        with open_log(task) as write, subprocess.Popen(
             full_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             bufsize=1, env=env, start_new_session=True,
         ) as proc:  # fmt: skip
@@ -99,10 +131,7 @@ def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., i
             try:
                 assert proc.stdout is not None
                 for line in iter(proc.stdout.readline, ""):
-                    out.write(line)
-                    out.flush()
-                    if CONSOLE_LINE.search(line):
-                        print(f"[{task}] {line.rstrip()}", flush=True)
+                    write(line)
                 return proc.wait()
             finally:
                 _live.discard(proc)
@@ -215,10 +244,14 @@ def concurrent_local_runner(
     on_failure: Callable[[str], None],
     failed: list[str],
     task_env: TaskEnv | None = None,
+    docker: DockerPlan | None = None,
 ) -> Iterator[None]:
-    """Patch kfp.local to run ready tasks side by side (see the module docstring)."""
+    """Patch kfp.local to run ready tasks side by side (see the module docstring); with
+    `docker`, each task in its stage's container (pipelines/local_docker.py)."""
     from kfp.local import logging_utils, subprocess_task_handler
     from kfp.local.orchestrator import dag_orchestrator
+
+    from pipelines.local_docker import docker_tasks
 
     patches = [
         (dag_orchestrator, "run_dag", _make_run_dag(on_failure, failed)),
@@ -234,8 +267,13 @@ def concurrent_local_runner(
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     for mod, name, value in patches:
         setattr(mod, name, value)
+    env = task_env or (lambda task: {})
     try:
-        yield
+        if docker is None:
+            yield
+        else:
+            with docker_tasks(docker, _log_opener(log_dir), _current_task, env):
+                yield
     finally:
         for mod, name, value in saved:
             setattr(mod, name, value)
@@ -250,25 +288,24 @@ def run_pipeline(
     on_failure: Callable[[str], None] = lambda task: None,
     failure_message: Callable[[str], str | None] = lambda task: None,
     task_env: TaskEnv | None = None,
+    docker: DockerPlan | None = None,
 ) -> None:
-    """Run `pipeline_func(**arguments)` on kfp.local with concurrent tasks.
+    """Run `pipeline_func(**arguments)` on kfp.local with concurrent tasks, as subprocesses of
+    this Python or, with `docker`, each in its stage's image.
 
     `on_failure(task)` is called as soon as a task fails (before the others finish);
     `failure_message(task)` supplies the task's own error for the raised LocalRunError."""
     from kfp import local
 
     log_dir.mkdir(parents=True, exist_ok=True)
-    local.init(
-        runner=local.SubprocessRunner(use_venv=False),
-        pipeline_root=pipeline_root,
-        raise_on_error=False,
-    )
+    runner = local.SubprocessRunner(use_venv=False) if docker is None else local.DockerRunner()
+    local.init(runner=runner, pipeline_root=pipeline_root, raise_on_error=False)
     failed: list[str] = []
     root = logging.getLogger()
     quiet = _DropKfpLocalRecords()
     root.addFilter(quiet)  # kfp.local logs each task's status; the error below says it better
     with (
-        concurrent_local_runner(log_dir, on_failure, failed, task_env),
+        concurrent_local_runner(log_dir, on_failure, failed, task_env, docker),
         warnings.catch_warnings(),
     ):
         # kfp.local warns per task that placement settings and the stage images do not apply
@@ -323,9 +360,12 @@ def print_error(err: LocalRunError, hints: list[str]) -> None:
         print(f"  {hint}", file=sys.stderr)
 
 
-def failure_hints(task: str, record: dict, config: str, cfg, overrides) -> list[str]:
+def failure_hints(
+    task: str, record: dict, config: str, cfg, overrides, run_options: str = ""
+) -> list[str]:
     """`rlvr stage ...` for the step that failed (when the task recorded its iteration), and
-    the `rlvr run` that resumes; both repeat the run's --set overrides."""
+    the `rlvr run` that resumes; both repeat the run's --set overrides, and the resume its
+    `run_options` (the runner)."""
     import shlex
 
     sets = "".join(f" --set {shlex.quote(o)}" for o in overrides)
@@ -339,5 +379,6 @@ def failure_hints(task: str, record: dict, config: str, cfg, overrides) -> list[
         what = "checkpoint" if stage == "evaluate" else "iteration"
         hints.append(f"rerun that step: rlvr stage {stage} {base} --iteration {iteration}{extra}"
                      f"   ({what} {iteration})")  # fmt: skip
-    hints.append(f"then resume the run: rlvr run {base}   (committed iterations are kept)")
+    hints.append(f"then resume the run: rlvr run {base}{run_options}   (committed iterations are "
+                 "kept)")  # fmt: skip
     return hints

@@ -52,3 +52,31 @@ def test_import_refuses_pickle_only_and_missing(tmp_path, tiny_assets):
     with pytest.raises(CheckpointError, match="does not exist"):
         import_checkpoint(str(tmp_path / "missing"), out)
     assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+def test_saved_tokenizer_loads_in_either_transformers_major(tmp_path, tiny_assets):
+    """transformers 5 names a fast tokenizer `TokenizersBackend`, which 4.x (the images' pin,
+    for vLLM) cannot load; rlvr's checkpoints name `PreTrainedTokenizerFast`, the same tokenizer
+    to both, and load back with the same token ids."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    model, tok = load_policy(tiny_assets / "base")
+    write_checkpoint(model, tok, OutputDir(LocalStore(), str(tmp_path / "ckpt"), "test"))
+    config = json.loads((tmp_path / "ckpt" / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] != "TokenizersBackend", config  # a class 4.x has
+    again = AutoTokenizer.from_pretrained(tmp_path / "ckpt")
+    assert again("12+7=")["input_ids"] == tok("12+7=")["input_ids"]
+    assert again.pad_token_id == tok.pad_token_id and again.eos_token_id == tok.eos_token_id
+
+    # The rewrite itself, on what transformers 5 writes.
+    from components.core.checkpoint import portable_tokenizer_config
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "TokenizersBackend", "pad_token": "<pad>"})
+    )
+    portable_tokenizer_config(tmp_path / "t")
+    written = json.loads((tmp_path / "t" / "tokenizer_config.json").read_text())
+    assert written == {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>"}

@@ -176,3 +176,39 @@ def test_local_put_tree_moves_by_rename_and_records_hashes(tmp_path):
     (entry,) = read_manifest(LocalStore(), str(tmp_path / "runs" / "ckpt"))["files"]
     assert entry == {"path": "sub/w.bin", "bytes": 7000,
                      "sha256": hashlib.sha256(b"weights" * 1000).hexdigest()}  # fmt: skip
+
+
+def test_local_writes_get_the_ordinary_file_mode(tmp_path):
+    """Committed files are as readable as any file the process writes (0o666 less the umask),
+    not mkstemp's 0o600: a task running as another uid (a container, another user of a shared
+    run directory) must be able to read the run."""
+    import stat
+
+    from components.core import store as store_mod
+
+    store = LocalStore()
+    store.write_bytes(str(tmp_path / "a" / "x.bin"), b"x")
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"y")
+    store.upload_file(src, str(tmp_path / "b" / "y.bin"))
+    moved = tmp_path / "z.bin"
+    moved.write_bytes(b"z")
+    moved.chmod(0o600)  # what transformers 5's safetensors writer leaves
+    store.move_file(moved, str(tmp_path / "c" / "z.bin"))
+    want = 0o666 & ~store_mod._UMASK
+    for path in (tmp_path / "a" / "x.bin", tmp_path / "b" / "y.bin", tmp_path / "c" / "z.bin"):
+        assert stat.S_IMODE(path.stat().st_mode) == want, oct(path.stat().st_mode)
+
+    import tempfile
+
+    tree = Path(tempfile.mkdtemp(dir=tmp_path))  # 0o700
+    (tree / "sub").mkdir(mode=0o700)
+    (tree / "sub" / "f").write_bytes(b"f")
+    (tree / "sub" / "f").chmod(0o600)
+    (tree / "run.sh").write_bytes(b"#!/bin/sh\n")
+    (tree / "run.sh").chmod(0o700)
+    store_mod.ordinary_modes(tree)
+    assert stat.S_IMODE(tree.stat().st_mode) == 0o777 & ~store_mod._UMASK
+    assert stat.S_IMODE((tree / "sub").stat().st_mode) == 0o777 & ~store_mod._UMASK
+    assert stat.S_IMODE((tree / "sub" / "f").stat().st_mode) == want
+    assert stat.S_IMODE((tree / "run.sh").stat().st_mode) == 0o777 & ~store_mod._UMASK

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -431,3 +434,36 @@ def test_zero2_state_restores_exactly(train_cfg):
     for name, ref in train.full_state_dict(engine).items():
         # Same layout on both sides (see test_stage_continuity_and_micro_batch_invariance).
         torch.testing.assert_close(got[name], ref, rtol=0, atol=1e-6, msg=name)
+
+
+def test_cpu_start_compiles_no_deepspeed_op(tmp_path):
+    """A CPU start builds nothing: DeepSpeed's shared-memory all-reduce op (inference only) is
+    skipped, so no compiler is needed and the first step does not wait a minute for one. Run in
+    a fresh process with an empty extensions directory, so an earlier test's build cannot hide
+    a compile."""
+    import importlib
+    import inspect
+
+    import deepspeed.ops
+
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # `deepspeed.comm.torch` is torch
+
+    # The lookup the skip overrides must still be the one DeepSpeed consults.
+    assert train.SHM_COMM_OP in deepspeed.ops.__compatible_ops__
+    assert "__compatible_ops__" in inspect.getsource(ds_torch.build_shm_op)
+    code = (
+        "from components.train import stage as train\n"
+        "train.init_distributed('cpu')\n"
+        "import importlib\n"
+        "print('shm op:', importlib.import_module('deepspeed.comm.comm').cdb.shm_comm_op)\n"
+    )
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "shm op: None" in out.stdout
+    assert not (tmp_path / "ext").exists() or not any((tmp_path / "ext").rglob("*.so"))

@@ -8,6 +8,7 @@ weights load with `use_safetensors=True` and a directory holding pickle weights 
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -79,6 +80,23 @@ def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
     return model, tokenizer
 
 
+def portable_tokenizer_config(directory: str | Path) -> None:
+    """Name the tokenizer class so both transformers majors load the checkpoint.
+
+    transformers 5 saves a fast tokenizer as `TokenizersBackend`, a class 4.x does not have, and
+    the GPU images stay on 4.x (vLLM 0.11 requires transformers < 5): a checkpoint saved on a
+    laptop with 5.x would not load in the generate image. `PreTrainedTokenizerFast` is the same
+    tokenizer to both (5.x keeps it as an alias; AutoTokenizer still picks the model type's
+    class where it has one)."""
+    path = Path(directory) / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def write_checkpoint(
     model,
     tokenizer,
@@ -96,6 +114,7 @@ def write_checkpoint(
     try:
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
         tokenizer.save_pretrained(tmp)
+        portable_tokenizer_config(tmp)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(tmp)
         check_hf_dir(tmp, str(out.uri))

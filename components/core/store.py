@@ -90,6 +90,38 @@ class Store(ABC):
         return sorted({f.split("/", 1)[0] for f in self.list_files(uri) if "/" in f})
 
 
+def _process_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _process_umask()
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temporary file next to `path` for an atomic replace, with the mode an ordinary
+    `open()` would give it (0o666 less the umask): mkstemp's 0o600 would survive the rename and
+    leave every committed file readable by its writer alone, so a task running as another uid
+    (a container, a second user of a shared store) could not read the run."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_UMASK)
+    return fd, tmp
+
+
+def ordinary_modes(path: str | Path) -> None:
+    """Give `path` (a file, or a directory and everything under it) the modes an ordinary
+    mkdir / open would have: what mkdtemp (0o700), mkstemp and transformers 5's safetensors
+    writer (0o600) leave would otherwise make an input or a run readable by its writer alone,
+    and a task running as another uid (a container's) could not read it."""
+    root = Path(path)
+    for p in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        if p.is_symlink():
+            continue
+        executable = p.is_dir() or p.stat().st_mode & 0o100
+        os.chmod(p, (0o777 if executable else 0o666) & ~_UMASK)
+
+
 class LocalStore(Store):
     def local_path(self, uri: str) -> Path | None:
         return _local_path(uri)
@@ -103,7 +135,7 @@ class LocalStore(Store):
     def write_bytes(self, uri: str, data: bytes) -> None:
         path = _local_path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = _temp_beside(path)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -140,7 +172,7 @@ class LocalStore(Store):
         if Path(local).resolve() == dest.resolve():
             return
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        fd, tmp = _temp_beside(dest)
         os.close(fd)
         try:
             shutil.copyfile(local, tmp)
@@ -154,6 +186,7 @@ class LocalStore(Store):
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.replace(local, dest)  # atomic; fails across filesystems
+            ordinary_modes(dest)
         except OSError:
             self.upload_file(local, uri)
             Path(local).unlink(missing_ok=True)

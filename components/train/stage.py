@@ -107,6 +107,8 @@ def init_distributed(device: str) -> tuple[int, int]:
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
             )
+        if device == "cpu":
+            skip_shm_comm_op()
         deepspeed.init_distributed(
             dist_backend="nccl" if device == "cuda" else "gloo", verbose=False
         )
@@ -115,6 +117,26 @@ def init_distributed(device: str) -> tuple[int, int]:
         # exception" (exit 134) after all its work succeeded
         atexit.register(_destroy_process_group)
     return dist.get_rank(), dist.get_world_size()
+
+
+#: DeepSpeed's CPU shared-memory all-reduce op (deepspeed/comm/torch.py, `build_shm_op`).
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def skip_shm_comm_op() -> None:
+    """Keep DeepSpeed from JIT-compiling its shared-memory all-reduce op on CPU.
+
+    DeepSpeed's torch backend builds that C++ op whenever the accelerator is the CPU (about a
+    minute with a C++ compiler on the first start; without one, a compile error), yet it serves
+    only `inference_all_reduce`, tensor-parallel inference, which training never calls: its
+    gradient all-reduce is torch.distributed's (gloo). So the op is marked incompatible for this
+    process, and neither the machine nor the train image needs a compiler. The lookup it
+    overrides, `deepspeed.ops.__compatible_ops__`, is pinned by a test."""
+    import deepspeed.ops
+
+    compatible = deepspeed.ops.__compatible_ops__
+    if compatible.get(SHM_COMM_OP):
+        deepspeed.ops.__compatible_ops__ = {**compatible, SHM_COMM_OP: False}
 
 
 def _destroy_process_group() -> None:

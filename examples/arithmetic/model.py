@@ -22,6 +22,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from components.core.checkpoint import portable_tokenizer_config
+
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
 UNK_TOKEN = "<unk>"
@@ -161,6 +163,7 @@ def save_checkpoint(
     model.generation_config = generation_config(tokenizer)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    portable_tokenizer_config(out)  # loads in transformers 4.x (the images) and 5.x alike
     gen_path = out / "generation_config.json"
     if not gen_path.exists():  # save_pretrained writes it; make sure regardless of version
         gen_path.write_text(json.dumps(generation_config(tokenizer).to_dict(), indent=2) + "\n")

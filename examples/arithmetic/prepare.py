@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from components.core.store import ordinary_modes
 from components.verify.math import compute_score
 from examples.arithmetic.data import N_DEV, Problem, make_splits, write_table
 from examples.arithmetic.model import (
@@ -256,6 +257,7 @@ def prepare(out: Path, cfg: WarmupConfig, task: Task = ARITHMETIC) -> Path:
             "seconds": round(time.time() - started, 1),
         }
         (tmp / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n")
+        ordinary_modes(tmp)  # mkdtemp's 0o700: a container's uid could not read the inputs
         if out.exists() and not any(out.iterdir()):
             out.rmdir()
         if not out.exists():
