@@ -1,0 +1,365 @@
+"""Build the CPU flavor of the four stage images and run the demo in them, from a clean machine.
+
+    python3 images/smoke.py            (as root where the base must come from Debian's packages)
+
+What it does, printing each step's time:
+
+1. finds a docker CLI with BuildKit and an engine that answers (it says how to start one);
+2. finds a Python 3.11 base: CPU_BASE, else python:3.11.14-slim-bookworm (on the machine or
+   pulled), else one made from Debian's packages (images/base/debian.sh);
+3. builds the four images with images/build.sh FLAVOR=cpu, handing the builds this machine's pip
+   setup (its CA bundle, a local wheel directory served on loopback) as BuildKit secrets, and
+   prints each image's size, what the four share, and the build time;
+4. makes a virtual environment of the images' own package versions (images/constraints.txt), so
+   the two runs below differ in nothing but the runner;
+5. runs the demo (examples/arithmetic) twice at the same run path, first with the subprocess
+   runner, then with `--runner docker`, every task in its stage's container, and compares the
+   two runs file by file: every data file (weights, tokenizers, optimizer states, rollouts,
+   scored rollouts, eval samples, datasets) must be equal byte for byte, and each manifest must
+   list the same files with the same digests; what differs (wall-clock times in manifests,
+   metrics and reports) is listed;
+6. shows that the verify image runs code rewards in a container with no capabilities: refused,
+   with the reason, under the runtime's default seccomp profile, available under the profile the
+   cluster overlay ships; then runs the code demo (examples/arithmetic_code) with --runner docker.
+
+Exit status 0 when all of it holds. Outputs under .smoke/ (--keep keeps the runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import contextlib
+import functools
+import hashlib
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".smoke"
+STAGES = ("generate", "verify", "train", "evaluate")
+OFFICIAL_BASE = "python:3.11.14-slim-bookworm"
+DEBIAN_BASE = "rlvr-base/python:3.11-bookworm"
+#: Outputs that are data: equal byte for byte between the runners, or the check fails.
+DATA = re.compile(r"\.(parquet|safetensors|jinja)$|(^|/)(tokenizer\.json|tokenizer_config\.json|"
+                  r"config\.json|generation_config\.json|plan\.json|state\.json|run\.yaml)$")  # fmt: skip
+#: Written by the host process, not by the tasks: not compared.
+HOST_ONLY = ("kfp/", "logs/", "status/")
+
+
+def step(title: str) -> None:
+    print(f"\n== {title}", flush=True)
+
+
+def sh(*cmd: str, env: dict[str, str] | None = None, capture: bool = False, check: bool = True,
+       timeout: float | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    return subprocess.run(
+        cmd, env={**os.environ, **(env or {})}, text=True, check=check, timeout=timeout,
+        stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
+    )  # fmt: skip
+
+
+def die(message: str) -> None:
+    print(f"smoke: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+# --- 1. docker -------------------------------------------------------------------------------
+
+
+def find_docker() -> str:
+    """A docker CLI whose `build` has BuildKit (buildx, or built in as in Debian's docker.io)."""
+    candidates = [os.environ.get("DOCKER", ""), "docker", "/usr/bin/docker"]
+    for cli in dict.fromkeys(c for c in candidates if c and shutil.which(c)):
+        probe = sh(cli, "build", "--help", env={"DOCKER_BUILDKIT": "1"}, capture=True, check=False)
+        if probe.returncode == 0 and "--secret" in probe.stdout:
+            info = sh(cli, "info", "--format", "{{.ServerVersion}}", capture=True, check=False)
+            if info.returncode != 0:
+                die(
+                    f"no Docker engine answers {cli} ({info.stderr.strip()[:200]}). Start one; "
+                    "on a machine whose limits are below Docker's defaults: dockerd "
+                    "--iptables=false --bridge=none --default-ulimit nofile=1024:1024 "
+                    "--default-ulimit nproc=4096:4096 &"
+                )
+            print(f"docker CLI {cli}, engine {info.stdout.strip()}")
+            return cli
+    die("no docker CLI with BuildKit: install docker-buildx, or Debian's docker.io")
+    raise AssertionError
+
+
+# --- 2. the base -----------------------------------------------------------------------------
+
+
+def find_base(docker: str) -> str:
+    if os.environ.get("CPU_BASE"):
+        return os.environ["CPU_BASE"]
+    for image in (OFFICIAL_BASE, DEBIAN_BASE):
+        if sh(docker, "image", "inspect", image, capture=True, check=False).returncode == 0:
+            print(f"base {image} (on the machine)")
+            return image
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        if (
+            sh(docker, "pull", OFFICIAL_BASE, capture=True, check=False, timeout=120).returncode
+            == 0
+        ):
+            print(f"base {OFFICIAL_BASE} (pulled)")
+            return OFFICIAL_BASE
+    print("no registry answers: making the base from Debian's packages")
+    started = time.perf_counter()
+    sh("bash", str(ROOT / "images/base/debian.sh"), DEBIAN_BASE, env={"DOCKER": docker})
+    print(f"base {DEBIAN_BASE} made in {time.perf_counter() - started:.0f} s")
+    return DEBIAN_BASE
+
+
+# --- 3. build --------------------------------------------------------------------------------
+
+
+def host_pip_settings() -> dict[str, list[str]]:
+    """This machine's pip settings that a build needs: cert, find-links, index URLs."""
+    out = sh(sys.executable, "-m", "pip", "config", "list", capture=True, check=False).stdout
+    settings: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        m = re.match(r"^[\w:.-]+?\.([\w-]+)='(.*)'$", line.strip())
+        if m:
+            settings.setdefault(m.group(1), []).extend(m.group(2).split())
+    for key, env in (("cert", "PIP_CERT"), ("find-links", "PIP_FIND_LINKS"),
+                     ("index-url", "PIP_INDEX_URL"), ("extra-index-url", "PIP_EXTRA_INDEX_URL")):  # fmt: skip
+        if os.environ.get(env):
+            settings.setdefault(key, []).extend(os.environ[env].split())
+    return {k: list(dict.fromkeys(v)) for k, v in settings.items()}
+
+
+@contextlib.contextmanager
+def served(directory: str):
+    """A local wheel directory as a find-links URL on loopback, for the builds' pip."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=directory)
+    http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+
+
+def build(docker: str, base: str, tag: str) -> tuple[float, dict[str, str]]:
+    settings = host_pip_settings()
+    conf = configparser.ConfigParser()
+    conf["global"] = {}
+    env = {"FLAVOR": "cpu", "CPU_BASE": base, "DOCKER": docker, "REVISION": tag}
+    cert = (settings.get("cert") or [""])[0]
+    if cert and Path(cert).is_file():
+        env["PIP_CA"] = cert
+        conf["global"]["cert"] = "/run/secrets/pip-ca"
+    for key in ("index-url", "extra-index-url"):
+        urls = [u for u in settings.get(key, []) if u.startswith(("http://", "https://"))]
+        if urls:
+            conf["global"][key] = " ".join(urls)
+    local_dirs = [d for d in settings.get("find-links", []) if Path(d).is_dir()]
+    if not any(Path(d, n).name.startswith("torch-") for d in local_dirs for n in os.listdir(d)):
+        extra = conf["global"].get("extra-index-url", "")
+        conf["global"]["extra-index-url"] = f"{extra} https://download.pytorch.org/whl/cpu".strip()
+    if sh(docker, "network", "inspect", "bridge", capture=True, check=False).returncode != 0:
+        env["NETWORK"] = "host"  # the daemon runs without a bridge: builds use the host's
+    with contextlib.ExitStack() as stack:
+        links = [stack.enter_context(served(d)) for d in local_dirs]
+        if links:
+            if env.get("NETWORK") != "host":
+                env["NETWORK"] = "host"  # the loopback wheel server must be reachable
+            conf["global"]["find-links"] = " ".join(links)
+        conf_file = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".conf"))
+        conf.write(conf_file)
+        conf_file.flush()
+        env["PIP_CONF"] = conf_file.name
+        print("pip for the builds:", dict(conf["global"]))
+        started = time.perf_counter()
+        sh("bash", str(ROOT / "images/build.sh"), "rlvr.local", tag, env=env)
+        seconds = time.perf_counter() - started
+    return seconds, {s: f"rlvr.local/rlvr-{s}:{tag}" for s in STAGES}
+
+
+def sizes(docker: str, images: dict[str, str]) -> None:
+    """Each image's size, and what the four take together: `docker save` of all four writes each
+    distinct layer once (the torch layer the three torch images share among them)."""
+    for image in images.values():
+        size = int(sh(docker, "image", "inspect", "--format", "{{.Size}}", image,
+                      capture=True).stdout)  # fmt: skip
+        print(f"  {image:<44} {size / 1e6:>6.0f} MB")
+    with subprocess.Popen([docker, "save", *images.values()], stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        together = sum(len(chunk) for chunk in iter(lambda: proc.stdout.read(1 << 20), b""))
+    print(f"  the four together (shared layers once): {together / 1e6:.0f} MB")
+
+
+# --- 4. the baseline environment ---------------------------------------------------------------
+
+
+def baseline_venv() -> Path:
+    venv = WORK / "venv"
+    rlvr = venv / "bin" / "rlvr"
+    if not rlvr.exists():
+        sh(sys.executable, "-m", "venv", str(venv))
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+        sh(*pip, "--upgrade", "pip")
+        sh(*pip, "torch==2.13.0")
+        sh(*pip, "-c", str(ROOT / "images/constraints.txt"), "-e", f"{ROOT}[docker]")
+    return rlvr
+
+
+# --- 5. the two runs -------------------------------------------------------------------------
+
+
+def run_demo(rlvr: Path, config: str, store: Path, run_id: str, *extra: str) -> float:
+    started = time.perf_counter()
+    sh(str(rlvr), "run", str(ROOT / config), "--run-id", run_id, "--set", f"run.store={store}",
+       *extra)  # fmt: skip
+    return time.perf_counter() - started
+
+
+def digests(run: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(run.rglob("*")):
+        rel = p.relative_to(run).as_posix()
+        if p.is_file() and not rel.startswith(HOST_ONLY):
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def manifest_core(path: Path) -> tuple:
+    """What a manifest says about the data: its files with their digests, and its inputs."""
+    m = json.loads(path.read_text())
+    return m.get("stage"), m.get("files"), m.get("inputs")
+
+
+def compare(a: Path, b: Path) -> bool:
+    da, db = digests(a), digests(b)
+    ok = True
+    if set(da) != set(db):
+        print(f"  files only under {a.name}: {sorted(set(da) - set(db))[:10]}")
+        print(f"  files only under {b.name}: {sorted(set(db) - set(da))[:10]}")
+        ok = False
+    data_equal = manifests_equal = 0
+    other: dict[str, int] = {}
+    for rel in sorted(set(da) & set(db)):
+        if DATA.search(rel):
+            if da[rel] == db[rel]:
+                data_equal += 1
+            else:
+                print(f"  DIFFERS (data): {rel}")
+                ok = False
+        elif rel.endswith("_SUCCESS"):
+            if manifest_core(a / rel) == manifest_core(b / rel):
+                manifests_equal += 1
+            else:
+                print(f"  DIFFERS (manifest files/digests/inputs): {rel}")
+                ok = False
+        elif da[rel] != db[rel]:
+            kind = re.sub(r"\d{5}", "N", rel)
+            other[kind] = other.get(kind, 0) + 1
+    print(f"  {data_equal} data files equal byte for byte; {manifests_equal} manifests list the "
+          f"same files, digests and inputs")  # fmt: skip
+    if other:
+        print("  differ, as expected (wall-clock times, and what is drawn from them): "
+              + ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(other.items())))  # fmt: skip
+    return ok
+
+
+# --- 6. code rewards -------------------------------------------------------------------------
+
+
+def sandbox_probe(docker: str, image: str, profile: str | None) -> tuple[int, str]:
+    args = [docker, "run", "--rm", "--cap-drop", "ALL", "--network", "none",
+            "--entrypoint", "python"]  # fmt: skip
+    if profile:
+        args += ["--security-opt", f"seccomp={profile}"]
+    out = sh(*args, image, "-m", "components.verify.sandbox", "probe", capture=True, check=False)
+    return out.returncode, (out.stdout + out.stderr).strip()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tag", default=None, help="image tag (default: smoke-<git revision>)")
+    ap.add_argument("--skip-build", action="store_true", help="use images built before")
+    ap.add_argument("--keep", action="store_true", help="keep the runs under .smoke/runs")
+    args = ap.parse_args()
+    rev = sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD", capture=True,
+             check=False).stdout.strip() or "dev"  # fmt: skip
+    tag = args.tag or f"smoke-{rev}"
+    WORK.mkdir(exist_ok=True)
+    failures: list[str] = []
+
+    step("1. docker")
+    docker = find_docker()
+    step("2. base image")
+    base = find_base(docker)
+    step(f"3. build the CPU flavor on {base}")
+    images = {s: f"rlvr.local/rlvr-{s}:{tag}" for s in STAGES}
+    build_s = None
+    if not args.skip_build:
+        build_s, images = build(docker, base, tag)
+        print(f"built the four images in {build_s:.0f} s")
+    sizes(docker, images)
+
+    step("4. a virtual environment of the images' package versions")
+    started = time.perf_counter()
+    rlvr = baseline_venv()
+    print(f"{rlvr.parent.parent} ready in {time.perf_counter() - started:.0f} s")
+
+    step("5. the demo with the subprocess runner, then in containers, at the same run path")
+    store = WORK / "runs"
+    for name in ("demo", "demo-subprocess", "demo-docker", "code-docker"):
+        shutil.rmtree(store / name, ignore_errors=True)
+    image_sets = ["--set", "cluster.image_repo=rlvr.local", "--set", f"cluster.image_tag={tag}"]
+    sub_s = run_demo(rlvr, "examples/arithmetic/config.yaml", store, "demo")
+    (store / "demo").rename(store / "demo-subprocess")
+    dock_s = run_demo(rlvr, "examples/arithmetic/config.yaml", store, "demo", "--runner",
+                      "docker", *image_sets)  # fmt: skip
+    (store / "demo").rename(store / "demo-docker")
+    print(f"demo wall time: subprocess runner {sub_s:.1f} s, docker runner {dock_s:.1f} s "
+          f"(ratio {dock_s / sub_s:.2f})")  # fmt: skip
+    print("comparing the two runs:")
+    if not compare(store / "demo-subprocess", store / "demo-docker"):
+        failures.append("the docker runner's outputs differ from the subprocess runner's")
+
+    step("6. code rewards in the verify image, no capabilities")
+    code, text = sandbox_probe(docker, images["verify"], None)
+    print(f"runtime's default seccomp profile: exit {code}\n  " + text.replace("\n", "\n  "))
+    if code == 0 or "seccomp" not in text:
+        failures.append("the default profile did not give the expected clear refusal")
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as prof:
+        prof.write(sh(str(rlvr.parent / "python"), "-m", "components.verify.sandbox",
+                      "pod-profile", capture=True).stdout)  # fmt: skip
+        prof.flush()
+        code, text = sandbox_probe(docker, images["verify"], prof.name)
+    print(f"the shipped profile (manifests/overlays/code-sandbox): exit {code}\n  "
+          + text.replace("\n", "\n  "))  # fmt: skip
+    if code != 0:
+        failures.append("the sandbox is not available under the shipped profile")
+    code_s = run_demo(rlvr, "examples/arithmetic_code/config.yaml", store, "code-docker",
+                      "--runner", "docker", *image_sets)  # fmt: skip
+    print(f"code demo in containers: {code_s:.1f} s")
+
+    step("summary")
+    if build_s is not None:
+        print(f"build {build_s:.0f} s")
+    print(f"demo: subprocess {sub_s:.1f} s, docker {dock_s:.1f} s, ratio {dock_s / sub_s:.2f}")
+    if not args.keep:
+        for name in ("demo-subprocess", "demo-docker", "code-docker"):
+            shutil.rmtree(store / name, ignore_errors=True)
+    for f in failures:
+        print(f"FAILED: {f}")
+    print("smoke: OK" if not failures else "smoke: FAILED")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
