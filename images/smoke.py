@@ -234,41 +234,76 @@ def digests(run: Path) -> dict[str, str]:
     return out
 
 
-def manifest_core(path: Path) -> tuple:
-    """What a manifest says about the data: its files with their digests, and its inputs."""
-    m = json.loads(path.read_text())
-    return m.get("stage"), m.get("files"), m.get("inputs")
+#: Keys of metrics and manifests that hold wall-clock measurements.
+TIMING_KEY = re.compile(r"(seconds|_s$|per_s|_time|^time|_at$|duration|elapsed|wall)")
+
+
+def without_timing(value):
+    """A JSON value with every wall-clock key left out (recursively)."""
+    if isinstance(value, dict):
+        return {k: without_timing(v) for k, v in value.items() if not TIMING_KEY.search(k)}
+    if isinstance(value, list):
+        return [without_timing(v) for v in value]
+    return value
 
 
 def compare(a: Path, b: Path) -> bool:
+    """Every data file equal byte for byte; every JSON file (metrics, states) equal but for its
+    wall-clock keys; every manifest listing the same data files with the same digests, and the
+    same inputs, whose digests may differ only where that input holds wall-clock metrics."""
     da, db = digests(a), digests(b)
     ok = True
     if set(da) != set(db):
         print(f"  files only under {a.name}: {sorted(set(da) - set(db))[:10]}")
         print(f"  files only under {b.name}: {sorted(set(db) - set(da))[:10]}")
         ok = False
-    data_equal = manifests_equal = 0
+    counts = {"data": 0, "json": 0, "manifest": 0}
+    timed_dirs: set[str] = set()  # outputs with a file that differs in wall-clock keys only
     other: dict[str, int] = {}
-    for rel in sorted(set(da) & set(db)):
+    common = sorted(set(da) & set(db))
+    for rel in common:
+        if rel.endswith("_SUCCESS"):
+            continue
+        same = da[rel] == db[rel]
         if DATA.search(rel):
-            if da[rel] == db[rel]:
-                data_equal += 1
-            else:
+            counts["data"] += same
+            if not same:
                 print(f"  DIFFERS (data): {rel}")
                 ok = False
-        elif rel.endswith("_SUCCESS"):
-            if manifest_core(a / rel) == manifest_core(b / rel):
-                manifests_equal += 1
-            else:
-                print(f"  DIFFERS (manifest files/digests/inputs): {rel}")
+        elif rel.endswith(".json"):
+            ja, jb = (json.loads((r / rel).read_text()) for r in (a, b))
+            if without_timing(ja) != without_timing(jb):
+                print(f"  DIFFERS (beyond wall-clock keys): {rel}")
                 ok = False
-        elif da[rel] != db[rel]:
+            else:
+                counts["json"] += 1
+                if not same:
+                    timed_dirs.add(rel.rsplit("/", 1)[0])
+        elif not same:
             kind = re.sub(r"\d{5}", "N", rel)
             other[kind] = other.get(kind, 0) + 1
-    print(f"  {data_equal} data files equal byte for byte; {manifests_equal} manifests list the "
-          f"same files, digests and inputs")  # fmt: skip
+    for rel in common:
+        if not rel.endswith("_SUCCESS"):
+            continue
+        ma, mb = (json.loads((r / rel).read_text()) for r in (a, b))
+        data_files = [
+            [f for f in m.get("files", []) if DATA.search(f["path"])] for m in (ma, mb)
+        ]  # fmt: skip
+        ia, ib = ma.get("inputs") or {}, mb.get("inputs") or {}
+        inputs_ok = set(ia) == set(ib) and all(
+            ia[k] == ib[k] or any(d == k or d.startswith(k + "/") for d in timed_dirs)
+            for k in ia
+        )  # fmt: skip
+        if ma.get("stage") == mb.get("stage") and data_files[0] == data_files[1] and inputs_ok:
+            counts["manifest"] += 1
+        else:
+            print(f"  DIFFERS (manifest: stage, data files, digests or inputs): {rel}")
+            ok = False
+    print(f"  {counts['data']} data files equal byte for byte; {counts['json']} metrics/state "
+          f"files equal but for wall-clock keys; {counts['manifest']} manifests list the same "
+          "data files, digests and inputs")  # fmt: skip
     if other:
-        print("  differ, as expected (wall-clock times, and what is drawn from them): "
+        print("  differ, as expected (drawn from wall-clock times): "
               + ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(other.items())))  # fmt: skip
     return ok
 
@@ -319,7 +354,9 @@ def main() -> int:
     for name in ("demo", "demo-subprocess", "demo-docker", "code-docker"):
         shutil.rmtree(store / name, ignore_errors=True)
     image_sets = ["--set", "cluster.image_repo=rlvr.local", "--set", f"cluster.image_tag={tag}"]
-    sub_s = run_demo(rlvr, "examples/arithmetic/config.yaml", store, "demo")
+    # the image settings too, so both runs record the same config (the subprocess runner
+    # ignores them)
+    sub_s = run_demo(rlvr, "examples/arithmetic/config.yaml", store, "demo", *image_sets)
     (store / "demo").rename(store / "demo-subprocess")
     dock_s = run_demo(rlvr, "examples/arithmetic/config.yaml", store, "demo", "--runner",
                       "docker", *image_sets)  # fmt: skip

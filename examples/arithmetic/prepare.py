@@ -141,7 +141,12 @@ def sampled_pass_at_1(
     model.eval()
     prompts = [chat_prompt(tokenizer, p) for p in problems for _ in range(1 if greedy else samples)]
     repeated = [p for p in problems for _ in range(1 if greedy else samples)]
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    # no token_type_ids: transformers 4.x's fast tokenizer returns them and its generate()
+    # refuses them for Qwen2 (the images run 4.x; 5.x returns none)
+    enc = tokenizer(
+        prompts, return_tensors="pt", padding=True, padding_side="left",
+        return_token_type_ids=False,
+    )  # fmt: skip
     sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

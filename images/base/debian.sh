@@ -52,7 +52,7 @@ echo "==> importing $name" >&2
 tar --numeric-owner -C "$rootfs" -c . | "$docker" import \
   --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'ENV LANG=C.UTF-8' \
-  --change "LABEL org.opencontainers.image.description=Debian bookworm minbase, Python $python_version in /opt/venv" \
+  --change "LABEL org.opencontainers.image.description=\"Debian bookworm minbase, Python $python_version in /opt/venv\"" \
   --change 'CMD ["python3"]' \
   - "$name" >/dev/null
 size=$("$docker" image inspect --format '{{.Size}}' "$name")
