@@ -78,17 +78,39 @@ def _instructions(df, name: str) -> list[str]:
     return [i["value"] for i in df.structure if i["instruction"] == name]
 
 
-def _install_list(df) -> tuple[list[str], list[str]]:
-    """(packages, options) of the Dockerfile's `pip_install.py` call."""
+def _pip_install_calls(df) -> list[list[str]]:
+    """The arguments after `-c <constraints>` of each `pip_install.py` call of the Dockerfile."""
+    calls = []
     for run in _instructions(df, "RUN"):
         if "pip_install.py" not in run:
             continue
         words = shlex.split(run.split("&&")[0])
-        rest = words[words.index("images/pip_install.py") + 1 :]
-        assert rest[:2] == ["-c", "images/constraints.txt"], rest
-        options = [w for w in rest[2:] if w.startswith("-")]
-        return [w for w in rest[2:] if not w.startswith("-")], options
-    raise AssertionError("no `python images/pip_install.py` RUN instruction")
+        at = next(i for i, w in enumerate(words) if w.endswith("images/pip_install.py"))
+        rest = words[at + 1 :]
+        assert rest[0] == "-c" and rest[1].endswith("images/constraints.txt"), rest
+        calls.append(rest[2:])
+    assert calls, "no `python images/pip_install.py` RUN instruction"
+    return calls
+
+
+def _install_list(df) -> tuple[list[str], list[str]]:
+    """(packages, options) of the Dockerfile's pip_install.py calls, `--if-missing=PKG`
+    counted as packages (they are installed, at their pins, where the base lacks them)."""
+    packages, options = [], []
+    for args in _pip_install_calls(df):
+        for w in args:
+            if w.startswith("--if-missing="):
+                packages.append(w.split("=", 1)[1])
+            elif w.startswith("-"):
+                options.append(w)
+            else:
+                packages.append(w)
+    return packages, options
+
+
+def _explicit(df) -> set[str]:
+    """What the Dockerfile installs at its pin whatever the base holds (not `--if-missing`)."""
+    return {canonical(w) for args in _pip_install_calls(df) for w in args if not w.startswith("-")}
 
 
 def _pins() -> dict[str, tuple[str, str]]:
@@ -167,11 +189,14 @@ def test_installed_packages_are_pinned(stage):
 
 def test_images_do_not_fight_their_bases():
     for stage in ("generate", "evaluate"):
-        packages, _ = _install_list(_parser(stage))
-        clash = VLLM_PROVIDED & {canonical(p) for p in packages}
+        clash = VLLM_PROVIDED & _explicit(_parser(stage))
         assert not clash, f"{stage} reinstalls {clash}, which the vLLM base pins"
-    packages, options = _install_list(_parser("train"))
-    assert "torch" not in {canonical(p) for p in packages}
+        # ...but the CPU flavor, on a bare Python, needs them: each where the base lacks it
+        packages, _ = _install_list(_parser(stage))
+        assert VLLM_PROVIDED - {"sympy"} <= {canonical(p) for p in packages}, stage
+    df = _parser("train")
+    packages, options = _install_list(df)
+    assert "torch" not in _explicit(df) and "torch" in packages  # --if-missing=torch
     assert "deepspeed" in packages and "--pip-arg=--no-build-isolation" in options
     packages, _ = _install_list(_parser("verify"))
     assert not HEAVY & {canonical(p) for p in packages}
@@ -191,6 +216,39 @@ def test_copies_are_in_the_build_context(stage):
     copied = " ".join(_instructions(df, "COPY"))
     for needed in ("pyproject.toml", "README.md", "components/", "pipelines/"):
         assert needed in copied, f"{stage}: {needed} is not copied"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_what_the_real_build_taught(stage):
+    """Checks that a static look can make, each a failure the first real build hit."""
+    df = _parser(stage)
+    runs = _instructions(df, "RUN")
+    # The build-time import checks run as root with HOME=/home/rlvr and leave caches there
+    # (matplotlib's font cache): the user could not write its own HOME.
+    assert runs[-1].rstrip().endswith("chown -R 10001:10001 /home/rlvr"), runs[-1][-80:]
+    # Every pip step can reach the index through a mirror or a proxy CA (BuildKit secrets), and
+    # the project's own `pip install .` fetches its build backend too.
+    for run in runs:
+        if re.search(r"pip(_install\.py| install)", run):
+            assert "--mount=type=secret,id=pip.conf,target=/etc/pip.conf" in run, run[:120]
+            assert "--mount=type=secret,id=pip-ca" in run, run[:120]
+    assert "FLAVOR" in df.args
+    if stage != "verify":
+        # torch first, in the layer the three torch images share: identical instructions
+        # straight after FROM
+        kinds = [i for i in df.structure if i["instruction"] not in ("COMMENT",)]
+        after_from = [i["instruction"] for i in kinds[kinds.index(next(
+            i for i in kinds if i["instruction"] == "FROM")) + 1 :][:2]]  # fmt: skip
+        assert after_from == ["COPY", "RUN"] and "--if-missing=torch" in runs[0]
+
+
+def test_torch_layer_is_the_same_in_the_three_torch_images():
+    def first_two(stage):
+        df = _parser(stage)
+        items = [i for i in df.structure if i["instruction"] in ("COPY", "RUN")]
+        return [(i["instruction"], i["value"]) for i in items[:2]]
+
+    assert first_two("generate") == first_two("train") == first_two("evaluate")
 
 
 def test_dockerignore_files_are_identical():
@@ -242,6 +300,20 @@ def test_merged_constraints_hold_the_base_and_pin_the_rest():
     assert any("odd" in w for w in warnings)
     with pytest.raises(ValueError, match="pyarrow"):
         pip_install.merged_constraints(pins, ["pyarrow"], base)
+
+
+def test_installer_tooling_is_not_held_and_if_missing_follows_the_base():
+    # Debian's ensurepip gives a venv setuptools 66; torch 2.13 needs >= 77. Holding it made the
+    # first CPU build unresolvable.
+    pins = pip_install.parse_pins("torch==2.13.0\ntransformers==4.57.1\n")
+    base = {"setuptools": ("setuptools", "66.1.1"), "pip": ("pip", "23.0.1"),
+            "torch": ("torch", "2.13.0+cpu")}  # fmt: skip
+    lines, warnings = pip_install.merged_constraints(pins, ["transformers"], base)
+    assert lines == ["torch==2.13.0+cpu", "transformers==4.57.1"]
+    assert not warnings  # 2.13.0+cpu is the pin's release: no "keeping the base's" warning
+    # --if-missing: installed only where the base lacks it
+    assert pip_install.missing_from_base(["torch", "transformers"], base) == ["transformers"]
+    assert pip_install.missing_from_base(["torch"], {}) == ["torch"]
 
 
 def test_pip_install_dry_run_prints_the_merged_constraints(tmp_path):
@@ -419,6 +491,28 @@ def test_build_script_builds_a_subset_with_base_overrides(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (build,) = (tmp_path / "docker.log").read_text().splitlines()
     assert "rlvr-verify:0.3.0" in build and f"PYTHON_BASE={digest}" in build
+
+
+def test_build_script_cpu_flavor(tmp_path):
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\n")
+    proc = _run_build(tmp_path, "rlvr.local", "0.3.0", FLAVOR="cpu", CPU_BASE="b:1.2.3",
+                      PIP_CONF=str(conf), PIP_CA=str(conf), NETWORK="host")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    builds = (tmp_path / "docker.log").read_text().splitlines()
+    assert len(builds) == len(STAGES)
+    for line in builds:
+        for arg in ("VLLM_BASE=b:1.2.3", "TORCH_BASE=b:1.2.3", "PYTHON_BASE=b:1.2.3",
+                    "FLAVOR=cpu", "rlvr.flavor=cpu", f"id=pip.conf,src={conf}",
+                    f"id=pip-ca,src={conf}", "--network host"):  # fmt: skip
+            assert arg in line, (arg, line)
+        assert "--platform" not in line  # the machine's own
+    # Without PIP_CONF the CPU flavor gets PyTorch's CPU index through a generated pip.conf.
+    (tmp_path / "docker.log").unlink()
+    proc = _run_build(tmp_path, "rlvr.local", "0.3.0", FLAVOR="cpu", STAGES="train")
+    assert proc.returncode == 0 and "id=pip.conf,src=" in (tmp_path / "docker.log").read_text()
+    proc = _run_build(tmp_path, "rlvr.local", "0.3.0", FLAVOR="tpu")
+    assert proc.returncode == 2 and "FLAVOR" in proc.stderr
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

@@ -1,0 +1,216 @@
+"""`rlvr run --runner docker`, the parts that need no Docker engine: what each task's container
+gets (mounts, user, network, the code-sandbox profile, KFP's command as the entry point), the
+run directory handed to the images' uid, inputs checked readable by it, and the log and exit
+status of a container. The engine itself is exercised by images/smoke.py and
+tests/test_images_built.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from components.core.config import load_config
+from pipelines import local_docker
+from pipelines.local_docker import DockerPlan, DockerSetupError, Mount, plan_for, stage_of
+from tests.conftest import write_config
+
+
+def test_tasks_map_to_their_stage_images():
+    assert stage_of("generate") == "generate"
+    assert stage_of("verify-shard-00001-of-00002") == "verify"
+    assert stage_of("evaluate-gather") == "evaluate"
+    assert stage_of("next-segment") == stage_of("report") == stage_of("init") == "init"
+
+
+def test_the_plan_mounts_the_run_and_its_inputs(tmp_path, tiny_assets):
+    plugin = tmp_path / "plugins" / "my_reward.py"
+    plugin.parent.mkdir()
+    plugin.write_text("def score(**kw):\n    return 1.0\n")
+    cfg = load_config(
+        write_config(tmp_path, tiny_assets),
+        [
+            f"verify.rewards.custom={plugin}:score",
+            "cluster.image_repo=rlvr.local",
+            "cluster.image_tag=t1",
+        ],  # fmt: skip
+    )
+    run_root = Path(cfg.run.store) / cfg.run_id
+    plan = plan_for(cfg, run_root)
+    mounts = {m.host: m.read_only for m in plan.mounts}
+    assert mounts[str(run_root.resolve())] is False  # the run: read-write
+    for path in (cfg.model.base, cfg.data.train, *(e.path for e in cfg.data.eval)):
+        covered = [h for h in mounts if str(Path(path).resolve()).startswith(h)]
+        assert covered and all(mounts[h] for h in covered), path  # inputs: read-only
+    assert mounts[str(plugin.parent)] is True
+    assert plan.user is None and plan.network == "none"
+    assert plan.images["verify"] == "rlvr.local/rlvr-verify:t1"
+    assert plan.images["init"] == "rlvr.local/rlvr-train:t1"  # init runs on the train image
+    profile = json.loads(plan.seccomp_profile)
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and profile["syscalls"]
+    # a remote store or input needs the network; the caller's uid on request
+    cfg.run.store = "s3://bucket/runs"
+    host = plan_for(cfg, run_root, user="host")
+    assert host.network == "host" and host.user == f"{os.getuid()}:{os.getgid()}"
+    assert plan_for(cfg, run_root, user="1234:5").user == "1234:5"
+
+
+def test_module_plugins_are_mounted_and_importable(tmp_path, monkeypatch, tiny_assets):
+    pkg = tmp_path / "src" / "acme_rewards"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "score.py").write_text("def f(**kw):\n    return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    cfg = load_config(
+        write_config(tmp_path, tiny_assets), ["verify.rewards.custom=acme_rewards.score:f"]
+    )
+    mounts, pythonpath = local_docker.plugin_paths(cfg)
+    assert mounts == pythonpath == [str((tmp_path / "src").resolve())]
+
+
+def test_nested_mounts_collapse_to_the_outermost():
+    got = local_docker._outermost(
+        [
+            Mount("/a/run", False),
+            Mount("/a/run/data", True),
+            Mount("/a/runs2", True),
+            Mount("/b", True),
+            Mount("/b", False),
+        ]  # fmt: skip
+    )
+    assert got == [Mount("/b", False), Mount("/a/run", False), Mount("/a/runs2", True)]
+
+
+def test_unreadable_inputs_are_refused_with_the_fix(tmp_path):
+    ckpt = tmp_path / "base"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"x")
+    (ckpt / "model.safetensors").chmod(0o600)  # what transformers 5 writes
+    owner = os.stat(ckpt).st_uid
+    other = owner + 10001
+    with pytest.raises(DockerSetupError, match=r"cannot read .*model\.safetensors.*chmod -R a\+rX"):
+        local_docker._check_readable(ckpt, other, other)
+    (ckpt / "model.safetensors").chmod(0o644)
+    local_docker._check_readable(ckpt, other, other)
+    ckpt.chmod(0o700)  # mkdtemp's mode: not even listable
+    with pytest.raises(DockerSetupError, match="mode 0o700"):
+        local_docker._check_readable(ckpt, other, other)
+    ckpt.chmod(0o755)
+    local_docker._check_readable(ckpt, owner, owner)  # the owner reads its own files
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing the run over needs root")
+def test_root_hands_the_run_directory_to_the_images_uid(tmp_path):
+    run = tmp_path / "run"
+    (run / "kfp").mkdir(parents=True)
+    (run / "run.yaml").write_text("x")
+    local_docker._hand_over(run, (10001, 10001))
+    for p in (run, run / "kfp", run / "run.yaml"):
+        st = p.stat()
+        assert (st.st_uid, st.st_gid) == (10001, 10001), p
+
+
+def test_a_non_root_caller_is_told_how_to_share_the_run(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    monkeypatch.setattr(local_docker.os, "geteuid", lambda: 1000)
+    with pytest.raises(DockerSetupError, match="--docker-user host.*chown -R 10001:10001"):
+        local_docker._hand_over(run, (10001, 10001))
+    run.chmod(0o777)  # shared on purpose: allowed
+    local_docker._hand_over(run, (10001, 10001))
+
+
+def test_permission_bits_decide_access():
+    def st(mode, uid=1, gid=1):
+        return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, uid, gid, 0, 0, 0, 0))
+
+    assert local_docker._can(st(0o600), 1, 9, 0o4)  # owner
+    assert not local_docker._can(st(0o600), 2, 9, 0o4)
+    assert local_docker._can(st(0o640), 2, 1, 0o4)  # group
+    assert local_docker._can(st(0o604), 2, 9, 0o4)  # other
+    assert not local_docker._can(st(0o644), 2, 9, 0o5)  # no x for a directory
+    assert local_docker._can(st(0o000), 0, 0, 0o7)  # root
+
+
+class _Container:
+    def __init__(self, lines: list[bytes], status: int) -> None:
+        self.lines, self.status, self.removed = lines, status, False
+
+    def logs(self, stream: bool, follow: bool):
+        yield from self.lines
+
+    def wait(self):
+        return {"StatusCode": self.status}
+
+    def remove(self, force: bool = False):
+        self.removed = True
+
+
+class _Client:
+    """Records containers.run's arguments, as docker-py's DockerClient takes them."""
+
+    def __init__(self, container: _Container) -> None:
+        self.container, self.calls = container, []
+        self.containers = self
+
+    def run(self, **kwargs):
+        self.calls.append(kwargs)
+        return self.container
+
+
+@pytest.mark.parametrize(
+    ("task", "profiled"), [("verify", True), ("evaluate-gather", True), ("train", False)]
+)
+def test_a_task_container_gets_the_plan(task, profiled):
+    plan = DockerPlan(
+        images={}, mounts=[Mount("/runs/r", False), Mount("/data", True)], user=None,
+        network="none", pythonpath=["/plugins"], seccomp_profile='{"x": 1}',
+    )  # fmt: skip
+    written: list[str] = []
+
+    @contextlib.contextmanager
+    def open_log(name):
+        assert name == task
+        yield written.append
+
+    container = _Container([b"one\ntw", b"o\nthree"], status=3)
+    client = _Client(container)
+    runner = local_docker.make_container_runner(
+        plan, open_log, lambda: task, lambda name: {"OMP_NUM_THREADS": "2"}
+    )
+    command = ["sh", "-c", "python3 -m kfp.dsl.executor_main"]
+    status = runner(client, "img:1", command, {"/runs/r/kfp": {"bind": "/runs/r/kfp", "mode": "rw"}},
+                    environment={"KFP": "1"})  # fmt: skip
+    assert status == 3 and container.removed
+    assert written == ["one\n", "two\n", "three\n"]  # chunks re-split into lines
+    (call,) = client.calls
+    # KFP's command replaces the image's ENTRYPOINT (`python -m components.<stage>`)
+    assert call["entrypoint"] == command and call["command"] == []
+    assert call["environment"] == {"OMP_NUM_THREADS": "2", "KFP": "1", "PYTHONPATH": "/plugins"}
+    assert call["volumes"]["/data"] == {"bind": "/data", "mode": "ro"}
+    assert call["volumes"]["/runs/r"] == {"bind": "/runs/r", "mode": "rw"}
+    assert call["network_mode"] == "none" and call["cap_drop"] == ["ALL"]
+    assert "user" not in call  # the image's own USER
+    assert ("security_opt" in call) is profiled
+    if profiled:
+        assert call["security_opt"] == ['seccomp={"x": 1}']
+
+
+def test_kfp_still_calls_the_patched_function():
+    """The name docker_tasks patches is the one kfp.local's DockerTaskHandler calls
+    (kfp==2.17.0): an upgrade that moves it fails here, not in a user's run."""
+    import inspect
+
+    from kfp.local import docker_task_handler
+
+    assert "run_docker_container(" in inspect.getsource(docker_task_handler.DockerTaskHandler.run)
+    with local_docker.docker_tasks(
+        DockerPlan({}, [], None, "none"), lambda t: contextlib.nullcontext(print), str, dict
+    ):
+        assert docker_task_handler.run_docker_container.__name__ == "run_docker_container"
+        assert docker_task_handler.run_docker_container.__module__ == "pipelines.local_docker"
+    assert docker_task_handler.run_docker_container.__module__ == "kfp.local.docker_task_handler"
