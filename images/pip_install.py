@@ -9,6 +9,10 @@ Every images/*/Dockerfile installs its Python packages through this script:
   held at the base's version like the rest of the base. One Dockerfile then serves both flavors:
   the GPU bases bring torch (and, for vLLM, transformers and friends), a bare Python base (the
   CPU flavor) gets them from the pins.
+- With `--prune`, what the packages it added carry only for their own tests and for compiling
+  against them is removed in the same layer: test suites (directories named tests / test) and
+  torch's C++ headers and test binaries (the images have no compiler). The base's own packages
+  are never touched.
 - Every distribution already installed (the base image's torch, vLLM, CUDA wheels, numpy...) is
   handed to pip as a `name==installed-version` constraint. Resolving PKG's dependencies can add
   packages but never up- or downgrade one the base ships, so the GPU bases keep the set they were
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -113,6 +118,45 @@ def merged_constraints(
     return [lines[k] for k in sorted(lines)], warnings
 
 
+#: Dead weight at run time, by distribution, beyond test suites (paths relative to site-packages).
+PRUNE_GLOBS = {"torch": ["torch/include", "torch/bin/test_*", "torch/bin/*Test"]}
+TEST_DIRS = {"tests", "test"}
+
+
+def _size(path: Path) -> int:
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def prune(names: list[str]) -> int:
+    """Remove the test suites and PRUNE_GLOBS of the installed distributions `names`; returns
+    the bytes freed."""
+    targets: set[Path] = set()
+    for name in names:
+        dist = metadata.distribution(name)
+        root = Path(str(dist.locate_file("")))
+        tops = {
+            f.parts[0]
+            for f in dist.files or []
+            if len(f.parts) > 1 and f.parts[0] != ".." and not f.parts[0].endswith(".dist-info")
+        }
+        for top in tops:
+            targets.update(d for d in (root / top).rglob("*") if d.is_dir() and d.name in TEST_DIRS)
+        for pattern in PRUNE_GLOBS.get(canonical(name), []):
+            targets.update(root.glob(pattern))
+    freed = 0
+    for path in sorted(targets, key=lambda p: len(p.parts)):  # outermost first
+        if not path.exists():
+            continue  # inside one removed already
+        freed += _size(path)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return freed
+
+
 def missing_from_base(names: list[str], base: dict[str, tuple[str, str]]) -> list[str]:
     """The `--if-missing` names the base does not have (those it has stay at its version)."""
     return [n for n in names if canonical(n) not in base]
@@ -125,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--if-missing", action="append", default=[], metavar="PKG",
         help="install PKG at its pin only where the base lacks it",
+    )  # fmt: skip
+    ap.add_argument(
+        "--prune", action="store_true",
+        help="remove test suites and build-only files of the packages installed here",
     )  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="print the constraints and stop")
     ap.add_argument("packages", nargs="*")
@@ -164,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     added = sorted(f"{n}=={v}" for k, (n, v) in after.items() if k not in base)
     print(f"pip_install: added {' '.join(added) or 'nothing'}")
+    if args.prune:
+        names = [n for k, (n, _) in after.items() if k not in base]
+        print(f"pip_install: pruned {prune(names) / 1e6:.0f} MB of tests and build-only files")
     return 0
 
 

@@ -20,7 +20,8 @@ What it does, printing each step's time:
    metrics and reports) is listed;
 6. shows that the verify image runs code rewards in a container with no capabilities: refused,
    with the reason, under the runtime's default seccomp profile, available under the profile the
-   cluster overlay ships; then runs the code demo (examples/arithmetic_code) with --runner docker.
+   cluster overlay ships; then runs the code demo (examples/arithmetic_code) under both runners
+   and compares them as above (the host's sandbox and the container's score alike).
 
 Exit status 0 when all of it holds. Outputs under .smoke/ (--keep keeps the runs).
 """
@@ -351,7 +352,8 @@ def main() -> int:
 
     step("5. the demo with the subprocess runner, then in containers, at the same run path")
     store = WORK / "runs"
-    for name in ("demo", "demo-subprocess", "demo-docker", "code-docker"):
+    for name in ("demo", "demo-subprocess", "demo-docker", "code", "code-subprocess",
+                 "code-docker"):  # fmt: skip
         shutil.rmtree(store / name, ignore_errors=True)
     image_sets = ["--set", "cluster.image_repo=rlvr.local", "--set", f"cluster.image_tag={tag}"]
     for config in ("examples/arithmetic/config.yaml", "examples/arithmetic_code/config.yaml"):
@@ -383,16 +385,26 @@ def main() -> int:
           + text.replace("\n", "\n  "))  # fmt: skip
     if code != 0:
         failures.append("the sandbox is not available under the shipped profile")
-    code_s = run_demo(rlvr, "examples/arithmetic_code/config.yaml", store, "code-docker",
-                      "--runner", "docker", *image_sets)  # fmt: skip
-    print(f"code demo in containers: {code_s:.1f} s")
+    print("the code demo, with the subprocess runner, then in containers:")
+    code_sub_s = run_demo(rlvr, "examples/arithmetic_code/config.yaml", store, "code",
+                          *image_sets)  # fmt: skip
+    (store / "code").rename(store / "code-subprocess")
+    code_s = run_demo(rlvr, "examples/arithmetic_code/config.yaml", store, "code", "--runner",
+                      "docker", *image_sets)  # fmt: skip
+    (store / "code").rename(store / "code-docker")
+    print(f"code demo wall time: subprocess runner {code_sub_s:.1f} s, docker runner "
+          f"{code_s:.1f} s (ratio {code_s / code_sub_s:.2f})")  # fmt: skip
+    if not compare(store / "code-subprocess", store / "code-docker"):
+        failures.append("the code demo's outputs differ between the runners")
 
     step("summary")
     if build_s is not None:
         print(f"build {build_s:.0f} s")
     print(f"demo: subprocess {sub_s:.1f} s, docker {dock_s:.1f} s, ratio {dock_s / sub_s:.2f}")
+    print(f"code demo: subprocess {code_sub_s:.1f} s, docker {code_s:.1f} s, ratio "
+          f"{code_s / code_sub_s:.2f}")  # fmt: skip
     if not args.keep:
-        for name in ("demo-subprocess", "demo-docker", "code-docker"):
+        for name in ("demo-subprocess", "demo-docker", "code-subprocess", "code-docker"):
             shutil.rmtree(store / name, ignore_errors=True)
     for f in failures:
         print(f"FAILED: {f}")

@@ -18,6 +18,7 @@ on KFP's local SubprocessRunner. Re-running with the same run id resumes: commit
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -238,6 +239,10 @@ def run(
     if runner == "docker":
         from pipelines.local_docker import DockerSetupError, plan_for, prepare
 
+        if not re.fullmatch(r"image|host|\d+(:\d+)?", docker_user):
+            click.echo(f"error: --docker-user {docker_user!r}: use image, host or UID[:GID]",
+                       err=True)  # fmt: skip
+            sys.exit(2)
         docker = plan_for(cfg, local_root, user=docker_user)
 
     def task_env(task: str) -> dict[str, str]:

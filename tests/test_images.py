@@ -233,6 +233,8 @@ def test_what_the_real_build_taught(stage):
             assert "--mount=type=secret,id=pip.conf,target=/etc/pip.conf" in run, run[:120]
             assert "--mount=type=secret,id=pip-ca" in run, run[:120]
     assert "FLAVOR" in df.args
+    # what a pip_install.py step adds, it adds without test suites and build-only files
+    assert all("--prune" in args for args in _pip_install_calls(df)), stage
     if stage != "verify":
         # torch first, in the layer the three torch images share: identical instructions
         # straight after FROM
@@ -314,6 +316,33 @@ def test_installer_tooling_is_not_held_and_if_missing_follows_the_base():
     # --if-missing: installed only where the base lacks it
     assert pip_install.missing_from_base(["torch", "transformers"], base) == ["transformers"]
     assert pip_install.missing_from_base(["torch"], {}) == ["torch"]
+
+
+def test_prune_removes_tests_and_build_only_files_of_what_it_installed(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    files = {
+        "torch/__init__.py": "", "torch/lib/libtorch.so": "x" * 100,
+        "torch/include/c10/a.h": "x" * 50, "torch/test/Dict_test": "x" * 70,
+        "torch/bin/test_api": "x" * 30, "torch/bin/TCPStoreTest": "x" * 20,
+        "torch/bin/torch_shm_manager": "x", "torch/testing/_internal/common.py": "",
+        "torch/utils/tests/t.py": "x" * 10,
+    }  # fmt: skip
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    info = site / "torch-2.13.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0\n")
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files))
+    monkeypatch.syspath_prepend(str(site))
+    freed = pip_install.prune(["torch"])
+    assert freed == 50 + 70 + 30 + 20 + 10
+    left = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file())
+    assert left == sorted([
+        "torch-2.13.0.dist-info/METADATA", "torch-2.13.0.dist-info/RECORD", "torch/__init__.py",
+        "torch/bin/torch_shm_manager", "torch/lib/libtorch.so",
+        "torch/testing/_internal/common.py",
+    ])  # fmt: skip
 
 
 def test_pip_install_dry_run_prints_the_merged_constraints(tmp_path):

@@ -214,3 +214,17 @@ def test_kfp_still_calls_the_patched_function():
         assert docker_task_handler.run_docker_container.__name__ == "run_docker_container"
         assert docker_task_handler.run_docker_container.__module__ == "pipelines.local_docker"
     assert docker_task_handler.run_docker_container.__module__ == "kfp.local.docker_task_handler"
+
+
+def test_rlvr_run_docker_without_an_engine_says_so(tmp_path, tiny_assets, monkeypatch):
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    config = str(write_config(tmp_path, tiny_assets))
+    out = CliRunner().invoke(main, ["run", config, "--runner", "docker", "--skip-check"])
+    assert out.exit_code == 2, out.output
+    assert "no Docker engine answers" in out.output and "DOCKER_HOST" in out.output
+    bad = CliRunner().invoke(main, ["run", config, "--runner", "docker", "--docker-user", "me"])
+    assert bad.exit_code == 2 and "use image, host or UID[:GID]" in bad.output
