@@ -101,6 +101,9 @@ if [[ -z $pip_conf && $flavor == cpu ]]; then
   pip_conf=$(mktemp)
   trap 'rm -f "$pip_conf"' EXIT
   printf '[global]\nextra-index-url = https://download.pytorch.org/whl/cpu\n' >"$pip_conf"
+  if [[ -n ${PIP_CA:-} ]]; then
+    printf 'cert = /run/secrets/pip-ca\n' >>"$pip_conf"
+  fi
 fi
 if [[ -n $pip_conf ]]; then
   [[ -r $pip_conf ]] || die "PIP_CONF $pip_conf is not a readable file"

@@ -131,18 +131,20 @@ def _size(path: Path) -> int:
 
 def prune(names: list[str]) -> int:
     """Remove the test suites and PRUNE_GLOBS of the installed distributions `names`; returns
-    the bytes freed."""
+    the bytes freed. Only what those distributions' own RECORDs list is touched (a namespace
+    directory such as nvidia/ may hold other packages, the base's among them)."""
     targets: set[Path] = set()
     for name in names:
         dist = metadata.distribution(name)
         root = Path(str(dist.locate_file("")))
-        tops = {
-            f.parts[0]
-            for f in dist.files or []
-            if len(f.parts) > 1 and f.parts[0] != ".." and not f.parts[0].endswith(".dist-info")
-        }
-        for top in tops:
-            targets.update(d for d in (root / top).rglob("*") if d.is_dir() and d.name in TEST_DIRS)
+        for f in dist.files or []:
+            parts = f.parts
+            if parts and parts[0] == "..":
+                continue
+            for k, part in enumerate(parts[:-1]):
+                if part in TEST_DIRS:
+                    targets.add(root.joinpath(*parts[: k + 1]))
+                    break
         for pattern in PRUNE_GLOBS.get(canonical(name), []):
             targets.update(root.glob(pattern))
     freed = 0

@@ -139,17 +139,22 @@ def host_pip_settings() -> dict[str, list[str]]:
     return {k: list(dict.fromkeys(v)) for k, v in settings.items()}
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def served(directory: str):
     """A local wheel directory as a find-links URL on loopback, for the builds' pip."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=directory)
-    http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+    handler = functools.partial(_QuietHandler, directory=directory)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def build(docker: str, base: str, tag: str) -> tuple[float, dict[str, str]]:
@@ -166,7 +171,7 @@ def build(docker: str, base: str, tag: str) -> tuple[float, dict[str, str]]:
         if urls:
             conf["global"][key] = " ".join(urls)
     local_dirs = [d for d in settings.get("find-links", []) if Path(d).is_dir()]
-    if not any(Path(d, n).name.startswith("torch-") for d in local_dirs for n in os.listdir(d)):
+    if not local_torch_wheel(settings):
         extra = conf["global"].get("extra-index-url", "")
         conf["global"]["extra-index-url"] = f"{extra} https://download.pytorch.org/whl/cpu".strip()
     if sh(docker, "network", "inspect", "bridge", capture=True, check=False).returncode != 0:
@@ -204,6 +209,15 @@ def sizes(docker: str, images: dict[str, str]) -> None:
 # --- 4. the baseline environment ---------------------------------------------------------------
 
 
+def local_torch_wheel(settings: dict[str, list[str]]) -> bool:
+    """Whether a find-links directory of this machine holds a torch wheel."""
+    return any(
+        name.startswith("torch-")
+        for d in settings.get("find-links", []) if Path(d).is_dir()
+        for name in os.listdir(d)
+    )  # fmt: skip
+
+
 def baseline_venv() -> Path:
     venv = WORK / "venv"
     rlvr = venv / "bin" / "rlvr"
@@ -211,7 +225,10 @@ def baseline_venv() -> Path:
         sh(sys.executable, "-m", "venv", str(venv))
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
         sh(*pip, "--upgrade", "pip")
-        sh(*pip, "torch==2.13.0")
+        # the CPU build, as in the images: PyPI's Linux torch is the CUDA one (several GB)
+        cpu_index = [] if local_torch_wheel(host_pip_settings()) else [
+            "--index-url", "https://download.pytorch.org/whl/cpu"]  # fmt: skip
+        sh(*pip, *cpu_index, "torch==2.13.0")
         sh(*pip, "-c", str(ROOT / "images/constraints.txt"), "-e", f"{ROOT}[docker]")
     return rlvr
 

@@ -18,6 +18,7 @@ on KFP's local SubprocessRunner. Re-running with the same run id resumes: commit
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -197,9 +198,10 @@ def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
 )
 @click.option(
     "--docker-user",
-    default="image",
+    default="auto",
     show_default=True,
-    help="With --runner docker: the uid the images declare (image), yours (host), or UID:GID.",
+    help="With --runner docker: the uid the images declare (image; needs root, which hands the "
+    "run directory to it), yours (host), UID[:GID], or auto: image as root, else host.",
 )
 def run(
     config: str,
@@ -210,6 +212,13 @@ def run(
     runner: str,
     docker_user: str,
 ) -> None:
+    if runner == "docker":
+        if not re.fullmatch(r"auto|image|host|\d+(:\d+)?", docker_user):
+            click.echo(f"error: --docker-user {docker_user!r}: use auto, image, host or "
+                       "UID[:GID]", err=True)  # fmt: skip
+            sys.exit(2)
+        if docker_user == "auto":
+            docker_user = "image" if os.geteuid() == 0 else "host"
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
     prepare_inputs(cfg)
     if not skip_check:
@@ -239,10 +248,6 @@ def run(
     if runner == "docker":
         from pipelines.local_docker import DockerSetupError, plan_for, prepare
 
-        if not re.fullmatch(r"image|host|\d+(:\d+)?", docker_user):
-            click.echo(f"error: --docker-user {docker_user!r}: use image, host or UID[:GID]",
-                       err=True)  # fmt: skip
-            sys.exit(2)
         docker = plan_for(cfg, local_root, user=docker_user)
 
     def task_env(task: str) -> dict[str, str]:

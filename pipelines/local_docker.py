@@ -7,13 +7,17 @@ and reads the outputs back. What this module adds is what a pod gets from Kubern
 local runner has no notion of:
 
 - **the run's data**: the run directory read-write, and the base checkpoint, the datasets and
-  file plugins read-only, each at its own host path (paths in the config stay valid);
-- **the user**: the uid the image declares (its `USER`, 10001 for the stage images), as on a
-  cluster; a root caller hands the run directory to that uid first, a non-root caller whose
-  run directory that uid cannot write is told how (`--docker-user host` runs as the caller);
+  file plugins read-only, each at the path the config gives (paths in the config stay valid),
+  module plugins alone under /opt/rlvr-plugins on PYTHONPATH;
+- **the user**: for a root caller the uid the image declares (its `USER`, 10001 for the stage
+  images), as on a cluster, with the run directory handed to that uid first; for anyone else
+  the caller's own uid (only root can hand a directory to another uid), with HOME=/tmp;
+- **the environment**: the thread settings of the subprocess runner, and the host's object-store
+  credentials and Hub token (FORWARDED_ENV), nothing else of the host's;
 - **the code-sandbox seccomp profile** on the tasks that run model-written code (verify and
-  evaluate), the profile the cluster's code-sandbox overlay installs; the runtime's default
-  profile refuses the sandbox, which then says so (tests/test_images_built.py shows both);
+  evaluate), the profile the cluster's code-sandbox overlay installs (and, where the host runs
+  AppArmor, no AppArmor profile: Docker's denies mount); the runtime's default seccomp profile
+  refuses the sandbox, which then says so (tests/test_images_built.py shows both);
 - **no network** unless the store or an input is remote (then the host's);
 - **the console**: each container's output goes whole to its task's log and the rlvr lines to
   the console (pipelines/local_runner.py), and a stopped run stops its containers.
@@ -47,11 +51,15 @@ class DockerSetupError(RuntimeError):
 
 @dataclass(frozen=True)
 class Mount:
-    host: str
+    """A bind mount: `source` on the host (symlinks resolved, as Docker needs) at `target` in
+    the container (the path the tasks use, as the config spells it)."""
+
+    source: str
+    target: str
     read_only: bool
 
     def volume(self) -> dict[str, str]:
-        return {"bind": self.host, "mode": "ro" if self.read_only else "rw"}
+        return {"bind": self.target, "mode": "ro" if self.read_only else "rw"}
 
 
 @dataclass
@@ -66,65 +74,103 @@ class DockerPlan:
     pythonpath: list[str] = field(default_factory=list)
     seccomp_profile: str | None = None
     """JSON of the profile for the code stages; None: the runtime's default."""
+    apparmor_unconfined: bool = False
+    """Whether the code stages also leave Docker's AppArmor profile (it denies mount)."""
+
+
+#: Where module plugins are mounted in the containers (on their PYTHONPATH).
+PLUGIN_ROOT = "/opt/rlvr-plugins"
+#: Host variables a task may need, passed on: object-store credentials and endpoint, Hub token.
+FORWARDED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                 "HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")  # fmt: skip
 
 
 def stage_of(task: str) -> str:
     return TASK_STAGE.get(task.split("-")[0], "init")
 
 
-def plugin_paths(cfg: RunConfig) -> tuple[list[str], list[str]]:
-    """(directories to mount, entries for PYTHONPATH) of the config's verifier plugins: a file
-    plugin's directory; a module plugin's top-level package's parent, found the way the
-    stages' import finds it from here."""
+def _same_path(path: str | Path, read_only: bool = True) -> Mount:
+    return Mount(str(Path(path).resolve()), str(Path(path).absolute()), read_only)
+
+
+def plugin_mounts(cfg: RunConfig) -> list[Mount]:
+    """The config's verifier plugins: a file plugin's file at its own path; a module plugin's
+    top-level package (or module) alone under PLUGIN_ROOT, found the way the stages' import
+    finds it from here. Never a whole directory of other things (a project root with its
+    runs, a site-packages whose torch would shadow the image's)."""
     specs: list[str] = []
     for spec in cfg.verify.rewards.values():
         if isinstance(spec, str):
             specs.append(spec)
         else:
             specs += [c.verifier for c in spec.components]
-    mounts: list[str] = []
-    path: list[str] = []
+    mounts: list[Mount] = []
     for spec in specs:
         if spec in BUILTIN_VERIFIERS or ":" not in spec:
             continue
         target = spec.rsplit(":", 1)[0]
         if target.endswith(".py"):
-            mounts.append(str(Path(target).resolve().parent))
+            mounts.append(_same_path(target))
             continue
         top = target.split(".")[0]
         found = importlib.util.find_spec(top)
         if found is None or found.origin in (None, "built-in", "frozen"):
             continue  # preflight has already said the plugin does not import
-        pkg = Path(found.origin).parent if found.submodule_search_locations else None
-        where = str((pkg.parent if pkg is not None else Path(found.origin).parent).resolve())
-        mounts.append(where)
-        path.append(where)
-    return sorted(set(mounts)), sorted(set(path))
+        if found.submodule_search_locations:  # a package: its directory
+            src = Path(found.origin).parent
+        else:  # a module: its file
+            src = Path(found.origin)
+        mounts.append(Mount(str(src.resolve()), f"{PLUGIN_ROOT}/{src.name}", True))
+    return mounts
+
+
+def _symlink_targets(mount: Mount) -> list[Mount]:
+    """Files that links inside an input point to outside it (a Hugging Face cache snapshot's
+    files link to ../../blobs), mounted where the links resolve in the container."""
+    root = Path(mount.source)
+    if not root.is_dir():
+        return []
+    extra = []
+    for link in root.rglob("*"):
+        if not link.is_symlink():
+            continue
+        real = link.resolve()
+        if real.is_relative_to(root):
+            continue
+        in_container = Path(mount.target) / link.relative_to(root)
+        where = Path(os.path.normpath(in_container.parent / os.readlink(link)))
+        extra.append(Mount(str(real), str(where), True))
+    return extra
 
 
 def plan_for(cfg: RunConfig, run_root: Path, *, user: str = "image") -> DockerPlan:
-    """The containers' mounts, user, network and seccomp profile for this run."""
+    """The containers' mounts, user, network and seccomp profile for this run; `user` is
+    image (the images' own uid), host (the caller's) or UID[:GID]."""
     from components.core.config import _is_uri
     from components.verify.sandbox.seccomp import pod_profile
 
-    mounts = [Mount(str(run_root.resolve()), read_only=False)]
+    mounts = [_same_path(run_root, read_only=False)]
     remote = _is_uri(cfg.run.store)
     for path in (cfg.model.base, cfg.data.train, *(e.path for e in cfg.data.eval)):
         if _is_uri(path):
             remote = True
         elif Path(path).exists():
-            mounts.append(Mount(str(Path(path).resolve()), read_only=True))
-    plugin_dirs, pythonpath = plugin_paths(cfg)
-    mounts += [Mount(d, read_only=True) for d in plugin_dirs]
+            mounts.append(_same_path(path))
+    mounts = _outermost(mounts)
+    mounts += [extra for m in mounts if m.read_only for extra in _symlink_targets(m)]
+    plugins = plugin_mounts(cfg)
+    apparmor = Path("/sys/module/apparmor/parameters/enabled")
     return DockerPlan(
         images={
             s: cfg.cluster.image(s) for s in ("init", "generate", "verify", "train", "evaluate")
         },  # fmt: skip
-        mounts=_outermost(mounts),
+        mounts=mounts + plugins,
         user=None if user == "image" else (_caller() if user == "host" else user),
         network="host" if remote else "none",
-        pythonpath=pythonpath,
+        pythonpath=[PLUGIN_ROOT] if any(m.target.startswith(PLUGIN_ROOT) for m in plugins) else [],
         seccomp_profile=json.dumps(pod_profile()),
+        apparmor_unconfined=apparmor.exists() and apparmor.read_text().strip().startswith("Y"),
     )
 
 
@@ -133,11 +179,18 @@ def _caller() -> str:
 
 
 def _outermost(mounts: list[Mount]) -> list[Mount]:
-    """Drop a mount inside another (the run's own copy of an input, a plugin in the data dir);
-    a read-write mount wins over a read-only one of the same path."""
+    """Drop a mount that another already provides: the same path, or a path inside a
+    read-write mount, or a read-only path inside a read-only one (an input kept inside the
+    run). A read-write mount inside a read-only one stays (the default store inside a project
+    whose data is mounted read-only): Docker stacks nested binds."""
     keep: list[Mount] = []
-    for m in sorted(mounts, key=lambda m: (len(m.host), m.read_only)):
-        if not any(m.host == k.host or m.host.startswith(k.host.rstrip("/") + "/") for k in keep):
+    for m in sorted(mounts, key=lambda m: (len(m.target), m.read_only)):
+        covered = any(
+            m.target == k.target
+            or (m.target.startswith(k.target.rstrip("/") + "/") and (m.read_only or not k.read_only))
+            for k in keep
+        )  # fmt: skip
+        if not covered:
             keep.append(m)
     return keep
 
@@ -176,7 +229,7 @@ def prepare(plan: DockerPlan, run_root: Path) -> Any:
     if missing:
         raise DockerSetupError(
             f"images not on this machine: {', '.join(missing)}. Build them with "
-            "`FLAVOR=cpu images/build.sh REGISTRY TAG` (images/smoke.sh shows a whole run) and "
+            "`FLAVOR=cpu images/build.sh REGISTRY TAG` (images/smoke.py shows a whole run) and "
             "pass the `--set cluster.image_repo=... --set cluster.image_tag=...` it prints"
         )
     if plan.user is None:
@@ -191,7 +244,7 @@ def prepare(plan: DockerPlan, run_root: Path) -> Any:
         _hand_over(run_root, owner)
         for m in plan.mounts:
             if m.read_only:
-                _check_readable(Path(m.host), *owner)
+                _check_readable(Path(m.source), *owner)
     return client
 
 
@@ -218,35 +271,45 @@ def _check_readable(root: Path, uid: int, gid: int) -> None:
 
 def _hand_over(run_root: Path, owner: tuple[int, int]) -> None:
     """Make the run directory the tasks' own: a root caller chowns it to the images' uid (the
-    cluster's pods write the store as that uid too); anyone else must already have given it."""
+    cluster's pods write the store as that uid too). A non-root caller cannot: the directories
+    it makes for the run (the pipeline root, the failure markers) would stay its own."""
     run_root.mkdir(parents=True, exist_ok=True)
     uid, gid = owner
-    if os.geteuid() == 0:
-        for path in [run_root, *run_root.rglob("*")]:
-            with contextlib.suppress(FileNotFoundError):
-                os.lchown(path, uid, gid)
-        return
-    st = run_root.stat()
-    if st.st_uid != uid and not st.st_mode & 0o002:
+    if os.geteuid() != 0:
         raise DockerSetupError(
-            f"the images run as uid {uid}, which cannot write the run directory {run_root} "
-            f"(owned by uid {st.st_uid}). Either run the containers as you: "
-            f"--docker-user host, or give the directory to that uid: "
-            f"sudo chown -R {uid}:{gid} {run_root}"
+            f"the images run as uid {uid}, and only root can hand the run directory {run_root} "
+            f"to that uid: run the containers as you (--docker-user host, what a non-root "
+            f"caller gets by default), or run as root"
         )
+    root = run_root.resolve()
+    for path in [root, *root.rglob("*")]:  # rglob does not descend into symlinked directories
+        with contextlib.suppress(FileNotFoundError):
+            os.lchown(path, uid, gid)
 
 
 _live: set[Any] = set()
 _live_lock = threading.Lock()
+_stopping = threading.Event()
 
 
 def stop_live_containers() -> None:
-    """Stop every running task container (SIGTERM, then SIGKILL after 10 s)."""
+    """Stop and remove every task container, all at once (SIGTERM through the containers'
+    init, SIGKILL after 10 s); a container created after this call is removed at once."""
+    _stopping.set()
     with _live_lock:
         containers = list(_live)
-    for c in containers:
+
+    def stop(c) -> None:
         with contextlib.suppress(Exception):
             c.stop(timeout=10)
+        with contextlib.suppress(Exception):
+            c.remove(force=True)
+
+    threads = [threading.Thread(target=stop, args=(c,), daemon=True) for c in containers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
 
 
 TaskLog = Callable[[str], contextlib.AbstractContextManager[Callable[[str], None]]]
@@ -267,29 +330,38 @@ def make_container_runner(
     def run_docker_container(client, image, command, volumes, **run_args) -> int:
         task = current_task()
         stage = stage_of(task)
-        env = {**task_env(task), **(run_args.pop("environment", None) or {})}
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+        env.update(task_env(task))
+        env.update(run_args.pop("environment", None) or {})
         if plan.pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(plan.pythonpath)
-        vols = dict(volumes)
-        for m in plan.mounts:
-            vols.setdefault(m.host, m.volume())
-        security = []
-        if stage in ("verify", "evaluate") and plan.seccomp_profile:
-            security.append(f"seccomp={plan.seccomp_profile}")
-        if plan.user:
+        if plan.user:  # another uid than the image's: its HOME (/home/rlvr) is not writable
             run_args["user"] = plan.user
+            env["HOME"] = "/tmp"
+        binds = [f"{src}:{spec['bind']}:{spec['mode']}" for src, spec in volumes.items()]
+        binds += [f"{m.source}:{m.target}:{m.volume()['mode']}" for m in plan.mounts]
+        security = []
+        if stage in ("verify", "evaluate"):  # the code stages, as on the cluster
+            if plan.seccomp_profile:
+                security.append(f"seccomp={plan.seccomp_profile}")
+            if plan.apparmor_unconfined:
+                security.append("apparmor=unconfined")
         if security:
             run_args["security_opt"] = security
         # KFP's command replaces the image's ENTRYPOINT, as a pod's `command` does; Docker would
-        # append it to the entry point (`python -m components.train sh -c ...`).
-        container = client.containers.run(
-            image=image, entrypoint=list(command), command=[], detach=True, volumes=vols, environment=env,
-            network_mode=plan.network, cap_drop=["ALL"], labels={"rlvr.task": task},
-            **run_args,
+        # append it to the entry point (`python -m components.train sh -c ...`). init: the
+        # command's `sh` as PID 1 would ignore SIGTERM, so a stop would wait out its timeout.
+        container = client.containers.create(
+            image=image, entrypoint=list(command), command=[], volumes=binds, environment=env,
+            network_mode=plan.network, cap_drop=["ALL"], init=True,
+            labels={"rlvr.task": task}, **run_args,
         )  # fmt: skip
         with _live_lock:
             _live.add(container)
         try:
+            if _stopping.is_set():  # the run is being stopped: start nothing new
+                return 1
+            container.start()
             with open_log(task) as write:
                 pending = b""
                 for chunk in container.logs(stream=True, follow=True):
@@ -320,6 +392,7 @@ def docker_tasks(
     name)."""
     from kfp.local import docker_task_handler
 
+    _stopping.clear()
     saved = docker_task_handler.run_docker_container
     docker_task_handler.run_docker_container = make_container_runner(
         plan, open_log, current_task, task_env

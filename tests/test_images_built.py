@@ -41,9 +41,13 @@ def images() -> dict[str, str]:
     return {s: tag for s, (_, tag) in found.items()}
 
 
-def _run(image: str, *args: str, profile: str | None = None) -> subprocess.CompletedProcess:
+def _run(
+    image: str, *args: str, profile: str | None = None, user: str | None = None
+) -> subprocess.CompletedProcess:
     """The image as a pod runs it: its own non-root USER, no capabilities, no network."""
     cmd = ["docker", "run", "--rm", "--cap-drop", "ALL", "--network", "none"]
+    if user:
+        cmd += ["--user", user]
     if profile:
         cmd += ["--security-opt", f"seccomp={profile}"]
     return subprocess.run(
@@ -95,7 +99,7 @@ def test_no_compiler_and_no_caches_in_the_images(images):
         "print(found, cache); sys.exit(1 if found or cache else 0)"
     )
     for stage, image in images.items():
-        out = _run(image, "-c", check)
+        out = _run(image, "-c", check, user="0")  # root: /root is not readable by uid 10001
         assert out.returncode == 0, f"{stage}: {out.stdout}"
 
 

@@ -41,12 +41,12 @@ def test_the_plan_mounts_the_run_and_its_inputs(tmp_path, tiny_assets):
     )
     run_root = Path(cfg.run.store) / cfg.run_id
     plan = plan_for(cfg, run_root)
-    mounts = {m.host: m.read_only for m in plan.mounts}
-    assert mounts[str(run_root.resolve())] is False  # the run: read-write
+    mounts = {m.target: m.read_only for m in plan.mounts}
+    assert mounts[str(run_root)] is False  # the run: read-write
     for path in (cfg.model.base, cfg.data.train, *(e.path for e in cfg.data.eval)):
-        covered = [h for h in mounts if str(Path(path).resolve()).startswith(h)]
+        covered = [h for h in mounts if path == h or path.startswith(h + "/")]
         assert covered and all(mounts[h] for h in covered), path  # inputs: read-only
-    assert mounts[str(plugin.parent)] is True
+    assert mounts[str(plugin)] is True  # the plugin file alone, not its directory
     assert plan.user is None and plan.network == "none"
     assert plan.images["verify"] == "rlvr.local/rlvr-verify:t1"
     assert plan.images["init"] == "rlvr.local/rlvr-train:t1"  # init runs on the train image
@@ -68,21 +68,51 @@ def test_module_plugins_are_mounted_and_importable(tmp_path, monkeypatch, tiny_a
     cfg = load_config(
         write_config(tmp_path, tiny_assets), ["verify.rewards.custom=acme_rewards.score:f"]
     )
-    mounts, pythonpath = local_docker.plugin_paths(cfg)
-    assert mounts == pythonpath == [str((tmp_path / "src").resolve())]
+    (mount,) = local_docker.plugin_mounts(cfg)
+    # the package alone, under the plugin root: never the directory around it (a site-packages
+    # whose torch would shadow the image's, a project root with its runs)
+    assert mount == Mount(str(pkg.resolve()), "/opt/rlvr-plugins/acme_rewards", True)
+    plan = plan_for(cfg, tmp_path / "runs" / "t")
+    assert plan.pythonpath == ["/opt/rlvr-plugins"]
+
+
+def _m(path: str, read_only: bool) -> Mount:
+    return Mount(path, path, read_only)
 
 
 def test_nested_mounts_collapse_to_the_outermost():
     got = local_docker._outermost(
         [
-            Mount("/a/run", False),
-            Mount("/a/run/data", True),
-            Mount("/a/runs2", True),
-            Mount("/b", True),
-            Mount("/b", False),
+            _m("/a/run", False),
+            _m("/a/run/data", True),
+            _m("/a/runs2", True),
+            _m("/b", True),
+            _m("/b", False),
+            _m("/p", True),
+            _m("/p/data", True),
+            _m("/p/rlvr-runs/r", False),
         ]  # fmt: skip
     )
-    assert got == [Mount("/b", False), Mount("/a/run", False), Mount("/a/runs2", True)]
+    # a read-write run inside a read-only input directory stays: Docker stacks nested binds
+    assert got == [_m("/b", False), _m("/p", True), _m("/a/run", False), _m("/a/runs2", True),
+                   _m("/p/rlvr-runs/r", False)]  # fmt: skip
+
+
+def test_symlinked_inputs_mount_at_the_configs_path(tmp_path, tiny_assets):
+    """A path with a symlink in it is mounted from its real location at the path the config
+    gives, and files a snapshot links to outside it (a Hugging Face cache's blobs) come along."""
+    cache = tmp_path / "hub"
+    (cache / "blobs").mkdir(parents=True)
+    (cache / "snapshots" / "abc").mkdir(parents=True)
+    (cache / "blobs" / "f00d").write_text("{}")
+    (cache / "snapshots" / "abc" / "config.json").symlink_to("../../blobs/f00d")
+    (tmp_path / "model").symlink_to(cache / "snapshots" / "abc")
+    cfg = load_config(write_config(tmp_path, tiny_assets), [f"model.base={tmp_path}/model"])
+    plan = plan_for(cfg, tmp_path / "runs" / "t")
+    got = {m.target: m.source for m in plan.mounts}
+    assert got[f"{tmp_path}/model"] == str((cache / "snapshots" / "abc").resolve())
+    # where ../../blobs/f00d resolves from <tmp>/model/config.json inside the container
+    assert got[str(tmp_path.parent / "blobs" / "f00d")] == str((cache / "blobs" / "f00d").resolve())
 
 
 def test_unreadable_inputs_are_refused_with_the_fix(tmp_path):
@@ -114,14 +144,12 @@ def test_root_hands_the_run_directory_to_the_images_uid(tmp_path):
         assert (st.st_uid, st.st_gid) == (10001, 10001), p
 
 
-def test_a_non_root_caller_is_told_how_to_share_the_run(tmp_path, monkeypatch):
-    run = tmp_path / "run"
-    run.mkdir(mode=0o755)
+def test_a_non_root_caller_is_told_to_run_as_itself(tmp_path, monkeypatch):
+    """Only root can hand the run to the images' uid: the directories the caller makes during
+    the run (pipeline root, failure markers) would stay its own and unwritable to the tasks."""
     monkeypatch.setattr(local_docker.os, "geteuid", lambda: 1000)
-    with pytest.raises(DockerSetupError, match="--docker-user host.*chown -R 10001:10001"):
-        local_docker._hand_over(run, (10001, 10001))
-    run.chmod(0o777)  # shared on purpose: allowed
-    local_docker._hand_over(run, (10001, 10001))
+    with pytest.raises(DockerSetupError, match="--docker-user host"):
+        local_docker._hand_over(tmp_path / "run", (10001, 10001))
 
 
 def test_permission_bits_decide_access():
@@ -138,7 +166,10 @@ def test_permission_bits_decide_access():
 
 class _Container:
     def __init__(self, lines: list[bytes], status: int) -> None:
-        self.lines, self.status, self.removed = lines, status, False
+        self.lines, self.status, self.removed, self.started = lines, status, False, False
+
+    def start(self):
+        self.started = True
 
     def logs(self, stream: bool, follow: bool):
         yield from self.lines
@@ -157,7 +188,7 @@ class _Client:
         self.container, self.calls = container, []
         self.containers = self
 
-    def run(self, **kwargs):
+    def create(self, **kwargs):
         self.calls.append(kwargs)
         return self.container
 
@@ -165,10 +196,11 @@ class _Client:
 @pytest.mark.parametrize(
     ("task", "profiled"), [("verify", True), ("evaluate-gather", True), ("train", False)]
 )
-def test_a_task_container_gets_the_plan(task, profiled):
+def test_a_task_container_gets_the_plan(task, profiled, monkeypatch):
     plan = DockerPlan(
-        images={}, mounts=[Mount("/runs/r", False), Mount("/data", True)], user=None,
-        network="none", pythonpath=["/plugins"], seccomp_profile='{"x": 1}',
+        images={}, mounts=[Mount("/real/runs/r", "/runs/r", False), _m("/data", True)],
+        user=None, network="none", pythonpath=["/plugins"], seccomp_profile='{"x": 1}',
+        apparmor_unconfined=True,
     )  # fmt: skip
     written: list[str] = []
 
@@ -179,25 +211,50 @@ def test_a_task_container_gets_the_plan(task, profiled):
 
     container = _Container([b"one\ntw", b"o\nthree"], status=3)
     client = _Client(container)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("SECRET_OF_THE_HOST", "s")
+    for key in local_docker.FORWARDED_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     runner = local_docker.make_container_runner(
         plan, open_log, lambda: task, lambda name: {"OMP_NUM_THREADS": "2"}
     )
     command = ["sh", "-c", "python3 -m kfp.dsl.executor_main"]
     status = runner(client, "img:1", command, {"/runs/r/kfp": {"bind": "/runs/r/kfp", "mode": "rw"}},
                     environment={"KFP": "1"})  # fmt: skip
-    assert status == 3 and container.removed
+    assert status == 3 and container.started and container.removed
     assert written == ["one\n", "two\n", "three\n"]  # chunks re-split into lines
     (call,) = client.calls
     # KFP's command replaces the image's ENTRYPOINT (`python -m components.<stage>`)
     assert call["entrypoint"] == command and call["command"] == []
-    assert call["environment"] == {"OMP_NUM_THREADS": "2", "KFP": "1", "PYTHONPATH": "/plugins"}
-    assert call["volumes"]["/data"] == {"bind": "/data", "mode": "ro"}
-    assert call["volumes"]["/runs/r"] == {"bind": "/runs/r", "mode": "rw"}
-    assert call["network_mode"] == "none" and call["cap_drop"] == ["ALL"]
+    assert call["environment"] == {"AWS_ACCESS_KEY_ID": "k", "OMP_NUM_THREADS": "2", "KFP": "1",
+                                   "PYTHONPATH": "/plugins"}  # fmt: skip
+    assert call["volumes"] == ["/runs/r/kfp:/runs/r/kfp:rw", "/real/runs/r:/runs/r:rw",
+                               "/data:/data:ro"]  # fmt: skip
+    assert call["network_mode"] == "none" and call["cap_drop"] == ["ALL"] and call["init"]
     assert "user" not in call  # the image's own USER
     assert ("security_opt" in call) is profiled
     if profiled:
-        assert call["security_opt"] == ['seccomp={"x": 1}']
+        assert call["security_opt"] == ['seccomp={"x": 1}', "apparmor=unconfined"]
+
+
+def test_another_uid_gets_a_writable_home_and_a_stopped_run_starts_nothing():
+    plan = DockerPlan(images={}, mounts=[], user="1000:1000", network="none")
+    container = _Container([], status=0)
+    client = _Client(container)
+    runner = local_docker.make_container_runner(
+        plan, lambda t: contextlib.nullcontext(print), lambda: "train", lambda t: {}
+    )
+    assert runner(client, "img:1", ["true"], {}) == 0
+    assert client.calls[0]["user"] == "1000:1000"
+    assert client.calls[0]["environment"]["HOME"] == "/tmp"
+    local_docker._stopping.set()
+    try:
+        again = _Container([], status=0)
+        assert runner(_Client(again), "img:1", ["true"], {}) == 1
+        assert not again.started and again.removed
+    finally:
+        local_docker._stopping.clear()
 
 
 def test_kfp_still_calls_the_patched_function():
@@ -227,4 +284,4 @@ def test_rlvr_run_docker_without_an_engine_says_so(tmp_path, tiny_assets, monkey
     assert out.exit_code == 2, out.output
     assert "no Docker engine answers" in out.output and "DOCKER_HOST" in out.output
     bad = CliRunner().invoke(main, ["run", config, "--runner", "docker", "--docker-user", "me"])
-    assert bad.exit_code == 2 and "use image, host or UID[:GID]" in bad.output
+    assert bad.exit_code == 2 and "use auto, image, host or UID[:GID]" in bad.output

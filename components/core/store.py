@@ -91,6 +91,14 @@ class Store(ABC):
 
 
 def _process_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (setting and
+    restoring it is process-wide, racy with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -186,10 +194,11 @@ class LocalStore(Store):
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.replace(local, dest)  # atomic; fails across filesystems
-            ordinary_modes(dest)
         except OSError:
             self.upload_file(local, uri)
             Path(local).unlink(missing_ok=True)
+        else:
+            ordinary_modes(dest)
 
     def download_file(self, uri: str, local: Path) -> None:
         src = _local_path(uri)

@@ -31,7 +31,12 @@ command -v debootstrap >/dev/null || die "debootstrap is missing (apt-get instal
 
 work=${WORKDIR:-$(mktemp -d)}
 rootfs=$work/rootfs
-cleanup() { rm -rf "$rootfs"; }
+cleanup() {
+  local status=$?
+  rm -rf "$rootfs"
+  # a failed run keeps its debootstrap.log
+  if [[ -z ${WORKDIR:-} && $status -eq 0 ]]; then rm -rf "$work"; fi
+}
 trap cleanup EXIT
 
 started=$SECONDS
