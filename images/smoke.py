@@ -396,7 +396,10 @@ def main() -> int:
                  "code-docker"):  # fmt: skip
         shutil.rmtree(store / name, ignore_errors=True)
     image_sets = ["--set", "cluster.image_repo=rlvr.local", "--set", f"cluster.image_tag={tag}"]
-    for config in ("examples/arithmetic/config.yaml", "examples/arithmetic_code/config.yaml"):
+    configs = ["examples/arithmetic/config.yaml"]
+    if not args.quick:
+        configs.append("examples/arithmetic_code/config.yaml")
+    for config in configs:
         sh(str(rlvr), "check", str(ROOT / config))  # builds the inputs now, outside the timings
     # the image settings too, so both runs record the same config (the subprocess runner
     # ignores them)
