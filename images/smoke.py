@@ -338,22 +338,23 @@ def sandbox_probe(docker: str, image: str, profile: str | None) -> tuple[int, st
     return out.returncode, (out.stdout + out.stderr).strip()
 
 
-def code_demo(
-    rlvr: Path, store: Path, image_sets: list[str], failures: list[str]
+def both_runners(
+    rlvr: Path, config: str, store: Path, name: str, image_sets: list[str], failures: list[str]
 ) -> tuple[float, float]:
-    """The code demo under both runners at one run path, compared: the host's sandbox (as root:
-    a fresh uid per run) and the container's (uid 10001: a user namespace) must score alike."""
-    code_sub_s = run_demo(rlvr, "examples/arithmetic_code/config.yaml", store, "code",
-                          *image_sets)  # fmt: skip
-    (store / "code").rename(store / "code-subprocess")
-    code_s = run_demo(rlvr, "examples/arithmetic_code/config.yaml", store, "code", "--runner",
-                      "docker", *image_sets)  # fmt: skip
-    (store / "code").rename(store / "code-docker")
-    print(f"code demo wall time: subprocess runner {code_sub_s:.1f} s, docker runner "
-          f"{code_s:.1f} s (ratio {code_s / code_sub_s:.2f})")  # fmt: skip
-    if not compare(store / "code-subprocess", store / "code-docker"):
-        failures.append("the code demo's outputs differ between the runners")
-    return code_sub_s, code_s
+    """One example under the subprocess runner, then in containers, at the same run path (each
+    run moved aside after), compared file by file; returns both wall times. The image settings
+    go to both runs, so both record the same config (the subprocess runner ignores them)."""
+    walls = []
+    for runner, extra in (("subprocess", []), ("docker", ["--runner", "docker"])):
+        walls.append(run_demo(rlvr, config, store, name, *extra, *image_sets))
+        (store / name).rename(store / f"{name}-{runner}")
+    sub_s, dock_s = walls
+    print(f"{name} wall time: subprocess runner {sub_s:.1f} s, docker runner {dock_s:.1f} s "
+          f"(ratio {dock_s / sub_s:.2f})")  # fmt: skip
+    print("comparing the two runs:")
+    if not compare(store / f"{name}-subprocess", store / f"{name}-docker"):
+        failures.append(f"{name}: the docker runner's outputs differ from the subprocess runner's")
+    return sub_s, dock_s
 
 
 def main() -> int:
@@ -401,18 +402,8 @@ def main() -> int:
         configs.append("examples/arithmetic_code/config.yaml")
     for config in configs:
         sh(str(rlvr), "check", str(ROOT / config))  # builds the inputs now, outside the timings
-    # the image settings too, so both runs record the same config (the subprocess runner
-    # ignores them)
-    sub_s = run_demo(rlvr, "examples/arithmetic/config.yaml", store, "demo", *image_sets)
-    (store / "demo").rename(store / "demo-subprocess")
-    dock_s = run_demo(rlvr, "examples/arithmetic/config.yaml", store, "demo", "--runner",
-                      "docker", *image_sets)  # fmt: skip
-    (store / "demo").rename(store / "demo-docker")
-    print(f"demo wall time: subprocess runner {sub_s:.1f} s, docker runner {dock_s:.1f} s "
-          f"(ratio {dock_s / sub_s:.2f})")  # fmt: skip
-    print("comparing the two runs:")
-    if not compare(store / "demo-subprocess", store / "demo-docker"):
-        failures.append("the docker runner's outputs differ from the subprocess runner's")
+    sub_s, dock_s = both_runners(rlvr, "examples/arithmetic/config.yaml", store, "demo",
+                                 image_sets, failures)  # fmt: skip
 
     step("6. code rewards in the verify image, no capabilities")
     code, text = sandbox_probe(docker, images["verify"], None)
@@ -433,7 +424,10 @@ def main() -> int:
         print("--quick: the code demo runs are left out")
     else:
         print("the code demo, with the subprocess runner, then in containers:")
-        code_sub_s, code_s = code_demo(rlvr, store, image_sets, failures)
+        # the host's sandbox (as root: a fresh uid per run) and the container's (uid 10001: a
+        # user namespace) must score alike
+        code_sub_s, code_s = both_runners(rlvr, "examples/arithmetic_code/config.yaml", store,
+                                          "code", image_sets, failures)  # fmt: skip
 
     step("summary")
     if build_s is not None:
