@@ -234,6 +234,17 @@ def run(
     from pipelines.train import build_train_pipeline
 
     layout, store = RunLayout.of(cfg), store_for(cfg)
+    local_root = Path(layout.root) if "://" not in layout.root else Path("./local_outputs")
+    docker, owner = None, None
+    if runner == "docker":  # the machine checked before anything of the run is written
+        from pipelines.local_docker import DockerSetupError, check_machine, hand_over, plan_for
+
+        docker = plan_for(cfg, local_root, user=docker_user)
+        try:
+            owner = check_machine(docker)
+        except DockerSetupError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
     store.write_text(layout.run_yaml, cfg.to_yaml())
     segs = segments(cfg)
     console.print(
@@ -241,17 +252,8 @@ def run(
         f"segment(s) -> {layout.root}"
     )
     t0 = time.perf_counter()
-    local_root = Path(layout.root) if "://" not in layout.root else Path("./local_outputs")
     pipeline = build_train_pipeline(cfg, for_cluster=False)
-    threads = local_thread_env(cfg)
-    docker = None
-    if runner == "docker":
-        from pipelines.local_docker import DockerSetupError, plan_for, prepare
-
-        docker = plan_for(cfg, local_root, user=docker_user)
-
-    def task_env(task: str) -> dict[str, str]:
-        return threads(task)
+    task_env = local_thread_env(cfg)
 
     for seg in segs:
         if segment_up_to_date(cfg, seg):
@@ -265,16 +267,12 @@ def run(
             if task not in status.failures():  # a worker that died without recording why
                 status.mark_failed(task, "its process exited with an error")
 
-        if docker is not None:  # last: it hands what exists of the run over to the images' uid
+        if owner is not None:  # last: it hands what exists of the run over to the images' uid
             (local_root / "kfp").mkdir(parents=True, exist_ok=True)
             log_dir.mkdir(parents=True, exist_ok=True)
             if "://" not in layout.root:  # failure markers: written by tasks and by this process
                 Path(status.dir).mkdir(parents=True, exist_ok=True)
-            try:
-                prepare(docker, local_root)
-            except DockerSetupError as e:
-                click.echo(f"error: {e}", err=True)
-                sys.exit(2)
+            hand_over(local_root, owner)
         try:
             with RunMonitor(cfg, seg, console):
                 run_pipeline(

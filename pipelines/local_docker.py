@@ -204,9 +204,10 @@ def image_user(client: Any, image: str) -> tuple[int, int] | None:
     return int(uid), int(gid) if gid.isdigit() else int(uid)
 
 
-def prepare(plan: DockerPlan, run_root: Path) -> Any:
-    """Check the engine and the images, and make the run directory writable for the tasks'
-    user; returns the docker client. Raises DockerSetupError with the fix."""
+def check_machine(plan: DockerPlan) -> tuple[int, int] | None:
+    """Check, before anything of the run is written: the engine answers, every image is here,
+    the images declare one numeric non-root uid (returned; None when the tasks run as another
+    user), and that uid can read every input. Raises DockerSetupError with the fix."""
     try:
         import docker
     except ImportError:
@@ -233,6 +234,8 @@ def prepare(plan: DockerPlan, run_root: Path) -> Any:
             "pass the `--set cluster.image_repo=... --set cluster.image_tag=...` it prints"
         )
     if plan.user is None:
+        if os.geteuid() != 0:
+            raise _needs_root("the images' uid")
         users = {image_user(client, image) for image in plan.images.values()}
         if None in users or len(users) != 1:
             raise DockerSetupError(
@@ -241,11 +244,11 @@ def prepare(plan: DockerPlan, run_root: Path) -> Any:
                 "--docker-user UID:GID"
             )
         (owner,) = users
-        _hand_over(run_root, owner)
         for m in plan.mounts:
             if m.read_only:
                 _check_readable(Path(m.source), *owner)
-    return client
+        return owner
+    return None
 
 
 def _can(st: os.stat_result, uid: int, gid: int, bits: int) -> bool:
@@ -269,18 +272,21 @@ def _check_readable(root: Path, uid: int, gid: int) -> None:
             )
 
 
-def _hand_over(run_root: Path, owner: tuple[int, int]) -> None:
+def _needs_root(who: str) -> DockerSetupError:
+    return DockerSetupError(
+        f"only root can hand the run directory to {who}: run the containers as you "
+        f"(--docker-user host, what a non-root caller gets by default), or run as root"
+    )
+
+
+def hand_over(run_root: Path, owner: tuple[int, int]) -> None:
     """Make the run directory the tasks' own: a root caller chowns it to the images' uid (the
     cluster's pods write the store as that uid too). A non-root caller cannot: the directories
     it makes for the run (the pipeline root, the failure markers) would stay its own."""
-    run_root.mkdir(parents=True, exist_ok=True)
     uid, gid = owner
     if os.geteuid() != 0:
-        raise DockerSetupError(
-            f"the images run as uid {uid}, and only root can hand the run directory {run_root} "
-            f"to that uid: run the containers as you (--docker-user host, what a non-root "
-            f"caller gets by default), or run as root"
-        )
+        raise _needs_root(f"uid {uid}")
+    run_root.mkdir(parents=True, exist_ok=True)
     root = run_root.resolve()
     for path in [root, *root.rglob("*")]:  # rglob does not descend into symlinked directories
         with contextlib.suppress(FileNotFoundError):

@@ -138,7 +138,7 @@ def test_root_hands_the_run_directory_to_the_images_uid(tmp_path):
     run = tmp_path / "run"
     (run / "kfp").mkdir(parents=True)
     (run / "run.yaml").write_text("x")
-    local_docker._hand_over(run, (10001, 10001))
+    local_docker.hand_over(run, (10001, 10001))
     for p in (run, run / "kfp", run / "run.yaml"):
         st = p.stat()
         assert (st.st_uid, st.st_gid) == (10001, 10001), p
@@ -149,7 +149,7 @@ def test_a_non_root_caller_is_told_to_run_as_itself(tmp_path, monkeypatch):
     the run (pipeline root, failure markers) would stay its own and unwritable to the tasks."""
     monkeypatch.setattr(local_docker.os, "geteuid", lambda: 1000)
     with pytest.raises(DockerSetupError, match="--docker-user host"):
-        local_docker._hand_over(tmp_path / "run", (10001, 10001))
+        local_docker.hand_over(tmp_path / "run", (10001, 10001))
 
 
 def test_permission_bits_decide_access():
