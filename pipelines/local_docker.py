@@ -221,12 +221,15 @@ def check_machine(plan: DockerPlan) -> tuple[int, int] | None:
         raise DockerSetupError(
             f"no Docker engine answers ({e}); start dockerd, or set DOCKER_HOST"
         ) from None
-    missing = []
+    stages_of: dict[str, list[str]] = {}
     for stage, image in sorted(plan.images.items()):
+        stages_of.setdefault(image, []).append(stage)
+    missing = []
+    for image, stages in stages_of.items():  # each image once (init runs on the train image)
         try:
             client.images.get(image)
         except docker.errors.ImageNotFound:
-            missing.append(f"{image} ({stage})")
+            missing.append(f"{image} ({', '.join(stages)})")
     if missing:
         raise DockerSetupError(
             f"images not on this machine: {', '.join(missing)}. Build them with "
