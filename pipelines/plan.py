@@ -90,6 +90,8 @@ def uncommit_downstream(cfg: RunConfig, iteration: int, stage: str, *, own: bool
     if own:
         targets.append({"generate": layout.rollouts(i), "verify": layout.scored(i),
                         "train": layout.checkpoint(i + 1)}[stage])  # fmt: skip
+    if stage == "generate" or (stage == "verify" and own):
+        targets.append(layout.prompt_stats(i))  # the curriculum of later iterations reads it
     if stage == "generate":
         targets.append(layout.scored(i))
     for c in committed_indices(store, join(layout.root, "checkpoints")):
@@ -100,7 +102,7 @@ def uncommit_downstream(cfg: RunConfig, iteration: int, stage: str, *, own: bool
             targets.append(layout.train_state(c))
     for c in sorted(_indices(store, join(layout.root, "iterations"))):
         if c > i:
-            targets += [layout.rollouts(c), layout.scored(c)]
+            targets += [layout.rollouts(c), layout.scored(c), layout.prompt_stats(c)]
     # Evaluation shards are read by the gather, which must not combine old shards with a new
     # checkpoint. The evaluations themselves are read by no stage: their worker waits for the
     # (uncommitted) checkpoint and then checks their lineage against it, so they stay.

@@ -89,12 +89,14 @@ def _local_paths_for_a_cluster(cfg: RunConfig, problems: Problems) -> None:
 def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False) -> Problems:
     """Every problem of a run config; `inputs=False` skips what needs the datasets, checkpoint
     and store (compile / submit)."""
+    from components.core.tracking import check_tracking
     from components.train.checks import check_train
     from components.verify.checks import check_verifier_specs, check_verify
 
     problems = Problems()
     check_train(cfg, problems)
     _eval_settings(cfg, problems)
+    check_tracking(cfg, problems, for_cluster=for_cluster)
     if for_cluster:
         _local_paths_for_a_cluster(cfg, problems)
     if not inputs:
@@ -141,6 +143,10 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
         check_generate(cfg, AutoTokenizer.from_pretrained(base), AutoConfig.from_pretrained(base),
                        datasets, problems)  # fmt: skip
     check_verify(cfg, datasets, problems)
+    if "train" in datasets:
+        from components.generate.checks import check_curriculum
+
+        check_curriculum(cfg, problems, datasets["train"][1])
     return problems
 
 

@@ -48,6 +48,7 @@ def test_a_changed_config_uncommits_everything_it_affects(train_cfg):  # noqa: F
     stats = plan_segment(changed, 0, "attempt-1")
     assert set(stats["uncommitted"]) == {
         layout.rollouts(0), layout.scored(0), layout.rollouts(1), layout.scored(1),
+        layout.prompt_stats(0), layout.prompt_stats(1),
         layout.checkpoint(1), layout.checkpoint(2), layout.train_state(1), layout.train_state(2),
     }  # fmt: skip
     assert _committed(layout.checkpoint(0)) and _committed(RunStatus.of(seg, "attempt-1").plan)

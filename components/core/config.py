@@ -93,12 +93,36 @@ class EvalSetConfig(_Strict):
     """Evaluate only prompts of these data sources (None: all)."""
 
 
+class CurriculumSection(_Strict):
+    """`data.sampler: curriculum`: draw prompts by their estimated pass rate (docs/algorithms.md,
+    "Curriculum from pass rates")."""
+
+    group_by: str | None = "data_source"
+    """Column (or `extra_info.<field>`) whose pooled pass rate is the prior of a prompt not yet
+    seen; null: a flat Beta(1, 1) prior."""
+    prior_strength: float = Field(4.0, gt=0)
+    """Pseudo-samples the group's pass rate counts for in a prompt's Beta prior."""
+    success_threshold: float = 0.5
+    """A sample succeeds when its reward is above this (evaluate's correctness rule)."""
+    explore_share: float = Field(0.25, ge=0, le=1)
+    """Share of each iteration's prompts drawn uniformly from prompts never sampled (while any)."""
+    sharpness: float = Field(2.0, gt=0)
+    """Weights are E[p(1-p)] ** sharpness under the prompt's Beta posterior."""
+    retire_after: int = Field(2, ge=1)
+    """Retire a prompt after this many consecutive iterations in which every sample succeeded."""
+    return_after: int = Field(10, ge=1)
+    """A retired prompt may be drawn again this many iterations after it was retired."""
+
+
 class DataSection(_Strict):
     train: str
     """Train dataset (verl format Parquet), path or URI."""
     eval: list[EvalSetConfig] = Field(default_factory=list)
     prompts_per_iteration: int = Field(64, ge=1)
     """Prompts drawn per iteration, walking a seeded permutation of the train set epoch by epoch."""
+    sampler: Literal["uniform", "curriculum"] = "uniform"
+    """`uniform`: the seeded permutation above; `curriculum`: by estimated pass rate."""
+    curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
 
 
 class GenerateSection(_Strict):
@@ -225,6 +249,10 @@ class TrainSection(_Strict):
     """KL estimator by registry name: k1, k2, k3 / low_var_kl, ..."""
     kl_in_reward: bool = False
     """Fold coef x KL into the token-level reward instead of adding it to the loss."""
+    kl_metric: bool = False
+    """Record `train/kl_ref`, the KL of the policy to the base (kl_estimator, token mean over the
+    iteration's rollouts, before the update), even with kl_coef 0. It loads the reference model
+    (one more no-grad forward per iteration); with kl_coef > 0 it is always recorded."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus: loss -= entropy_coef x entropy (same aggregation as the policy loss)."""
     rollout_correction: Literal["tis", "mis"] | None = None
@@ -395,6 +423,22 @@ class ClusterSection(_Strict):
         return self.images.get(base, f"{self.image_repo}/rlvr-{base}:{self.image_tag}")
 
 
+class TrackingSection(_Strict):
+    """Where each stage logs its figures (components/core/tracking.py)."""
+
+    backends: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=lambda: ["tensorboard"]
+    )
+    """TensorBoard event files go into the run (`<run>/tensorboard/<task>/`), no server needed."""
+    mlflow_tracking_uri: str | None = None
+    """Default: the MLFLOW_TRACKING_URI environment variable, else MLflow's own default."""
+    mlflow_experiment: str = "rlvr"
+    wandb_project: str = "rlvr"
+    wandb_entity: str | None = None
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None
+    """Default: W&B's own (the WANDB_MODE environment variable, else online)."""
+
+
 class RunConfig(_Strict):
     run: RunSection = Field(default_factory=RunSection)
     prepare: PrepareSection | None = None
@@ -405,6 +449,7 @@ class RunConfig(_Strict):
     train: TrainSection = Field(default_factory=TrainSection)
     evaluate: EvaluateSection = Field(default_factory=EvaluateSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

@@ -6,6 +6,7 @@
 <store>/<run-id>/checkpoints/00000/          the base policy, copied in
 <store>/<run-id>/iterations/00000/rollouts/  part-*.parquet from generate (policy 00000)
 <store>/<run-id>/iterations/00000/scored/    part-*.parquet from verify
+<store>/<run-id>/iterations/00000/prompt_stats/  per-prompt attempts/successes, from verify
 <store>/<run-id>/checkpoints/00001/          written by train in iteration 00000
 <store>/<run-id>/train_state/00001/          optimizer state and step counters
 <store>/<run-id>/evals/00001/<name>/         samples.parquet, metrics.json (00000 is the base)
@@ -50,6 +51,9 @@ class RunLayout:
 
     def scored(self, i: int) -> str:
         return join(self.root, "iterations", _n(i), "scored")
+
+    def prompt_stats(self, i: int) -> str:
+        return join(self.root, "iterations", _n(i), "prompt_stats")
 
     def train_state(self, i: int) -> str:
         return join(self.root, "train_state", _n(i))

@@ -156,14 +156,18 @@ class LocalStore(Store):
         return _local_path(uri).exists()
 
     def list_files(self, uri: str) -> list[str]:
+        # os.walk, not rglob: a directory another process deletes mid-listing (a stage
+        # rewriting its output while a worker polls it) is skipped instead of raising.
         root = _local_path(uri)
-        if not root.is_dir():
-            return []
-        return sorted(
-            p.relative_to(root).as_posix()
-            for p in root.rglob("*")
-            if p.is_file() and not p.name.endswith(".tmp")
-        )
+        out = []
+        for folder, _, names in os.walk(root):
+            rel = Path(folder).relative_to(root)
+            out += [
+                (rel / n).as_posix()
+                for n in names
+                if not n.endswith(".tmp") and os.path.isfile(os.path.join(folder, n))
+            ]
+        return sorted(out)
 
     def delete_tree(self, uri: str) -> None:
         path = _local_path(uri)

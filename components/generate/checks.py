@@ -88,3 +88,21 @@ def check_generate(
                     f"{max_new.get(name, g.max_new_tokens)} new tokens exceeds the model's "
                     f"context of {context} positions", "lower max_new_tokens or max_prompt_tokens",
                 )  # fmt: skip
+
+
+def check_curriculum(cfg: RunConfig, problems: Problems, table: pa.Table | None = None) -> None:
+    """`data.sampler: curriculum`: its group_by names a column (or extra_info field) of the
+    train set, and the train set holds a whole iteration's prompts. `table`: the train set
+    (read from data.train when None)."""
+    if cfg.data.sampler != "curriculum":
+        return
+    from components.core.curriculum import group_keys
+
+    if table is None:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(cfg.data.train)
+    try:
+        group_keys(table, cfg.data.curriculum.group_by)
+    except ValueError as e:
+        problems.error(f"config data.curriculum.group_by ({cfg.data.train})", str(e))

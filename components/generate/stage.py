@@ -44,6 +44,9 @@ from components.core.warm import Timeline, policy_version, run_once, segment_sum
 from components.core.warm import segment as warm_segment
 from components.generate.backends import Backend, PromptRequest, SamplingSpec, sample_seed
 from components.generate.engine import PolicyEngine
+from components.generate.sampler import PromptSampler, select_indices
+
+__all__ = ["GenerateStage", "generate_rollouts", "load_prompts", "run", "select_indices", "serve"]
 
 log = logging.getLogger("rlvr.generate")
 
@@ -98,21 +101,6 @@ def prompts_from(table, uri: str, prefix: str, indices: list[int] | None = None)
             )
         )
     return rows
-
-
-def select_indices(num_rows: int, count: int, seed: int, iteration: int) -> list[int]:
-    """Iteration i's prompts: a slice of a seeded permutation of the train set, reshuffled every
-    epoch. An epoch holds floor(num_rows / count) iterations, so within an epoch no prompt
-    repeats; the remainder waits for the next shuffle."""
-    if count > num_rows:
-        raise ValueError(
-            f"data.prompts_per_iteration={count} exceeds the {num_rows} rows of the train set; "
-            "lower it or use a larger train set"
-        )
-    per_epoch = num_rows // count
-    epoch, slot = divmod(iteration, per_epoch)
-    perm = np.random.default_rng([seed, epoch]).permutation(num_rows)
-    return [int(x) for x in perm[slot * count : (slot + 1) * count]]
 
 
 def render_prompt(tokenizer, prompt: Any) -> tuple[str, list[int]]:
@@ -327,10 +315,15 @@ class GenerateStage:
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
         self.task = "generate" + (f"-{shard_name(shard, num_shards)}" if num_shards > 1 else "")
         self.engine = PolicyEngine(cfg.generate, cfg.run.seed)
+        self.sampler = PromptSampler(cfg, self.store, self.layout)
         self._train: tuple[str, str, Any] | None = None
 
     def needs(self, iteration: int) -> list[str]:
-        return [self.layout.checkpoint(policy_version(self.cfg, iteration)), self.layout.train_data]
+        return [
+            self.layout.checkpoint(policy_version(self.cfg, iteration)),
+            self.layout.train_data,
+            *self.sampler.needs(iteration),
+        ]
 
     def _plan(self, iteration: int) -> tuple[OutputDir, dict[str, str]]:
         """The output directory and the lineage it must carry to count as up to date."""
@@ -339,15 +332,18 @@ class GenerateStage:
             store, shard_dir(layout.rollouts(iteration), self.shard, self.num_shards), "generate"
         )
         version = policy_version(cfg, iteration)
+        config = {
+            "generate": cfg.generate.model_dump(mode="json"),
+            "prompts_per_iteration": cfg.data.prompts_per_iteration,
+            "seed": cfg.run.seed,
+            "policy_version": version,
+        }
+        if sampler := self.sampler.lineage_config():  # uniform runs keep their recorded digest
+            config["sampler"] = sampler
         inputs = lineage(
             store,
-            [layout.checkpoint(version), layout.train_data],
-            {
-                "generate": cfg.generate.model_dump(mode="json"),
-                "prompts_per_iteration": cfg.data.prompts_per_iteration,
-                "seed": cfg.run.seed,
-                "policy_version": version,
-            },
+            [layout.checkpoint(version), layout.train_data, *self.sampler.needs(iteration)],
+            config,
             root=layout.root,
         )
         return out, inputs
@@ -370,9 +366,7 @@ class GenerateStage:
         with timeline.span("read"):
             spec = spec_from(cfg.generate, cfg.run.seed)
             train_uri, table = self._train_set()
-            indices = select_indices(
-                table.num_rows, cfg.data.prompts_per_iteration, cfg.run.seed, iteration
-            )
+            indices, sampler_figures = self.sampler.indices(table, iteration)
             prompts = prompts_from(table, train_uri, "train", indices)
             prompts = [p for p in prompts if shard_of(p.prompt_id, self.num_shards) == self.shard]
         backend, tokenizer, load = self.engine.ensure(store, ckpt_uri)
@@ -395,6 +389,8 @@ class GenerateStage:
                 allow_empty=self.num_shards > 1,
             )
         stats.update(load.stats())
+        if sampler_figures:
+            stats["sampler"] = sampler_figures
         stats.update(
             iteration=iteration, shard=self.shard, num_shards=self.num_shards,
             policy_version=version, timeline=timeline.record(),

@@ -78,7 +78,7 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
     ok = _check_name(problems, "advantage", algos.ADVANTAGES, t.advantage)
     ok &= _check_name(problems, "policy_loss", algos.POLICY_LOSSES, t.policy_loss)
     ok &= _check_name(problems, "loss_agg", algos.LOSS_AGGREGATIONS, t.loss_agg)
-    if t.kl_coef > 0:
+    if t.kl_coef > 0 or t.kl_metric:
         ok &= _check_name(problems, "kl_estimator", algos.KL_ESTIMATORS, t.kl_estimator)
     if t.advantage in algos.ADVANTAGES:
         fn = algos.get_advantage_fn(t.advantage)

@@ -76,6 +76,11 @@ def build_targets(
         loss_mask = algos.overlong_mask(response_mask, truncated)
         metrics["train/overlong_masked"] = float(truncated.sum())
 
+    if ref_logprobs is not None and response_mask.any():
+        kl_ref = algos.kl_estimate(
+            old_logprobs, ref_logprobs, t.kl_estimator, response_mask=response_mask
+        )
+        metrics["train/kl_ref"] = float(algos.masked_mean(kl_ref, response_mask))
     score: torch.Tensor = rewards
     if t.kl_coef > 0 and t.kl_in_reward:
         if ref_logprobs is None:

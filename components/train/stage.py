@@ -77,7 +77,7 @@ def check_algorithm_names(t: TrainSection) -> None:
         algos.get_advantage_fn(t.advantage)
         algos.get_policy_loss_fn(t.policy_loss)
         algos.LOSS_AGGREGATIONS.get(t.loss_agg)
-        if t.kl_coef > 0:
+        if t.kl_coef > 0 or t.kl_metric:
             algos.get_kl_fn(t.kl_estimator)
     except (KeyError, ValueError) as e:
         raise StageError(f"train config: {e.args[0] if e.args else e}") from None
@@ -352,9 +352,9 @@ def train_iteration(
         engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, need_entropy
     )
     ref_lp = None
-    if t.kl_coef > 0:
+    if t.kl_coef > 0 or t.kl_metric:
         if ref_model is None:
-            raise StageError("train.kl_coef > 0 needs the reference model")
+            raise StageError("train.kl_coef > 0 (or kl_metric) needs the reference model")
         ref_lp, _ = no_grad_pass(
             ref_model, ro, t.micro_batch_tokens, temperature, pad_id, device, False
         )
@@ -620,7 +620,7 @@ class TrainStage:
             if dtype != torch.float32
             else None
         )
-        if t.kl_coef > 0 and self.ref_model is None:  # the reference is loaded only with KL
+        if (t.kl_coef > 0 or t.kl_metric) and self.ref_model is None:  # only with KL
             self.ref_model, _ = load_policy(
                 local_checkpoint(store, layout.checkpoint(0)), dtype=dtype, device=device
             )

@@ -36,6 +36,7 @@ from components.core.commit import (
     shard_of,
 )
 from components.core.config import OverlongPenalty, RewardSpec, RunConfig
+from components.core.curriculum import PROMPT_STATS, group_shares, prompt_stats_table
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import COMPONENTS, SCORED, read_records, stamp
@@ -222,15 +223,19 @@ class VerifyStage:
             self.store, [layout.rollouts(iteration)], self.cfg.verify, root=layout.root
         )
 
+    def _stats_dir(self, iteration: int) -> OutputDir:
+        uri = shard_dir(self.layout.prompt_stats(iteration), self.shard, self.num_shards)
+        return OutputDir(self.store, uri, "verify")
+
     def up_to_date(self, iteration: int) -> bool:
         out, inputs = self._plan(iteration)
-        return out.up_to_date(inputs)
+        return out.up_to_date(inputs) and self._stats_dir(iteration).up_to_date(inputs)
 
     def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
         cfg, store, layout = self.cfg, self.store, self.layout
         shard, num_shards = self.shard, self.num_shards
         out, inputs = self._plan(iteration)
-        if out.up_to_date(inputs) and not force:
+        if self.up_to_date(iteration) and not force:
             log.info(
                 "scored rollouts of iteration %d (%s) already committed; skipping",
                 iteration, out.uri,
@@ -251,9 +256,20 @@ class VerifyStage:
                 max_error_fraction=cfg.verify.max_error_fraction,
                 overlong=cfg.verify.overlong_penalty,
             )
+            per_prompt = prompt_stats_table(
+                scored.column("prompt_id").to_pylist(),
+                scored.column("data_source").to_pylist(),
+                scored.column("reward").to_pylist(),
+                iteration,
+                cfg.data.curriculum.success_threshold,
+            )
+            stats.update(group_shares(per_prompt))
         t0 = time.time()
         clear_other_layouts(store, layout.scored(iteration), num_shards)
+        clear_other_layouts(store, layout.prompt_stats(iteration), num_shards)
         out.begin(force=True)
+        stats_out = self._stats_dir(iteration)
+        stats_out.begin(force=True)
         tmp = Path(tempfile.mkdtemp(prefix="rlvr-verify-"))
         try:
             path = tmp / "part-00000.parquet"
@@ -263,8 +279,12 @@ class VerifyStage:
                 compression="zstd",
             )
             out.put_file(path, path.name)
+            pq.write_table(per_prompt, tmp / "prompts.parquet", compression="zstd")
+            stats_out.put_file(tmp / "prompts.parquet", "part-00000.parquet")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        # Committed before the scored rollouts: whoever sees scored/ committed finds these too.
+        stats_out.commit({"prompts": per_prompt.num_rows, "schema": PROMPT_STATS.names}, inputs)
         timeline.add("commit", t0, time.time())
         stats.update(
             iteration=iteration, shard=shard, num_shards=num_shards, timeline=timeline.record()

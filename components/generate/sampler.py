@@ -1,0 +1,132 @@
+"""Which train-set rows iteration i samples: `data.sampler` (uniform, or curriculum by pass rate).
+
+`uniform` walks a seeded permutation epoch by epoch (:func:`select_indices`). `curriculum` folds
+the per-prompt stats verify committed for iterations up to ``i - 1 - train.max_staleness`` and
+draws from them (components/core/curriculum.py). A warm worker keeps the folded history and
+adds one iteration's stats per step; a cold start (or a rerun of an earlier iteration) folds
+from iteration 0. Either way the rows depend only on the run seed, i and committed stats.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from components.core.commit import committed_files, content_digest
+from components.core.config import RunConfig
+from components.core.curriculum import PROMPT_STATS, History, curriculum_indices, group_keys
+from components.core.errors import SchemaError
+from components.core.layout import RunLayout
+from components.core.schemas import read_parquet
+from components.core.store import Store
+
+__all__ = ["PromptSampler", "read_prompt_stats", "select_indices", "stats_horizon"]
+
+
+def select_indices(num_rows: int, count: int, seed: int, iteration: int) -> list[int]:
+    """Iteration i's prompts: a slice of a seeded permutation of the train set, reshuffled every
+    epoch. An epoch holds floor(num_rows / count) iterations, so within an epoch no prompt
+    repeats; the remainder waits for the next shuffle."""
+    if count > num_rows:
+        raise ValueError(
+            f"data.prompts_per_iteration={count} exceeds the {num_rows} rows of the train set; "
+            "lower it or use a larger train set"
+        )
+    per_epoch = num_rows // count
+    epoch, slot = divmod(iteration, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(num_rows)
+    return [int(x) for x in perm[slot * count : (slot + 1) * count]]
+
+
+def stats_horizon(cfg: RunConfig, iteration: int) -> int:
+    """The last iteration whose prompt stats iteration `iteration` may use (-1: none): the one
+    scored before checkpoint ``iteration - max_staleness`` was trained, so generate, which waits
+    for that checkpoint, never waits longer for the curriculum."""
+    return iteration - 1 - cfg.train.max_staleness
+
+
+class PromptSampler:
+    """The rows of each iteration, for one generate worker (every shard draws the same rows)."""
+
+    def __init__(self, cfg: RunConfig, store: Store, layout: RunLayout) -> None:
+        self.cfg, self.store, self.layout = cfg, store, layout
+        self._history: History | None = None
+        self._folded: dict[int, str] = {}  # the newest iteration folded in -> its digest
+        self._groups: tuple[int, np.ndarray] | None = None
+
+    @property
+    def curriculum(self) -> bool:
+        return self.cfg.data.sampler == "curriculum"
+
+    def needs(self, iteration: int) -> list[str]:
+        """Directories that must be committed before iteration `iteration` can draw."""
+        last = stats_horizon(self.cfg, iteration)
+        return [self.layout.prompt_stats(last)] if self.curriculum and last >= 0 else []
+
+    def lineage_config(self) -> dict[str, Any]:
+        """What of the config the draw depends on beyond the uniform sampler's (empty for it, so
+        uniform runs keep their recorded lineage)."""
+        if not self.curriculum:
+            return {}
+        return {
+            "sampler": "curriculum",
+            "curriculum": self.cfg.data.curriculum.model_dump(mode="json"),
+            "max_staleness": self.cfg.train.max_staleness,
+        }
+
+    def indices(self, table, iteration: int) -> tuple[list[int], dict[str, float]]:
+        """Iteration `iteration`'s rows of the train `table`, and the sampler's figures."""
+        cfg = self.cfg
+        count = cfg.data.prompts_per_iteration
+        if not self.curriculum:
+            return select_indices(table.num_rows, count, cfg.run.seed, iteration), {}
+        history = self._fold(table.num_rows, stats_horizon(cfg, iteration))
+        return curriculum_indices(
+            history, self._group_keys(table), count, cfg.run.seed, iteration, cfg.data.curriculum
+        )
+
+    def _group_keys(self, table) -> np.ndarray:
+        if self._groups is None or self._groups[0] != id(table):
+            self._groups = (id(table), group_keys(table, self.cfg.data.curriculum.group_by))
+        return self._groups[1]
+
+    def _fold(self, num_rows: int, last: int) -> History:
+        """History through iteration `last`, reusing what this worker folded while the newest
+        iteration folded in is unchanged in the store (a rerun of verify refolds from 0)."""
+        h = self._history
+        reusable = (
+            h is not None
+            and h.num_rows == num_rows
+            and h.next_iteration <= last + 1
+            and all(
+                content_digest(self.store, self.layout.prompt_stats(i)) == digest
+                for i, digest in self._folded.items()
+            )
+        )
+        if not reusable:
+            h, self._folded = History(num_rows), {}
+        assert h is not None
+        retire_after = self.cfg.data.curriculum.retire_after
+        for i in range(h.next_iteration, last + 1):
+            uri = self.layout.prompt_stats(i)
+            h.fold(read_prompt_stats(self.store, uri), i, retire_after)
+            self._folded = {i: content_digest(self.store, uri)}
+        self._history = h
+        return h
+
+
+def read_prompt_stats(store: Store, uri: str) -> pa.Table:
+    """One iteration's committed prompt stats (all shards), checked against the contract."""
+    tables = []
+    for f in committed_files(store, uri, ".parquet"):
+        t = read_parquet(store, f)
+        missing = [c for c in PROMPT_STATS.names if c not in t.column_names]
+        if missing:
+            raise SchemaError(
+                f"{f}: prompt stats lack columns {missing} (docs/contracts.md, 'Prompt stats'); "
+                "rerun verify of that iteration with --force"
+            )
+        tables.append(t.select(PROMPT_STATS.names).cast(PROMPT_STATS))
+    return pa.concat_tables(tables) if tables else PROMPT_STATS.empty_table()
