@@ -544,6 +544,7 @@ def report(run_dir: str) -> None:
     Console().print(eval_table(run_dir))
     paths = run_stage(lambda _cfg: write_run_report(get_store(run_dir), run_dir), None)
     console.print(f"plots and report: {paths['report.md']}")
+    console.print(f"dashboard: {paths['index.html']}")
 
 
 if __name__ == "__main__":

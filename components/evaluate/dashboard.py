@@ -1,0 +1,648 @@
+"""The run dashboard: training dynamics per iteration as PNGs and one self-contained HTML page.
+
+From a :class:`~components.evaluate.dynamics.Dynamics` table (every committed manifest of a run,
+components/evaluate/dynamics.py) this writes, into one directory (``<run>/report/``):
+
+* ``dynamics_<family>.png`` for each figure family present (eval, verify, rollout, train, time):
+  a grid of small line charts over the iterations, the key figures first, one panel per figure
+  or group of related figures; figures that never changed are listed in a text panel instead;
+* ``dynamics.csv`` / ``dynamics.json``: the table itself (``step`` + one column per figure name);
+* ``index.html``: run header, the evaluation table, every family's plot, the last iteration's
+  figures and how to open TensorBoard. The PNGs are embedded as base64 data URIs and the CSS is
+  inline, so the file is readable alone (mailed, attached, opened from a bucket): no script, no
+  external request.
+
+As in components/evaluate/plots.py the figures are built on an Agg canvas without pyplot and the
+PNGs carry no software version: the same table gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import Formatter, MaxNLocator
+
+from components.evaluate.dynamics import Dynamics, family_of
+
+__all__ = ["Panel", "family_panels", "plot_family", "render_html", "write_dashboard"]
+
+_DPI = 100
+_PANEL_W, _PANEL_H = 3.4, 2.35
+_COLUMNS = 4
+_MARKERS_UP_TO = 40  # points per line drawn with markers; longer runs get plain lines
+_CONSTANTS_PER_PANEL = 11
+_TITLES = {
+    "eval": "Evaluation (held-out sets) per checkpoint",
+    "verify": "Rewards and verification per iteration",
+    "rollout": "Rollouts (generate) per iteration",
+    "train": "Policy update (train) per iteration",
+    "time": "Seconds per stage and iteration",
+}
+_HEADINGS = {
+    "eval": "Evaluation over checkpoints",
+    "verify": "Rewards (verify)",
+    "rollout": "Rollouts (generate)",
+    "train": "Policy update (train)",
+    "time": "Time per stage",
+}
+_NOTES = {
+    "eval": "Checkpoint c is the policy after c updates, the one iteration c samples with. "
+    "Shaded: 95% bootstrap confidence interval.",
+    "verify": "Group shares: prompts whose samples all got the same reward carry no GRPO signal.",
+    "rollout": "",
+    "train": "",
+    "time": "Each stage's time of one iteration, without the wait for its inputs "
+    "(stages of neighbouring iterations overlap). work: sampling, scoring or updating alone.",
+}
+
+#: The key figures of each family, in the order they come first (a panel only where present).
+_TRAIN_KEYS = (
+    "train/reward_mean", "train/entropy", "train/kl_ref", "train/ppo_kl", "train/approx_kl",
+    "train/clipfrac", "train/grad_norm", "train/lr", "train/loss", "train/adv_std",
+    "train/zero_var_groups", "train/tokens_per_s",
+)  # fmt: skip
+#: Figures drawn on one panel with the first (its title); the rest are the legend's lines.
+_GROUPS = {
+    "train/clipfrac": ("train/clipfrac", "train/clipfrac_low", "train/clipfrac_high",
+                       "train/dual_clipfrac"),
+    "train/loss": ("train/loss", "train/pg_loss", "train/kl_loss", "train/entropy_loss"),
+    "train/staleness_mean": ("train/staleness_mean", "train/staleness_max"),
+    "rollout/response_length_mean": ("rollout/response_length_mean",
+                                     "rollout/response_length_max"),
+    "verify/zero_signal_share": ("verify/zero_signal_share", "verify/all_correct_share",
+                                 "verify/all_wrong_share"),
+}  # fmt: skip
+_ROLLOUT_KEYS = (
+    "rollout/response_length_mean", "rollout/truncated_fraction", "rollout/tokens_per_s",
+)  # fmt: skip
+_VERIFY_KEYS = ("verify/reward_mean", "verify/zero_signal_share", "verify/error_fraction")
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One small chart: ``lines`` (figure names) over the steps, titled ``title``; a line with
+    ``<name>_ci95_lo`` / ``_hi`` companions gets its confidence band. ``constants`` instead makes a
+    text panel listing ``(name, value)`` pairs."""
+
+    title: str
+    lines: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    constants: tuple[tuple[str, float], ...] = ()
+
+
+# --------------------------------------------------------------------------- panels
+
+
+def _constant(dyn: Dynamics, name: str) -> bool:
+    _, ys = dyn.series(name)
+    return len(ys) > 1 and max(ys) == min(ys)
+
+
+def _short(name: str, family: str) -> str:
+    return name[len(family) + 1 :] if name.startswith(family + "/") else name
+
+
+def _pass_k(name: str) -> int:
+    m = re.search(r"pass@(\d+)$", name)
+    return int(m.group(1)) if m else 0
+
+
+def _eval_panels(dyn: Dynamics, names: Sequence[str]) -> list[Panel]:
+    panels: list[Panel] = []
+    sets = sorted({n.split("/")[1] for n in names if n.count("/") >= 2})
+    for s in sets:
+        prefix = f"eval/{s}/"
+        mine = [n for n in names if n.startswith(prefix) and "_ci95_" not in n]
+        passes = sorted((n for n in mine if re.fullmatch(r"pass@\d+", n[len(prefix) :])),
+                        key=_pass_k)  # fmt: skip
+        used = set(passes)
+        if prefix + "pass@1" in mine:
+            panels.append(Panel(prefix + "pass@1", (prefix + "pass@1",), ("pass@1",)))
+        more = [n for n in passes if n != prefix + "pass@1"]
+        if more:
+            lines = tuple(passes)
+            panels.append(Panel(prefix + "pass@k", lines, tuple(n[len(prefix) :] for n in lines)))
+        votes = sorted(
+            (n for n in mine if re.fullmatch(r"(mean@\d+|maj@\d+|greedy_pass@1)", n[len(prefix):])),
+            key=lambda n: (n[len(prefix) :].split("@")[0], _pass_k(n.replace("maj@", "pass@")
+                                                                 .replace("mean@", "pass@"))),
+        )  # fmt: skip
+        if votes:
+            used.update(votes)
+            panels.append(Panel(prefix + "mean@n, maj@k", tuple(votes),
+                                tuple(n[len(prefix) :] for n in votes)))  # fmt: skip
+        for n in mine:
+            if n not in used:
+                panels.append(Panel(n, (n,)))
+    return panels
+
+
+def _time_panels(names: Sequence[str]) -> list[Panel]:
+    panels = []
+    stages = ("generate", "verify", "train", "evaluate")
+
+    def key(n: str) -> tuple[int, str]:
+        stage = n.split("/")[1].split("_")[0]
+        return (stages.index(stage) if stage in stages else len(stages), n)
+
+    busy = sorted((n for n in names if not n.endswith("_work_s")), key=key)
+    work = sorted((n for n in names if n.endswith("_work_s")), key=key)
+    if busy:
+        panels.append(Panel("time/<stage>_s: busy seconds", tuple(busy),
+                            tuple(n[5:-2] for n in busy)))  # fmt: skip
+    if work:
+        panels.append(Panel("time/<stage>_work_s: work seconds", tuple(work),
+                            tuple(n[5:-7] for n in work)))  # fmt: skip
+    return panels
+
+
+def family_panels(dyn: Dynamics, family: str) -> list[Panel]:
+    """The panels of one family's grid, key figures first; figures that never changed (and are
+    not key figures) go into text panels at the end."""
+    names = [c for c in dyn.columns if family_of(c) == family]
+    if not names:
+        return []
+    if family == "eval":
+        return _eval_panels(dyn, names)
+    if family == "time":
+        return _time_panels(names)
+    keys = {"train": _TRAIN_KEYS, "rollout": _ROLLOUT_KEYS, "verify": _VERIFY_KEYS}.get(family, ())
+    present = set(names)
+    grouped = {m for head, members in _GROUPS.items() if head in present for m in members[1:]}
+    first = [k for k in keys if k in present]
+    if family == "rollout":
+        first += [n for n in names if n.startswith("rollout/sampler_")]
+    rest = [n for n in names if n not in first and n not in grouped]
+    panels, constants = [], []
+    for n in first + rest:
+        members = tuple(m for m in _GROUPS.get(n, (n,)) if m in present)
+        if family == "verify" and n == "verify/reward_mean":
+            by = tuple(m for m in names if m.startswith("verify/reward_mean/"))
+            grouped.update(by)  # one data source: its line is reward_mean's
+            members = (n, *by) if len(by) > 1 else (n,)
+        elif n in grouped:
+            continue
+        if n not in first and all(_constant(dyn, m) for m in members):
+            constants += [(m, dyn.series(m)[1][0]) for m in members]
+            continue
+        same = tuple(m for m in members[1:] if dyn.series(m) == dyn.series(n))
+        members = tuple(m for m in members if m not in same)  # one line for equal series
+        if len(members) == 1 and same:
+            panels.append(Panel(" = ".join((n, *same)), members))
+        elif len(members) == 1:
+            panels.append(Panel(n, members))
+        else:
+            labels = tuple(
+                "all" if m == n and family == "verify" else _short(m, family) for m in members
+            )
+            if same:
+                labels = (" = ".join(_short(m, family) for m in (n, *same)), *labels[1:])
+            if n == "verify/zero_signal_share":
+                panels.append(Panel("verify/group shares", members, labels))
+            elif family == "verify" and n == "verify/reward_mean":
+                panels.append(Panel(n + " (by data source)", members, labels))
+            else:
+                panels.append(Panel(n, members, labels))
+    comps = [p for p in panels if p.lines and p.lines[0].startswith("verify/reward/")]
+    if len(comps) > 1:  # reward components on one panel
+        panels = [p for p in panels if p not in comps]
+        lines = tuple(p.lines[0] for p in comps)
+        panels.insert(1, Panel("verify/reward components", lines,
+                               tuple(_short(n, "verify/reward") for n in lines)))  # fmt: skip
+    for i in range(0, len(constants), _CONSTANTS_PER_PANEL):
+        chunk = tuple(constants[i : i + _CONSTANTS_PER_PANEL])
+        panels.append(Panel("unchanged over the run", constants=chunk))
+    return panels
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+def format_number(x: float) -> str:
+    """A figure's value for a table: thousands grouped, else 4 significant digits."""
+    if not math.isfinite(x):
+        return str(x)
+    if x == int(x) and abs(x) < 1e15:
+        return f"{int(x):,}"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}"
+
+
+class _Ticks(Formatter):
+    """Short tick labels with as few decimals as the ticks need, all alike: 0.15 0.30 0.45,
+    1.000 1.004, 45k 50k, 1.2M; tiny values in e-notation."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return self.format_ticks([x])[0]
+
+    def format_ticks(self, values: Sequence[float]) -> list[str]:  # type: ignore[override]
+        values = [float(v) for v in values]
+        if not values:
+            return []
+        top = max(abs(v) for v in values)
+        scale, suffix = 1.0, ""
+        for limit, div, name in ((1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k")):
+            if top >= limit:
+                scale, suffix = div, name
+                break
+        if 0 < top < 1e-3:
+            for digits in range(1, 7):
+                labels = [f"{v:.{digits}e}".replace("e-0", "e-") if v else "0" for v in values]
+                if len(set(labels)) == len(labels):
+                    return labels
+            return labels
+        scaled = [v / scale for v in values]
+        steps = [abs(b - a) for a, b in zip(scaled, scaled[1:], strict=False) if b != a]
+        tol = (min(steps) if steps else max(abs(scaled[0]), 1.0)) * 1e-6
+        for decimals in range(0, 9):
+            if all(abs(round(v, decimals) - v) <= tol for v in scaled):
+                break
+        out = []
+        for v in scaled:
+            text = f"{v:.{decimals}f}"
+            out.append(("0" if float(text) == 0 else text) + ("" if float(text) == 0 else suffix))
+        return out
+
+
+def _xlim(steps: Sequence[int]) -> tuple[float, float]:
+    lo, hi = min(steps), max(steps)
+    pad = 0.5 if hi - lo < 10 else 0.0
+    return (lo - pad, hi + pad) if hi > lo else (lo - 1.0, hi + 1.0)
+
+
+def _draw(ax, dyn: Dynamics, panel: Panel, xlim: tuple[float, float]) -> None:  # noqa: ANN001
+    if panel.constants:
+        ax.set_axis_off()
+        ax.set_title(panel.title, fontsize=9, loc="left", color="#555555")
+        text = "\n".join(f"{n} = {format_number(v)}" for n, v in panel.constants)
+        ax.text(0.0, 1.0, text, transform=ax.transAxes, va="top", ha="left", fontsize=7.5,
+                family="monospace", color="#333333", linespacing=1.45)  # fmt: skip
+        return
+    for i, name in enumerate(panel.lines):
+        xs, ys = dyn.series(name)
+        if not xs:
+            continue
+        label = panel.labels[i] if i < len(panel.labels) else _short(name, family_of(name))
+        marker = "o" if len(xs) <= _MARKERS_UP_TO else None
+        (line,) = ax.plot(xs, ys, marker=marker, markersize=3, linewidth=1.4, label=label,
+                          color=f"C{i}")  # fmt: skip
+        lo_x, lo = dyn.series(name + "_ci95_lo")
+        hi_x, hi = dyn.series(name + "_ci95_hi")
+        if lo_x and lo_x == hi_x:
+            if len(lo_x) == 1:
+                ax.vlines(lo_x, lo, hi, color=line.get_color(), alpha=0.35, linewidth=4)
+            else:
+                ax.fill_between(lo_x, lo, hi, color=line.get_color(), alpha=0.18, linewidth=0,
+                                label=f"{label} 95% CI")  # fmt: skip
+    ax.set_title(panel.title, fontsize=9, loc="left")
+    ax.set_xlim(*xlim)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
+    ax.yaxis.set_major_formatter(_Ticks())
+    ax.tick_params(labelsize=7.5, length=2.5)
+    ax.grid(True, alpha=0.3, linewidth=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    lo_y, hi_y = ax.get_ylim()
+    if hi_y - lo_y < 1e-12 * max(1.0, abs(hi_y)):  # a flat line: centre it
+        ax.set_ylim(lo_y - 0.5 * max(abs(lo_y), 1e-3), hi_y + 0.5 * max(abs(hi_y), 1e-3))
+    if len(panel.lines) > 1 or len(ax.get_legend_handles_labels()[0]) > 1:
+        ax.legend(fontsize=6.5, loc="best", frameon=False, handlelength=1.5, borderaxespad=0.2)
+
+
+def plot_family(dyn: Dynamics, family: str, out_png: Path) -> Path | None:
+    """One family's grid of panels as a PNG (None when the run has no figure of it)."""
+    panels = family_panels(dyn, family)
+    if not panels:
+        return None
+    steps = sorted({s for p in panels for n in p.lines for s in dyn.series(n)[0]}) or dyn.steps
+    # few panels (time: two) get wider ones, so every family's image has the same width
+    ncols = min(_COLUMNS, len(panels))
+    width = _PANEL_W * _COLUMNS if ncols > 1 else _PANEL_W * 2
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(width, _PANEL_H * nrows + 0.55), layout="constrained")
+    fig.get_layout_engine().set(h_pad=0.06, w_pad=0.06, hspace=0.04, wspace=0.03)
+    xlim = _xlim(steps)
+    for i, panel in enumerate(panels):
+        _draw(fig.add_subplot(nrows, ncols, i + 1), dyn, panel, xlim)
+    fig.suptitle(_TITLES.get(family, family), fontsize=12, x=0.01, ha="left", fontweight="bold")
+    fig.supxlabel("checkpoint" if family == "eval" else "iteration", fontsize=9)
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(out_png, format="png", dpi=_DPI, metadata={"Software": None})
+    return out_png
+
+
+# --------------------------------------------------------------------------- HTML
+
+_CSS = """
+:root { --fg: #1f2328; --muted: #656d76; --line: #d8dee4; --bg: #f6f8fa; --accent: #0969da;
+        }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;
+       color: var(--fg); background: #fff; }
+main { max-width: 1400px; margin: 0 auto; padding: 24px 28px 48px; }
+header h1 { margin: 0 0 2px; font-size: 24px; }
+header .path { color: var(--muted); font-family: ui-monospace, Menlo, Consolas, monospace;
+               font-size: 12px; word-break: break-all; }
+.cards { display: flex; flex-wrap: wrap; gap: 12px; margin: 18px 0 6px; }
+.card { border: 1px solid var(--line); border-radius: 8px; padding: 10px 16px; min-width: 150px;
+        background: var(--bg); }
+.card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.card .v { font-size: 22px; font-weight: 600; }
+.card .s { color: var(--muted); font-size: 12px; }
+nav { margin: 14px 0 0; font-size: 13px; }
+nav a { color: var(--accent); text-decoration: none; margin-right: 14px; }
+h2 code { font-size: 13px; color: var(--muted); font-weight: 400; }
+h2 { font-size: 18px; margin: 34px 0 6px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
+h3 { font-size: 14px; margin: 18px 0 6px; }
+p.note { color: var(--muted); margin: 4px 0 10px; font-size: 13px; }
+img.plot { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
+table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
+th, td { padding: 4px 8px; border-bottom: 1px solid var(--line); text-align: right;
+         white-space: nowrap; }
+th { background: var(--bg); font-weight: 600; }
+td:first-child, th:first-child { text-align: left; }
+tr.best td { background: #dafbe1; }
+.scroll { overflow-x: auto; }
+.ci { color: var(--muted); font-size: 11px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 8px 28px; }
+.grid > div { min-width: 0; overflow-x: auto; }
+.grid table { width: 100%; }
+td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; }
+.up { color: #0550ae; } .down { color: #953800; } .flat { color: var(--muted); }
+pre { background: var(--bg); border: 1px solid var(--line); border-radius: 6px; padding: 10px 14px;
+      overflow-x: auto; font-size: 13px; }
+footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
+code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12.5px; }
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _img(png: bytes, alt: str) -> str:
+    """An embedded PNG, never wider than it was drawn (its IHDR width)."""
+    width = struct.unpack(">I", png[16:20])[0] if png[:8] == b"\x89PNG\r\n\x1a\n" else 0
+    style = f' style="max-width: {width}px"' if width else ""
+    return f'<img class="plot" alt="{_e(alt)}"{style} src="{_data_uri(png)}">'
+
+
+def _eval_sets(dyn: Dynamics) -> list[str]:
+    return sorted({c.split("/")[1] for c in dyn.columns if c.startswith("eval/") and
+                   c.count("/") >= 2})  # fmt: skip
+
+
+def _eval_metrics(dyn: Dynamics, s: str) -> list[str]:
+    prefix = f"eval/{s}/"
+    names = [c[len(prefix) :] for c in dyn.columns if c.startswith(prefix) and "_ci95_" not in c]
+
+    def key(m: str) -> tuple[int, int, str]:
+        kind = m.split("@")[0]
+        order = {"pass": 0, "greedy_pass": 1, "mean": 2, "maj": 3}.get(kind, 4)
+        k = int(m.split("@")[1]) if "@" in m and m.split("@")[1].isdigit() else 0
+        return order, k, m
+
+    return sorted(names, key=key)
+
+
+def _best(dyn: Dynamics, s: str) -> tuple[int | None, int | None]:
+    xs, ys = dyn.series(f"eval/{s}/pass@1")
+    if not xs:
+        return None, None
+    best = max(zip(xs, ys, strict=True), key=lambda p: (p[1], -p[0]))[0]
+    return best, xs[-1]
+
+
+def _eval_table(dyn: Dynamics, s: str) -> str:
+    metrics = _eval_metrics(dyn, s)
+    prefix = f"eval/{s}/"
+    rows = [c for c in dyn.steps if any(prefix + m in dyn.rows[c] for m in metrics)]
+    best, _ = _best(dyn, s)
+    head = "".join(f"<th>{_e(m)}</th>" for m in metrics)
+    body = []
+    for c in rows:
+        row = dyn.rows[c]
+        cells = []
+        for m in metrics:
+            v = row.get(prefix + m)
+            text = "–" if v is None else f"{v:.4f}" if abs(v) < 10 else f"{v:,.2f}"
+            lo, hi = row.get(f"{prefix}{m}_ci95_lo"), row.get(f"{prefix}{m}_ci95_hi")
+            if v is not None and lo is not None and hi is not None:
+                text += f' <span class="ci">[{lo:.3f}, {hi:.3f}]</span>'
+            cells.append(f"<td>{text}</td>")
+        cls = ' class="best"' if c == best else ""
+        label = f"{c:05d}" + (" (base)" if c == 0 else "") + (" ★ best" if c == best else "")
+        body.append(f"<tr{cls}><td>{_e(label)}</td>{''.join(cells)}</tr>")
+    return (
+        f'<div class="scroll"><table><thead><tr><th>checkpoint</th>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
+def _delta(now: float, before: float | None) -> str:
+    """The change since the figure's previous value; neutral colours: up is not always good."""
+    if before is None:
+        return '<td class="flat"></td>'
+    d = now - before
+    if d == 0:
+        return '<td class="flat">=</td>'
+    text = f"{d:+.3g}" if max(abs(before), abs(now)) < 1000 else f"{d:+,.0f}"
+    if before != 0 and abs(d / before) < 100:
+        r = d / abs(before)
+        if abs(r) >= 0.0005:
+            text += f" ({r:+.1%})" if abs(r) < 0.1 else f" ({r:+.0%})"
+    return f'<td class="{"up" if d > 0 else "down"}">{"▲" if d > 0 else "▼"} {_e(text)}</td>'
+
+
+def _last_tables(dyn: Dynamics) -> str:
+    """Per family: each figure's last value (and its step where that is not the family's)."""
+    blocks = []
+    for family in dyn.families():
+        names = [c for c in dyn.columns if family_of(c) == family and "_ci95_" not in c]
+        if not names:
+            continue
+        what = "checkpoint" if family == "eval" else "iteration"
+        step, _ = dyn.last(family)
+        lines = []
+        for name in names:
+            xs, ys = dyn.series(name)
+            value = _e(format_number(ys[-1]))
+            if xs[-1] != step:
+                value = f'<span class="ci">({what} {xs[-1]})</span> ' + value
+            lines.append(
+                f'<tr><td class="name">{_e(_short(name, family))}</td><td>{value}</td>'
+                f"{_delta(ys[-1], ys[-2] if len(ys) > 1 else None)}</tr>"
+            )
+        blocks.append(
+            f"<div><h3>{_e(_HEADINGS.get(family, family))} — {what} {step}</h3><table>"
+            f"<thead><tr><th>{_e(family)}/…</th><th>value</th><th>change</th></tr></thead>"
+            f"<tbody>{''.join(lines)}</tbody></table></div>"
+        )
+    return f'<div class="grid">{"".join(blocks)}</div>'
+
+
+def _cards(dyn: Dynamics) -> str:
+    cards = []
+
+    def card(key: str, value: str, sub: str = "") -> None:
+        cards.append(
+            f'<div class="card"><div class="k">{_e(key)}</div><div class="v">{_e(value)}</div>'
+            f'<div class="s">{_e(sub)}</div></div>'
+        )
+
+    trained = dyn.series("train/reward_mean")[0] or [
+        s for s in dyn.steps if any(k.startswith("train/") for k in dyn.rows[s])
+    ]
+    sampled = [s for s in dyn.steps if any(k.startswith("rollout/") for k in dyn.rows[s])]
+    card("iterations", str(len(trained)),
+         f"updates; {len(sampled)} sampled" if sampled else "updates")  # fmt: skip
+    sets = _eval_sets(dyn)
+    if sets:
+        s = sets[0]
+        best, last = _best(dyn, s)
+        row = dyn.rows
+        evaluated = dyn.series(f"eval/{s}/pass@1")[0]
+        card("checkpoints evaluated", str(len(evaluated)), f"set {s}")
+        if best is not None and last is not None:
+            card("best pass@1", f"{row[best][f'eval/{s}/pass@1']:.4f}", f"checkpoint {best:05d}")
+            first = evaluated[0]
+            gain = row[last][f"eval/{s}/pass@1"] - row[first][f"eval/{s}/pass@1"]
+            card("last pass@1", f"{row[last][f'eval/{s}/pass@1']:.4f}",
+                 f"checkpoint {last:05d}; {gain:+.4f} vs {first:05d}")  # fmt: skip
+    else:
+        card("evaluation", "none yet", "no committed evals/<c>")
+    for name, label in (("train/reward_mean", "last train reward"),
+                        ("verify/reward_mean", "last verify reward")):  # fmt: skip
+        xs, ys = dyn.series(name)
+        if xs:
+            card(label, f"{ys[-1]:.4f}", f"iteration {xs[-1]}")
+            break
+    xs, ys = dyn.series("train/entropy")
+    if xs:
+        card("last entropy", format_number(ys[-1]), f"iteration {xs[-1]}")
+    return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def render_html(
+    dyn: Dynamics,
+    run_id: str,
+    root: str,
+    plots: Mapping[str, bytes],
+    extra: Mapping[str, tuple[str, bytes]] | None = None,
+) -> str:
+    """The dashboard page: header, evaluation table, one plot per family (``plots``:
+    ``{family: PNG bytes}``), ``extra`` plots (``{title: (note, PNG bytes)}``), the last
+    iteration's figures and how to open TensorBoard. Pure: the same inputs give the same text."""
+    sections = []
+    nav = []
+    sets = _eval_sets(dyn)
+    if sets:
+        tables = "".join(
+            (f"<h3>{_e(s)}</h3>" if len(sets) > 1 else "") + _eval_table(dyn, s) for s in sets
+        )
+        sections.append(
+            '<section id="evaluation"><h2>Evaluation</h2><p class="note">Every evaluated '
+            "checkpoint; 95% bootstrap confidence intervals in brackets; the best pass@1 "
+            f"highlighted.</p>{tables}</section>"
+        )
+        nav.append(("evaluation", "eval table"))
+    else:
+        sections.append(
+            '<section id="evaluation"><h2>Evaluation</h2><p class="note">No evaluation '
+            "committed yet: the table and the eval plot appear once <code>evals/&lt;c&gt;</code>"
+            " is.</p></section>"
+        )
+    for family, png in plots.items():
+        note = _NOTES.get(family, "")
+        sections.append(
+            f'<section id="{_e(family)}"><h2>{_e(_HEADINGS.get(family, family))} '
+            f"<code>{_e(family)}/…</code></h2>"
+            + (f'<p class="note">{_e(note)}</p>' if note else "")
+            + _img(png, f"{family} figures per iteration")
+            + "</section>"
+        )
+        nav.append((family, family))
+    for i, (title, (note, png)) in enumerate((extra or {}).items()):
+        anchor = f"extra-{i}"
+        sections.append(
+            f'<section id="{anchor}"><h2>{_e(title)}</h2>'
+            + (f'<p class="note">{_e(note)}</p>' if note else "")
+            + _img(png, title)
+            + "</section>"
+        )
+        nav.append((anchor, title))
+    if dyn.rows:
+        sections.append(
+            '<section id="last"><h2>Last figures</h2><p class="note">Each figure at the last '
+            "step that recorded it, with the change since its value the step before. Every "
+            "value of every step: <code>dynamics.csv</code> beside this page.</p>"
+            f"{_last_tables(dyn)}</section>"
+        )
+        nav.append(("last", "last figures"))
+    tb = root.rstrip("/") + "/tensorboard"
+    sections.append(
+        '<section id="tensorboard"><h2>TensorBoard</h2><p class="note">The stages log the same '
+        "figures, under the same names, to TensorBoard event files in the run (when "
+        "<code>tracking.backends</code> includes tensorboard). Step-level detail:</p>"
+        f"<pre>tensorboard --logdir {_e(tb)}</pre></section>"
+    )
+    nav.append(("tensorboard", "tensorboard"))
+    steps = dyn.steps
+    span = f"steps {steps[0]}–{steps[-1]}" if steps else "no step committed yet"
+    links = "".join(f'<a href="#{_e(a)}">{_e(t)}</a>' for a, t in nav)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>rlvr run {_e(run_id)}</title><style>{_CSS}</style></head><body><main>"
+        f'<header><h1>Run {_e(run_id)}</h1><div class="path">{_e(root)} · {_e(span)}</div>'
+        f"{_cards(dyn)}<nav>{links}</nav></header>{''.join(sections)}"
+        "<footer>Generated by <code>rlvr report</code> from the run's committed manifests. "
+        "Beside this page in <code>report/</code>: <code>dynamics.csv</code> and "
+        "<code>dynamics.json</code> (step × figure; <code>pandas.read_csv(…, "
+        'index_col="step")</code>), <code>dynamics_&lt;family&gt;.png</code>, '
+        "<code>report.md</code>.</footer></main></body></html>\n"
+    )
+
+
+def write_dashboard(
+    dyn: Dynamics,
+    out_dir: Path,
+    run_id: str,
+    root: str,
+    extra: Mapping[str, tuple[str, Path]] | None = None,
+) -> list[Path]:
+    """Write ``dynamics_<family>.png`` for each family present, ``dynamics.csv``,
+    ``dynamics.json`` and ``index.html`` into ``out_dir``; ``extra`` (``{title: (note, PNG)}``)
+    adds other plots to the page. Returns the files written, the page last."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written, plots = [], {}
+    for family in dyn.families():
+        png = plot_family(dyn, family, out_dir / f"dynamics_{family}.png")
+        if png is not None:
+            written.append(png)
+            plots[family] = png.read_bytes()
+    (out_dir / "dynamics.csv").write_text(dyn.to_csv())
+    (out_dir / "dynamics.json").write_text(dyn.to_json())
+    written += [out_dir / "dynamics.csv", out_dir / "dynamics.json"]
+    pages = {t: (note, Path(p).read_bytes()) for t, (note, p) in (extra or {}).items()}
+    index = out_dir / "index.html"
+    index.write_text(render_html(dyn, run_id, root, plots, pages))
+    return [*written, index]
