@@ -15,6 +15,9 @@ The store is the only channel between workers:
 - each committed output's manifest carries the step's `timeline` (process start, wait, setup,
   read, load, work, commit spans in epoch seconds), from which the run report draws its Gantt
   chart and computes the critical path (components/evaluate/timeline.py).
+
+After each step that committed, the worker logs the step's figures to the configured trackers
+(components/core/tracking.py); that never changes what was committed nor fails the worker.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ import socket
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from components.core.commit import NotCommittedError, committed_parts
 from components.core.config import RunConfig
 from components.core.layout import RunLayout, store_for
 from components.core.store import Store, StoreError, join
+
+if TYPE_CHECKING:
+    from components.core.tracking import StageTracking
 
 log = logging.getLogger("rlvr.warm")
 
@@ -279,14 +285,26 @@ def _cold_start(timeline: Timeline) -> None:
         timeline.add("start", process_start_time(), time.time())
 
 
+def _tracking(stage: WarmStage) -> StageTracking:
+    """The worker's tracking (components/core/tracking.py). Imported here, not at the top: the
+    module is loaded only by a worker that serves, and its backends only on the first commit."""
+    from components.core.tracking import StageTracking
+
+    return StageTracking(stage)
+
+
 def run_once(stage: WarmStage, iteration: int, *, force: bool = False) -> dict[str, Any]:
     """One iteration, cold: what `rlvr stage` and the one-stage pipeline run."""
     timeline = Timeline(stage.task, iteration)
     _cold_start(timeline)
+    tracking = _tracking(stage)
     try:
         _check(stage)
-        return stage.step(iteration, force=force, timeline=timeline)
+        result = stage.step(iteration, force=force, timeline=timeline)
+        tracking.after_step(iteration, result, timeline)
+        return result
     finally:
+        tracking.close()
         stage.close()
 
 
@@ -321,6 +339,7 @@ def serve(
     status.clear(stage.task)
     results = []
     i = None
+    tracking = _tracking(stage)
     try:
         _check(stage)
         previous = start
@@ -344,12 +363,14 @@ def serve(
             wait_committed(store, stage.needs(i), **wait)
             timeline.add("wait", t0, time.time())
             results.append(stage.step(i, timeline=timeline))
+            tracking.after_step(i, results[-1], timeline)
             previous = i
     except BaseException as e:
         status.mark_failed(stage.task, e, iteration=i, grace_s=0.0 if isinstance(e, PeerFailed)
                            else grace_s)  # fmt: skip
         raise
     finally:
+        tracking.close()
         stage.close()
     return results
 
