@@ -300,7 +300,7 @@ def run(
     elapsed = time.perf_counter() - t0
     if cfg.data.eval:
         Console().print(eval_table(cfg))
-    from components.evaluate.stage import write_run_report
+    from components.evaluate.run_report import write_run_report
     from components.evaluate.timeline import summarize_run
 
     summary = summarize_run(store, layout.root)
@@ -531,7 +531,7 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
 @main.command(help="Print every checkpoint's metrics and regenerate the run's plots and report.")
 @click.argument("run_dir")
 def report(run_dir: str) -> None:
-    from components.evaluate.stage import write_run_report
+    from components.evaluate.run_report import write_run_report
 
     store, root = get_store(run_dir), run_dir.rstrip("/")
     if not store.exists(join(root, "run.yaml")):

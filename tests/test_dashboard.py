@@ -14,7 +14,7 @@ from components.core.commit import OutputDir, read_manifest, shard_dir
 from components.core.store import get_store, join
 from components.evaluate.dashboard import family_panels, write_dashboard
 from components.evaluate.dynamics import Dynamics, collect
-from components.evaluate.stage import write_run_report
+from components.evaluate.run_report import write_run_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

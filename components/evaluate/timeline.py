@@ -15,7 +15,7 @@ them for a run and computes:
   generate i; train i after verify i and train i-1; evaluate c after train c-1) and each worker's
   own order, every node weighted by its measured non-wait time (plus its worker's cold start).
 
-Run as `rlvr report RUN_DIR` (through write_run_report) or `python -m components.evaluate.timeline
+Run as `rlvr report RUN_DIR` (through run_report.write_run_report) or `python -m components.evaluate.timeline
 RUN_DIR`.
 """
 

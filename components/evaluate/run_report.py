@@ -1,0 +1,131 @@
+"""The run report under `<run>/report/` (`rlvr report RUN_DIR`, and the end of `rlvr run`):
+every committed evaluation's history and pass@k curves, where the time went (timeline.py), and
+the training dynamics dashboard (dynamics.py, dashboard.py): PNGs, dynamics.csv/json and one
+self-contained index.html. Regenerated from the store alone; the committed outputs it reads are
+left as they are."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from components.core.commit import OutputDir
+from components.core.errors import StageError
+from components.core.layout import RunLayout, committed_indices
+from components.core.store import Store, join
+from components.evaluate.plots import plot_history, plot_pass_at_k
+from components.evaluate.report import render_markdown
+from components.evaluate.stage import history
+
+__all__ = ["write_run_report"]
+
+
+def write_run_report(store: Store, root: str) -> dict[str, str]:
+    """Regenerate the run-level plots and report under `<run>/report/` from every committed eval:
+    pass@1 / mean@n / reward over checkpoints, and pass@k curves of the base, the best and the
+    last checkpoint; plus where the time went: a Gantt chart of every task with the critical
+    path (components/evaluate/timeline.py); plus the training dynamics of every iteration from
+    every committed manifest (components/evaluate/dashboard.py): ``dynamics_<family>.png``,
+    ``dynamics.csv`` / ``dynamics.json`` and the self-contained ``index.html``. The committed
+    eval directories are left as they are."""
+    from components.evaluate.dynamics import collect
+    from components.evaluate.timeline import format_summary, load_timeline, plot_timeline, summary
+
+    layout = RunLayout(root.rstrip("/"))
+    done = committed_indices(store, join(layout.root, "evals"))
+    timeline = load_timeline(store, layout.root)
+    dynamics = collect(store, layout.root)
+    if not done and not timeline.steps and not dynamics.rows:
+        raise StageError(f"{root} has no committed evaluation or stage output yet")
+    out = OutputDir(store, join(layout.root, "report"), "report")
+    out.begin(force=True)
+    tmp = Path(tempfile.mkdtemp(prefix="rlvr-report-"))
+    names = []
+    try:
+        md = "# Run report\n\n_No evaluation yet._\n"
+        best = None
+        if done:
+            tops = {
+                c: json.loads(store.read_text(join(layout.evals(c), "metrics.json"))) for c in done
+            }
+            last = done[-1]
+            rows = history(store, layout, last, tops[last])
+            best = max(done, key=lambda c: tops[c]["overall"]["pass@1"])
+            curves = {}
+            for label, c in (("base", done[0]), ("best", best), ("last", last)):
+                curves.setdefault(f"{label} ({c:05d})", _pass_curve(tops[c]))
+            out.put_file(plot_history(rows, tmp / "history.png"), "history.png")
+            out.put_file(
+                plot_pass_at_k(curves, tmp / "pass_at_k.png", "pass@k: base, best, last"),
+                "pass_at_k.png",
+            )
+            names += ["history.png", "pass_at_k.png"]
+            primary = tops[last]
+            md = render_markdown(
+                {"model": primary["checkpoint"], "checkpoint": f"{last:05d}",
+                 "overall": primary["overall"], "by_data_source": primary["by_data_source"]},
+                rows,
+                {"history": "history.png", "pass@k": "pass_at_k.png"},
+            )  # fmt: skip
+        if timeline.steps:
+            out.put_file(plot_timeline(timeline, tmp / "timeline.png"), "timeline.png")
+            names.append("timeline.png")
+            md += (
+                "\n## Where the time went\n\n![timeline](timeline.png)\n\n```\n"
+                + format_summary(summary(timeline))
+                + "\n```\n"
+            )
+        dashboard = _write_dashboard(dynamics, layout.root, names, tmp, out)
+        md += _dynamics_markdown(dashboard)
+        out.put_bytes(md.encode(), "report.md")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out.commit({"checkpoints": done, "best": best, "steps": len(dynamics.rows)})
+    return {name: join(out.uri, name) for name in ("report.md", *names, *dashboard)}
+
+
+def _write_dashboard(
+    dynamics: Any, root: str, names: list[str], tmp: Path, out: OutputDir
+) -> list[str]:
+    """The dashboard files into `out` (the run-level plots already written to `tmp` go into
+    index.html too); their names, index.html last."""
+    from components.evaluate.dashboard import write_dashboard
+
+    pages = (
+        ("pass_at_k.png", "pass@k: base, best, last", "pass@k against k (samples)."),
+        ("timeline.png", "Where the time went", "Every task of the run, with the critical path."),
+    )
+    extra = {title: (note, tmp / name) for name, title, note in pages if name in names}
+    files = write_dashboard(dynamics, tmp / "dashboard", root.rstrip("/").rsplit("/", 1)[-1],
+                            root, extra)  # fmt: skip
+    for f in files:
+        out.put_file(f, f.name)
+    return [f.name for f in files]
+
+
+def _dynamics_markdown(files: list[str]) -> str:
+    pngs = [f for f in files if f.endswith(".png")]
+    lines = ["", "## Training dynamics", ""]
+    if not pngs:
+        return "\n".join([*lines, "_No stage output committed yet._", ""])
+    lines += [
+        "Every figure of every iteration, from the stages' manifests (names as in TensorBoard). "
+        "All of it on one page: [index.html](index.html); the table: "
+        '[dynamics.csv](dynamics.csv) (`pandas.read_csv(path, index_col="step")`).',
+        "",
+    ]
+    for png in pngs:
+        family = png[len("dynamics_") : -len(".png")]
+        lines += [f"### {family}", "", f"![{family}]({png})", ""]
+    return "\n".join(lines)
+
+
+def _pass_curve(m: dict) -> dict[int, float]:
+    return {
+        int(k.split("@")[1]): v
+        for k, v in m["overall"].items()
+        if k.startswith("pass@") and "_" not in k
+    }
