@@ -180,6 +180,38 @@ def test_retired_rows_return_after_a_while_and_fill_a_short_draw():
     assert sorted(rows) == list(range(6)) and figures["retired"] == 0
 
 
+def test_the_stats_horizon_waits_for_nothing_generate_does_not():
+    from components.core.config import RunConfig
+    from components.core.layout import RunLayout
+    from components.generate.sampler import PromptSampler, stats_horizon
+
+    cfg = RunConfig(model={"base": "b"}, data={"train": "t", "sampler": "curriculum"})
+    cfg.train.max_staleness = 1
+    # Generate of iteration 3 samples with checkpoint 2, trained on scored(1): its stats are
+    # the newest it may fold. Iterations 0 and 1 fold none.
+    assert [stats_horizon(cfg, i) for i in range(4)] == [-2, -1, 0, 1]
+    sampler = PromptSampler(cfg, None, RunLayout("/r"))  # type: ignore[arg-type]
+    assert sampler.needs(3) == ["/r/iterations/00001/scored"]
+    assert sampler.needs(0) == [] and sampler.needs(1) == []
+    cfg.train.max_staleness = 0
+    assert sampler.needs(1) == ["/r/iterations/00000/scored"]
+    cfg.data.sampler = "uniform"
+    assert sampler.needs(5) == [] and sampler.lineage_config() == {}
+
+
+def test_rows_generate_skipped_are_not_drawn_again():
+    h = History(10)
+    h.fold(_stats({0: (2, 1)}, 0), 0, retire_after=2, skipped=[1, 2, 3])
+    assert h.excluded.tolist() == [False, True, True, True] + [False] * 6
+    c = CurriculumSection(explore_share=0.5)
+    groups = np.zeros(10, np.int64)
+    for it in range(1, 30):
+        rows, figures = curriculum_indices(h, groups, 6, 0, it, c)
+        assert not {1, 2, 3} & set(rows) and figures["excluded"] == 3
+    rows, _ = curriculum_indices(h, groups, 8, 0, 1, c)  # 7 others: one skipped row fills in
+    assert len(set(rows)) == 8 and len({1, 2, 3} & set(rows)) == 1
+
+
 def test_group_keys_and_row_ids():
     t = pa.table({
         "data_source": ["a", "b", "a"],
@@ -255,7 +287,7 @@ def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
 
     # generate of iteration 2 drew from iterations 0 and 1 and records it.
     gen = json.loads(Path(layout.rollouts(2), "_SUCCESS").read_text())
-    assert "iterations/00001/prompt_stats" in gen["inputs"]
+    assert "iterations/00001/scored" in gen["inputs"]  # the newest stats folded (horizon 1)
     assert gen["stats"]["sampler"]["explored"] == 4  # half of 8, from never-seen rows
     assert gen["stats"]["sampler"]["seen_share"] == pytest.approx(16 / 120)
 
@@ -271,6 +303,34 @@ def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
     warm = PromptSampler(cfg, store, layout)
     for i in range(3):
         assert warm.indices(table, i)[0] == PromptSampler(cfg, store, layout).indices(table, i)[0]
+
+    # The warm sampler refolds from 0 when the newest scored rollouts it folded changed.
+    folded = warm._history
+    warm._folded = {1: "another digest"}
+    assert warm.indices(table, 2)[0] == rows and warm._history is not folded
+
+    # A run scored before prompt stats existed: verify counts it current, the sampler derives
+    # the stats from the scored rollouts, and a verify that skips backfills them, identical.
+    import shutil
+
+    from components.train.stage import TrainStage
+    from components.verify.stage import VerifyStage
+
+    original = pq.read_table(Path(layout.prompt_stats(0), "part-00000.parquet"))
+    shutil.rmtree(layout.prompt_stats(0))
+    assert VerifyStage(cfg).up_to_date(0)
+    from components.core.warm import segment
+    from pipelines.plan import first_out_of_date
+
+    assert first_out_of_date(cfg, segment(cfg, 0)) == (2, "train", "missing")  # not verify 0
+    assert PromptSampler(cfg, store, layout).indices(table, 2)[0] == rows
+    assert verify(cfg, 0)["skipped"]
+    assert pq.read_table(Path(layout.prompt_stats(0), "part-00000.parquet")).equals(original)
+
+    # train.kl_metric only adds a figure: it is not part of train's lineage.
+    with_kl = cfg.model_copy(deep=True)
+    with_kl.train.kl_metric = True
+    assert TrainStage(with_kl)._plan(0)[2] == TrainStage(cfg)._plan(0)[2]
 
     sharded = cfg.model_copy(deep=True)
     sharded.generate.num_shards = 2
@@ -293,3 +353,14 @@ def test_a_bad_group_by_is_caught_by_check(tmp_path, tiny_assets):
     problems = Problems()
     check_curriculum(load_config(path), problems)
     assert "data.curriculum.group_by='level'" in str(problems.items)
+
+
+def test_a_return_after_within_the_lag_warns(tmp_path, tiny_assets):
+    from components.core.preflight import Problems
+    from components.generate.checks import check_curriculum
+
+    path = write_config(tmp_path, tiny_assets, train={"max_staleness": 1},
+                        data={"sampler": "curriculum", "curriculum": {"return_after": 2}})  # fmt: skip
+    problems = Problems()
+    check_curriculum(load_config(path), problems)
+    assert not problems.errors and "set it above 2" in str(problems.warnings)

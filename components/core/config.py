@@ -109,7 +109,7 @@ class CurriculumSection(_Strict):
     sharpness: float = Field(2.0, gt=0)
     """Weights are E[p(1-p)] ** sharpness under the prompt's Beta posterior."""
     retire_after: int = Field(2, ge=1)
-    """Retire a prompt after this many consecutive iterations in which every sample succeeded."""
+    """Retire a prompt after this many consecutive draws of it in which every sample succeeded."""
     return_after: int = Field(10, ge=1)
     """A retired prompt may be drawn again this many iterations after it was retired."""
 

@@ -10,8 +10,8 @@ knows about each prompt (:class:`History`) and draws iteration t's prompts from 
 * the rest by weight ``E[p(1-p)] ** sharpness`` under the prompt's Beta posterior, whose prior
   is its group's pooled pass rate (`group_by`, e.g. a difficulty level) worth `prior_strength`
   samples: prompts the policy always or never solves give GRPO no signal and are drawn less;
-* a prompt solved by every sample for `retire_after` consecutive iterations retires, and may be
-  drawn again `return_after` iterations later.
+* a prompt solved by every sample in `retire_after` consecutive draws of it retires, and may be
+  drawn again `return_after` iterations after the iteration that retired it.
 
 Iteration t sees the stats of iterations up to t - 1 - train.max_staleness only: exactly those
 committed before checkpoint t - max_staleness, which generate waits for anyway. So the draw is a
@@ -146,8 +146,9 @@ class History:
     attempts: np.ndarray = field(init=False)
     successes: np.ndarray = field(init=False)
     last_seen: np.ndarray = field(init=False)  # -1: never sampled
-    streak: np.ndarray = field(init=False)  # consecutive iterations with every sample solved
+    streak: np.ndarray = field(init=False)  # consecutive draws with every sample solved
     retired_at: np.ndarray = field(init=False)  # -1: not retired
+    excluded: np.ndarray = field(init=False)  # generate skipped it (prompt too long): never scored
     next_iteration: int = 0
 
     def __post_init__(self) -> None:
@@ -157,11 +158,18 @@ class History:
         self.last_seen = np.full(n, -1, np.int64)
         self.streak = np.zeros(n, np.int64)
         self.retired_at = np.full(n, -1, np.int64)
+        self.excluded = np.zeros(n, bool)
 
-    def fold(self, stats: pa.Table, iteration: int, retire_after: int) -> None:
-        """Add one iteration's prompt stats (iterations must come in order, none skipped)."""
+    def fold(
+        self, stats: pa.Table, iteration: int, retire_after: int, skipped: Sequence[int] = ()
+    ) -> None:
+        """Add one iteration's prompt stats (iterations must come in order, none skipped), and
+        the rows generate skipped that iteration (longer than generate.max_prompt_tokens: they
+        would never be scored, so they are never drawn again)."""
         if iteration != self.next_iteration:
             raise ValueError(f"fold iteration {iteration} after {self.next_iteration - 1}")
+        if len(skipped):
+            self.excluded[np.asarray(skipped, np.int64)] = True
         rows = np.array([row_of(p) for p in stats.column("prompt_id").to_pylist()], np.int64)
         if rows.size:
             if rows.max() >= self.num_rows:
@@ -223,7 +231,8 @@ def curriculum_indices(
 
     Returns `count` distinct rows: first up to round(explore_share * count) never-sampled rows,
     uniformly, then the rest by weight among rows not retired (retired rows whose `return_after`
-    has passed are eligible again); if too few rows are eligible, retired rows fill the draw.
+    has passed are eligible again) and not excluded (skipped by generate); if too few rows are
+    eligible, retired rows fill the draw, then excluded ones.
     """
     n = history.num_rows
     if count > n:
@@ -232,7 +241,8 @@ def curriculum_indices(
             "lower it or use a larger train set"
         )
     rng = np.random.default_rng([seed, iteration, 7])
-    unseen = np.flatnonzero(history.attempts == 0)
+    excluded = history.excluded
+    unseen = np.flatnonzero((history.attempts == 0) & ~excluded)
     n_explore = min(round(c.explore_share * count), unseen.size)
     explored = rng.choice(unseen, size=n_explore, replace=False) if n_explore else unseen[:0]
 
@@ -243,11 +253,14 @@ def curriculum_indices(
     keys = -np.log(rng.random(n)) / np.maximum(weights, 1e-300)
     taken = np.zeros(n, bool)
     taken[explored] = True
-    eligible = ~retired & ~taken
+    eligible = ~retired & ~taken & ~excluded
     rest = count - n_explore
     chosen = _smallest(keys, eligible, rest)
-    if chosen.size < rest:  # too few eligible rows: retired ones fill the draw
-        chosen = np.concatenate([chosen, _smallest(keys, retired & ~taken, rest - chosen.size)])
+    # Too few eligible rows: retired ones fill the draw, then (a train set of mostly too-long
+    # prompts) skipped ones, so an iteration always has its prompts_per_iteration.
+    for fill in (retired & ~taken & ~excluded, excluded & ~taken):
+        if chosen.size < rest:
+            chosen = np.concatenate([chosen, _smallest(keys, fill, rest - chosen.size)])
     rows = [int(x) for x in explored] + [int(x) for x in chosen]
 
     picked = np.asarray(rows, np.int64)
@@ -256,6 +269,7 @@ def curriculum_indices(
         "explored": float(n_explore),
         "seen_share": float((history.attempts > 0).mean()),
         "retired": float(retired.sum()),
+        "excluded": float(excluded.sum()),
         "expected_pass_rate": float((a / (a + b)).mean()),
         "expected_signal": float(beta_signal(a, b).mean()),
     }

@@ -107,8 +107,13 @@ class MultiTracker:
         self.backends.clear()
 
     def _drop(self, name: str, error: BaseException) -> None:
-        self.backends.pop(name, None)
+        backend = self.backends.pop(name, None)
         _warn(name, error)
+        if backend is not None:
+            try:  # best effort: finish a W&B run, mark an MLflow child done
+                backend.close()
+            except Exception:
+                pass
 
 
 def _warn(backend: str, error: BaseException) -> None:
@@ -290,10 +295,20 @@ class MlflowTracker:
 
     Parent creation races (workers of one run starting at once) settle on the earliest parent
     by (start time, id); a worker that created a later one deletes it. Each child is RUNNING
-    while a worker logs to it and FINISHED when the worker closes; the parent follows along.
+    while a worker logs to it and FINISHED when the worker closes; the parent is set RUNNING by
+    each worker and never finished by one (its siblings may still be logging).
+
+    A server that does not answer costs MLflow's retries before the backend is dropped: unless the
+    environment sets them, this tracker uses 2 retries and a 10 s timeout
+    (`MLFLOW_HTTP_REQUEST_MAX_RETRIES`, `MLFLOW_HTTP_REQUEST_TIMEOUT`) instead of MLflow's 7 and
+    120 s, so a dead server delays a worker's first commit by seconds, not minutes.
     """
 
     def __init__(self, cfg: RunConfig, task: str) -> None:
+        import os
+
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=cfg.tracking.mlflow_tracking_uri or None)
@@ -379,8 +394,8 @@ class MlflowTracker:
             self._steps[m.key].add(step)
 
     def close(self) -> None:
+        # The parent's status is left alone: other tasks of the run may still be logging.
         self.client.set_terminated(self.child, "FINISHED")
-        self.client.set_terminated(self.parent, "FINISHED")
 
 
 # --- Weights & Biases -------------------------------------------------------------------------

@@ -106,3 +106,11 @@ def check_curriculum(cfg: RunConfig, problems: Problems, table: pa.Table | None 
         group_keys(table, cfg.data.curriculum.group_by)
     except ValueError as e:
         problems.error(f"config data.curriculum.group_by ({cfg.data.train})", str(e))
+    lag = cfg.train.max_staleness + 1
+    if cfg.data.curriculum.return_after <= lag:
+        problems.warn(
+            "config data.curriculum.return_after",
+            f"{cfg.data.curriculum.return_after} iterations: the sampler learns of a retirement "
+            f"{lag} iteration(s) later (train.max_staleness + 1), so retired prompts never wait",
+            f"set it above {lag}",
+        )

@@ -14,13 +14,21 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from components.core.commit import committed_files, content_digest
+from components.core.commit import committed_files, committed_parts, content_digest, read_manifest
 from components.core.config import RunConfig
-from components.core.curriculum import PROMPT_STATS, History, curriculum_indices, group_keys
+from components.core.curriculum import (
+    PROMPT_STATS,
+    History,
+    curriculum_indices,
+    group_keys,
+    prompt_stats_table,
+    row_of,
+)
 from components.core.errors import SchemaError
 from components.core.layout import RunLayout
-from components.core.schemas import read_parquet
+from components.core.schemas import read_parquet, read_records
 from components.core.store import Store
+from components.core.warm import is_committed
 
 __all__ = ["PromptSampler", "read_prompt_stats", "select_indices", "stats_horizon"]
 
@@ -54,16 +62,19 @@ class PromptSampler:
         self.cfg, self.store, self.layout = cfg, store, layout
         self._history: History | None = None
         self._folded: dict[int, str] = {}  # the newest iteration folded in -> its digest
-        self._groups: tuple[int, np.ndarray] | None = None
+        self._groups: tuple[Any, np.ndarray] | None = None
 
     @property
     def curriculum(self) -> bool:
         return self.cfg.data.sampler == "curriculum"
 
     def needs(self, iteration: int) -> list[str]:
-        """Directories that must be committed before iteration `iteration` can draw."""
+        """Directories that must be committed before iteration `iteration` can draw: the newest
+        scored rollouts it folds (their prompt stats are committed before them; a run from
+        before prompt stats derives them from the scored rollouts). Also its lineage: the stats
+        are a function of these scored rollouts and the curriculum config."""
         last = stats_horizon(self.cfg, iteration)
-        return [self.layout.prompt_stats(last)] if self.curriculum and last >= 0 else []
+        return [self.layout.scored(last)] if self.curriculum and last >= 0 else []
 
     def lineage_config(self) -> dict[str, Any]:
         """What of the config the draw depends on beyond the uniform sampler's (empty for it, so
@@ -88,13 +99,16 @@ class PromptSampler:
         )
 
     def _group_keys(self, table) -> np.ndarray:
-        if self._groups is None or self._groups[0] != id(table):
-            self._groups = (id(table), group_keys(table, self.cfg.data.curriculum.group_by))
+        # The table itself is held (not its id, which a new table could reuse once it is freed).
+        if self._groups is None or self._groups[0] is not table:
+            self._groups = (table, group_keys(table, self.cfg.data.curriculum.group_by))
         return self._groups[1]
 
     def _fold(self, num_rows: int, last: int) -> History:
-        """History through iteration `last`, reusing what this worker folded while the newest
-        iteration folded in is unchanged in the store (a rerun of verify refolds from 0)."""
+        """History through iteration `last`, reusing what this worker folded while the scored
+        rollouts of the newest iteration folded in are unchanged in the store (a rerun of its
+        verify refolds from 0; one of an older iteration during a live segment is not seen,
+        the next segment's plan redoes everything downstream of it)."""
         h = self._history
         reusable = (
             h is not None
@@ -110,11 +124,33 @@ class PromptSampler:
         assert h is not None
         retire_after = self.cfg.data.curriculum.retire_after
         for i in range(h.next_iteration, last + 1):
-            uri = self.layout.prompt_stats(i)
-            h.fold(read_prompt_stats(self.store, uri), i, retire_after)
-            self._folded = {i: content_digest(self.store, uri)}
+            h.fold(self._stats(i), i, retire_after, self._skipped(i))
+            self._folded = {i: content_digest(self.store, self.layout.scored(i))}
         self._history = h
         return h
+
+    def _stats(self, i: int) -> pa.Table:
+        """Iteration i's prompt stats as verify committed them, or derived from its scored
+        rollouts where it did not (a run scored before prompt stats existed)."""
+        store, layout = self.store, self.layout
+        if is_committed(store, layout.prompt_stats(i)):
+            return read_prompt_stats(store, layout.prompt_stats(i))
+        table = read_records(store, committed_files(store, layout.scored(i), ".parquet"), "scored")
+        return prompt_stats_table(
+            table.column("prompt_id").to_pylist(),
+            table.column("data_source").to_pylist(),
+            table.column("reward").to_pylist(),
+            i,
+            self.cfg.data.curriculum.success_threshold,
+        )
+
+    def _skipped(self, i: int) -> list[int]:
+        """Rows generate skipped in iteration i (every shard's manifest lists its own)."""
+        rows = []
+        for part in committed_parts(self.store, self.layout.rollouts(i)):
+            ids = read_manifest(self.store, part)["stats"].get("skipped_prompt_ids") or []
+            rows += [row_of(pid) for pid in ids]
+        return rows
 
 
 def read_prompt_stats(store: Store, uri: str) -> pa.Table:

@@ -275,7 +275,7 @@ def generate_rollouts(
         "prompts": len(requests),
         "samples": n_samples,
         "skipped_prompts": len(skipped),
-        "skipped_prompt_ids": skipped[:100],
+        "skipped_prompt_ids": skipped,  # all: the curriculum excludes them from its draws
         "parts": parts,
         "response_length_mean": float(np.mean(resp_lens)) if resp_lens else 0.0,
         "response_length_max": int(max(resp_lens)) if resp_lens else 0,

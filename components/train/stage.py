@@ -659,7 +659,8 @@ class TrainStage:
             store,
             sources,
             {
-                "train": t.model_dump(mode="json"),
+                # kl_metric only adds a figure: turning it on must not retrain the run
+                "train": t.model_dump(mode="json", exclude={"kl_metric"}),
                 "iterations": cfg.run.iterations,
                 "seed": cfg.run.seed,
             },

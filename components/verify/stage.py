@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from components.core.commit import (
+    SUCCESS,
     OutputDir,
     check_shard,
     clear_other_layouts,
@@ -35,7 +36,7 @@ from components.core.commit import (
     shard_name,
     shard_of,
 )
-from components.core.config import OverlongPenalty, RewardSpec, RunConfig
+from components.core.config import CurriculumSection, OverlongPenalty, RewardSpec, RunConfig
 from components.core.curriculum import PROMPT_STATS, group_shares, prompt_stats_table
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
@@ -219,17 +220,26 @@ class VerifyStage:
         layout = self.layout
         uri = shard_dir(layout.scored(iteration), self.shard, self.num_shards)
         out = OutputDir(self.store, uri, "verify")
-        return out, lineage(
-            self.store, [layout.rollouts(iteration)], self.cfg.verify, root=layout.root
-        )
+        threshold = self.cfg.data.curriculum.success_threshold
+        config: Any = self.cfg.verify  # at the default threshold: the digest runs recorded before
+        if threshold != CurriculumSection().success_threshold:
+            config = {"verify": self.cfg.verify.model_dump(mode="json"), "success": threshold}
+        return out, lineage(self.store, [layout.rollouts(iteration)], config, root=layout.root)
 
     def _stats_dir(self, iteration: int) -> OutputDir:
         uri = shard_dir(self.layout.prompt_stats(iteration), self.shard, self.num_shards)
         return OutputDir(self.store, uri, "verify")
 
     def up_to_date(self, iteration: int) -> bool:
+        """The scored rollouts are current, and so are the prompt stats, or there are none at
+        all (a run scored before prompt stats existed: skipping backfills them, see step)."""
         out, inputs = self._plan(iteration)
-        return out.up_to_date(inputs) and self._stats_dir(iteration).up_to_date(inputs)
+        if not out.up_to_date(inputs):
+            return False
+        stats = self._stats_dir(iteration)
+        return stats.up_to_date(inputs) or not any(
+            f.endswith(SUCCESS) for f in self.store.list_files(self.layout.prompt_stats(iteration))
+        )
 
     def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
         cfg, store, layout = self.cfg, self.store, self.layout
@@ -240,6 +250,8 @@ class VerifyStage:
                 "scored rollouts of iteration %d (%s) already committed; skipping",
                 iteration, out.uri,
             )  # fmt: skip
+            if not self._stats_dir(iteration).up_to_date(inputs):
+                self._backfill_stats(iteration, out, inputs)
             return {"skipped": True, "uri": out.uri}
         with timeline.span("read"):
             parts = committed_files(store, layout.rollouts(iteration), ".parquet")
@@ -269,7 +281,6 @@ class VerifyStage:
         clear_other_layouts(store, layout.prompt_stats(iteration), num_shards)
         out.begin(force=True)
         stats_out = self._stats_dir(iteration)
-        stats_out.begin(force=True)
         tmp = Path(tempfile.mkdtemp(prefix="rlvr-verify-"))
         try:
             path = tmp / "part-00000.parquet"
@@ -279,12 +290,10 @@ class VerifyStage:
                 compression="zstd",
             )
             out.put_file(path, path.name)
-            pq.write_table(per_prompt, tmp / "prompts.parquet", compression="zstd")
-            stats_out.put_file(tmp / "prompts.parquet", "part-00000.parquet")
+            # Committed before the scored rollouts: whoever sees scored/ committed finds these.
+            _commit_stats(stats_out, per_prompt, inputs, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        # Committed before the scored rollouts: whoever sees scored/ committed finds these too.
-        stats_out.commit({"prompts": per_prompt.num_rows, "schema": PROMPT_STATS.names}, inputs)
         timeline.add("commit", t0, time.time())
         stats.update(
             iteration=iteration, shard=shard, num_shards=num_shards, timeline=timeline.record()
@@ -296,8 +305,37 @@ class VerifyStage:
         )  # fmt: skip
         return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}
 
+    def _backfill_stats(self, iteration: int, out: OutputDir, inputs: dict[str, str]) -> None:
+        """Prompt stats for scored rollouts committed without them (an older rlvr), from those
+        rollouts: the scored output itself stays as it is."""
+        cfg = self.cfg
+        scored = read_records(
+            self.store, committed_files(self.store, out.uri, ".parquet"), "scored"
+        )
+        per_prompt = prompt_stats_table(
+            scored.column("prompt_id").to_pylist(),
+            scored.column("data_source").to_pylist(),
+            scored.column("reward").to_pylist(),
+            iteration,
+            cfg.data.curriculum.success_threshold,
+        )
+        clear_other_layouts(self.store, self.layout.prompt_stats(iteration), self.num_shards)
+        tmp = Path(tempfile.mkdtemp(prefix="rlvr-verify-"))
+        try:
+            _commit_stats(self._stats_dir(iteration), per_prompt, inputs, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("prompt stats of iteration %d derived from its scored rollouts", iteration)
+
     def close(self) -> None:
         pass
+
+
+def _commit_stats(out: OutputDir, per_prompt: pa.Table, inputs: dict[str, str], tmp: Path) -> None:
+    out.begin(force=True)
+    pq.write_table(per_prompt, tmp / "prompts.parquet", compression="zstd")
+    out.put_file(tmp / "prompts.parquet", "part-00000.parquet")
+    out.commit({"prompts": per_prompt.num_rows, "schema": PROMPT_STATS.names}, inputs)
 
 
 def run(
