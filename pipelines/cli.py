@@ -309,6 +309,10 @@ def run(
     paths = write_run_report(store, layout.root)  # the whole run's timeline, every evaluation
     console.print(f"done in {elapsed:.0f} s; outputs under {layout.root}")
     console.print(f"report with plots: {paths['report.md']}")
+    if "index.html" in paths:
+        console.print(f"dashboard (training dynamics): {paths['index.html']}")
+    if "tensorboard" in cfg.tracking.backends:
+        console.print(f"tensorboard --logdir {join(layout.root, 'tensorboard')}")
 
 
 @main.command(help="Run one stage of one iteration (what that stage's container runs).")

@@ -266,7 +266,13 @@ def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
         generate(cfg, i)
         verify(cfg, i)
         if i < 2:
-            train(cfg, i)
+            result = train(cfg, i)
+            # What the step returns (and the trackers log) is what its manifest committed.
+            manifest = json.loads(Path(layout.checkpoint(i + 1), "_SUCCESS").read_text())
+            assert result["stats"]["train/checkpoint_bytes"] > 0
+            assert {k: v for k, v in manifest["stats"].items() if k.startswith("train/")} == {
+                k: v for k, v in result["stats"].items() if k.startswith("train/")
+            }
 
     # verify commits per-prompt stats beside the scored rollouts, and the group shares.
     stats = pq.read_table(Path(layout.prompt_stats(1), "part-00000.parquet"))

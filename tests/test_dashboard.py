@@ -176,10 +176,17 @@ def test_panels_only_for_figures_present(tmp_path):
     train = [p.title for p in family_panels(dyn, "train")]
     assert train == ["train/entropy", "train/lr", "train/loss"]  # the key ones, in key order
     verify = [p.title for p in family_panels(dyn, "verify")]
-    assert verify[:3] == ["verify/reward_mean", "verify/group shares", "verify/error_fraction"]
-    shares = next(p for p in family_panels(dyn, "verify") if p.title == "verify/group shares")
+    assert verify[:3] == [
+        "verify/reward_mean",
+        "verify/GRPO groups: share of prompts",
+        "verify/error_fraction",
+    ]
+    shares = next(
+        p for p in family_panels(dyn, "verify") if p.title == "verify/GRPO groups: share of prompts"
+    )
     assert shares.lines == ("verify/zero_signal_share", "verify/all_correct_share",
                             "verify/all_wrong_share")  # fmt: skip
+    assert shares.labels == ("no signal (all rewards equal)", "all correct", "all wrong")
     evals = family_panels(dyn, "eval")
     assert [p.title for p in evals][:2] == ["eval/held/pass@1", "eval/held/pass@k"]
     assert all("_ci95_" not in n for p in evals for n in p.lines)  # bands, not lines

@@ -115,6 +115,24 @@ def test_tensorboard_files_go_through_the_store_to_s3(s3_bucket, tmp_path):
     assert _scalars(tmp_path / "tb") == {"verify/reward_mean": [(4, 0.5)]}
 
 
+def test_tensorboard_reads_the_run_straight_from_s3(s3_bucket, s3_server, monkeypatch):
+    """What `tensorboard --logdir s3://…/tensorboard` (and Kubeflow's Tensorboard resource)
+    does: TensorBoard's own S3 reader (boto3, endpoint from S3_ENDPOINT) on the run's store."""
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    cfg = _cfg(f"s3://{s3_bucket}/runs")
+    for task, value in (("train", 0.25), ("verify", 0.5)):
+        tracker = make_tracker(cfg, task)
+        tracker.log({f"{task}/x": value}, 3)
+        tracker.close()
+    monkeypatch.setenv("S3_ENDPOINT", s3_server)
+    mux = EventMultiplexer().AddRunsFromDirectory(f"s3://{s3_bucket}/runs/{RUN_ID}/tensorboard")
+    mux.Reload()
+    assert sorted(mux.Runs()) == ["train", "verify"]
+    assert [(e.step, e.value) for e in mux.Scalars("train", "train/x")] == [(3, 0.25)]
+    assert [(e.step, e.value) for e in mux.Scalars("verify", "verify/x")] == [(3, 0.5)]
+
+
 def test_names_tensorboard_and_mlflow_accept():
     assert safe_name("eval/heldout/pass@16_ci95_lo") == "eval/heldout/pass_at_16_ci95_lo"
     assert safe_name("verify/reward_mean/my source:v2") == "verify/reward_mean/my_source_v2"

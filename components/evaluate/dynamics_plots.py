@@ -136,6 +136,13 @@ def _time_panels(names: Sequence[str]) -> list[Panel]:
     return panels
 
 
+_SHARE_LABELS = {
+    "verify/zero_signal_share": "no signal (all rewards equal)",
+    "verify/all_correct_share": "all correct",
+    "verify/all_wrong_share": "all wrong",
+}
+
+
 def family_panels(dyn: Dynamics, family: str) -> list[Panel]:
     """The panels of one family's grid, key figures first; figures that never changed (and are
     not key figures) go into text panels at the end."""
@@ -150,8 +157,8 @@ def family_panels(dyn: Dynamics, family: str) -> list[Panel]:
     present = set(names)
     grouped = {m for head, members in _GROUPS.items() if head in present for m in members[1:]}
     first = [k for k in keys if k in present]
-    if family == "rollout":
-        first += [n for n in names if n.startswith("rollout/sampler_")]
+    if family == "rollout":  # the curriculum's figures, after the key ones (constant: listed)
+        first += [n for n in names if n.startswith("rollout/sampler_") and not _constant(dyn, n)]
     rest = [n for n in names if n not in first and n not in grouped]
     panels, constants = [], []
     for n in first + rest:
@@ -173,12 +180,14 @@ def family_panels(dyn: Dynamics, family: str) -> list[Panel]:
             panels.append(Panel(n, members))
         else:
             labels = tuple(
-                "all" if m == n and family == "verify" else short_name(m, family) for m in members
-            )
+                _SHARE_LABELS.get(m) or ("all" if m == n and family == "verify" else
+                                         short_name(m, family))
+                for m in members
+            )  # fmt: skip
             if same:
                 labels = (" = ".join(short_name(m, family) for m in (n, *same)), *labels[1:])
             if n == "verify/zero_signal_share":
-                panels.append(Panel("verify/group shares", members, labels))
+                panels.append(Panel("verify/GRPO groups: share of prompts", members, labels))
             elif family == "verify" and n == "verify/reward_mean":
                 panels.append(Panel(n + " (by data source)", members, labels))
             else:

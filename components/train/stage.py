@@ -853,13 +853,15 @@ def _write_hf(
     t0 = time.time()
     nbytes = sum(v.numel() * v.element_size() for v in weights.values())
 
+    saved: dict[str, float] = {}
+
     def finish(stats: dict) -> dict:
         seconds = time.time() - t0
         timeline.add("commit", commit_start, time.time())
-        saved = {"train/checkpoint_bytes": float(nbytes),
-                 "train/checkpoint_save_bytes_per_s": nbytes / seconds if seconds > 0 else 0.0}  # fmt: skip
+        saved.update({"train/checkpoint_bytes": float(nbytes),
+                      "train/checkpoint_save_bytes_per_s": nbytes / seconds if seconds > 0 else 0.0})  # fmt: skip
         stats.update(saved, timeline=timeline.record())
         return stats
 
     write_checkpoint(_Saver(), tokenizer, out, stats, inputs, before_commit=finish)
-    return {k: v for k, v in stats.items() if k.startswith("train/checkpoint")}
+    return saved  # what the manifest got (write_checkpoint hands `finish` a copy of `stats`)
