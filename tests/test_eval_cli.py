@@ -52,6 +52,9 @@ def test_watch_evaluates_each_new_checkpoint(cfg):
     assert watch_run(cfg, poll_s=0.01) == {"evaluated": [0, 1]}
     root = Path(RunLayout.of(cfg).root)
     assert json.loads((root / "evals/00001/metrics.json").read_text())["checkpoint_index"] == 1
+    # The watch logs each evaluation to TensorBoard as the evaluate worker does, at its index.
+    events = sorted(p.name for p in (root / "tensorboard/evaluate").iterdir())
+    assert events == ["events.out.tfevents.00000000.rlvr", "events.out.tfevents.00000001.rlvr"]
     with pytest.raises(ValueError, match="not committed"):
         resolve_checkpoint(cfg, "7")
 

@@ -535,16 +535,20 @@ def watch_run(
 
     Returns once the run's last checkpoint (run.iterations) is evaluated, or after timeout_s.
     """
+    from components.core.tracking import StageTracking
+
     cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"num_shards": 1})})
     store, layout = store_for(cfg), RunLayout.of(cfg)
     start = time.monotonic()
     done: set[int] = set()
     stage = EvaluateStage(cfg)  # warm: each new checkpoint's weights go into the loaded policy
+    tracking = StageTracking(stage)  # each evaluation to the trackers, as a worker's
     try:
         while True:
             for c in committed_indices(store, join(layout.root, "checkpoints")):
                 if c not in done:
-                    stage.step(c, force=force, timeline=Timeline(stage.task, c))
+                    timeline = Timeline(stage.task, c)
+                    tracking.after_step(c, stage.step(c, force=force, timeline=timeline), timeline)
                     done.add(c)
             if cfg.run.iterations in done:
                 return {"evaluated": sorted(done)}
@@ -555,4 +559,5 @@ def watch_run(
             )
             time.sleep(poll_s)
     finally:
+        tracking.close()
         stage.close()
