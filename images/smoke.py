@@ -298,7 +298,7 @@ def compare(a: Path, b: Path) -> bool:
                 if not same:
                     timed_dirs.add(rel.rsplit("/", 1)[0])
         elif not same:
-            kind = re.sub(r"\d{5}", "N", rel)
+            kind = re.sub(r"\d{5,}", "N", rel)
             other[kind] = other.get(kind, 0) + 1
     for rel in common:
         if not rel.endswith("_SUCCESS"):
