@@ -55,8 +55,11 @@ def write_run_report(store: Store, root: str) -> dict[str, str]:
             rows = history(store, layout, last, tops[last])
             best = max(done, key=lambda c: tops[c]["overall"]["pass@1"])
             curves = {}
+            labels: dict[int, list[str]] = {}  # one curve per checkpoint: "best = last (00012)"
             for label, c in (("base", done[0]), ("best", best), ("last", last)):
-                curves.setdefault(f"{label} ({c:05d})", _pass_curve(tops[c]))
+                labels.setdefault(c, []).append(label)
+            for c, names in labels.items():
+                curves[f"{' = '.join(names)} ({c:05d})"] = _pass_curve(tops[c])
             out.put_file(plot_history(rows, tmp / "history.png"), "history.png")
             out.put_file(
                 plot_pass_at_k(curves, tmp / "pass_at_k.png", "pass@k: base, best, last"),
