@@ -307,8 +307,12 @@ def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
     assert {f"train-{r:07d}" for r in rows} == set(drawn.to_pylist())
 
     warm = PromptSampler(cfg, store, layout)
+    folds = []
+    warm_stats = warm._stats
+    warm._stats = lambda i: folds.append(i) or warm_stats(i)  # type: ignore[method-assign]
     for i in range(3):
         assert warm.indices(table, i)[0] == PromptSampler(cfg, store, layout).indices(table, i)[0]
+    assert folds == [0, 1]  # warm: each iteration's stats folded once, not again at every draw
 
     # The warm sampler refolds from 0 when the newest scored rollouts it folded changed.
     folded = warm._history
@@ -330,6 +334,8 @@ def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
 
     assert first_out_of_date(cfg, segment(cfg, 0)) == (2, "train", "missing")  # not verify 0
     assert PromptSampler(cfg, store, layout).indices(table, 2)[0] == rows
+    warm = PromptSampler(cfg, store, layout)  # and warm, draw after draw, without the stats
+    assert [warm.indices(table, i)[0] for i in (1, 2, 2)][1:] == [rows, rows]
     assert verify(cfg, 0)["skipped"]
     assert pq.read_table(Path(layout.prompt_stats(0), "part-00000.parquet")).equals(original)
 

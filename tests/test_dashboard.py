@@ -262,3 +262,24 @@ def test_report_is_the_same_twice(tmp_path, evals):
     write_run_report(store, str(root))
     second = {p.name: p.read_bytes() for p in (root / "report").iterdir() if p.name != "_SUCCESS"}
     assert first == second
+
+
+def test_pass_at_k_curves_one_per_checkpoint_with_every_role():
+    from components.evaluate.run_report import pass_curves
+
+    def top(p1: float) -> dict:
+        return {"overall": {"pass@1": p1, "pass@2": p1 + 0.1, "pass@1_ci95": [0, 1]}}
+
+    tops = {0: top(0.1), 2: top(0.5), 4: top(0.4)}
+    assert pass_curves(tops, base=0, best=2, last=4) == {
+        "base (00000)": {1: 0.1, 2: 0.1 + 0.1},
+        "best (00002)": {1: 0.5, 2: 0.5 + 0.1},
+        "last (00004)": {1: 0.4, 2: 0.4 + 0.1},
+    }
+    assert list(pass_curves(tops, base=0, best=4, last=4)) == [
+        "base (00000)",
+        "best = last (00004)",
+    ]
+    assert list(pass_curves({0: top(0.1)}, base=0, best=0, last=0)) == [
+        "base = best = last (00000)"
+    ]

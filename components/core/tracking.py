@@ -103,14 +103,14 @@ class MultiTracker:
             try:
                 backend.close()
             except Exception as e:
-                self._drop(name, e)
+                _warn(name, e)  # not closed again: a server that is down costs its retries once
         self.backends.clear()
 
     def _drop(self, name: str, error: BaseException) -> None:
         backend = self.backends.pop(name, None)
         _warn(name, error)
-        if backend is not None:
-            try:  # best effort: finish a W&B run, mark an MLflow child done
+        if backend is not None and getattr(backend, "close_on_drop", True):
+            try:  # best effort: finish a W&B run
                 backend.close()
             except Exception:
                 pass
@@ -303,6 +303,10 @@ class MlflowTracker:
     (`MLFLOW_HTTP_REQUEST_MAX_RETRIES`, `MLFLOW_HTTP_REQUEST_TIMEOUT`) instead of MLflow's 7 and
     120 s, so a dead server delays a worker's first commit by seconds, not minutes.
     """
+
+    #: A dropped MLflow backend is not closed: its server just failed, and closing would cost
+    #: the retries again. Its child run stays RUNNING until a later worker of the task resumes it.
+    close_on_drop = False
 
     def __init__(self, cfg: RunConfig, task: str) -> None:
         import os

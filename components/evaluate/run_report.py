@@ -54,12 +54,7 @@ def write_run_report(store: Store, root: str) -> dict[str, str]:
             last = done[-1]
             rows = history(store, layout, last, tops[last])
             best = max(done, key=lambda c: tops[c]["overall"]["pass@1"])
-            curves = {}
-            labels: dict[int, list[str]] = {}  # one curve per checkpoint: "best = last (00012)"
-            for label, c in (("base", done[0]), ("best", best), ("last", last)):
-                labels.setdefault(c, []).append(label)
-            for c, names in labels.items():
-                curves[f"{' = '.join(names)} ({c:05d})"] = _pass_curve(tops[c])
+            curves = pass_curves(tops, base=done[0], best=best, last=last)
             out.put_file(plot_history(rows, tmp / "history.png"), "history.png")
             out.put_file(
                 plot_pass_at_k(curves, tmp / "pass_at_k.png", "pass@k: base, best, last"),
@@ -124,6 +119,15 @@ def _dynamics_markdown(files: list[str]) -> str:
         family = png[len("dynamics_") : -len(".png")]
         lines += [f"### {family}", "", f"![{family}]({png})", ""]
     return "\n".join(lines)
+
+
+def pass_curves(tops: dict[int, dict], *, base: int, best: int, last: int) -> dict[str, dict]:
+    """The run report's pass@k curves: base, best and last, one curve per checkpoint, labelled
+    with every role it has (``best = last (00012)``)."""
+    roles: dict[int, list[str]] = {}
+    for role, c in (("base", base), ("best", best), ("last", last)):
+        roles.setdefault(c, []).append(role)
+    return {f"{' = '.join(r)} ({c:05d})": _pass_curve(tops[c]) for c, r in roles.items()}
 
 
 def _pass_curve(m: dict) -> dict[int, float]:

@@ -115,7 +115,7 @@ class PromptSampler:
             and h.num_rows == num_rows
             and h.next_iteration <= last + 1
             and all(
-                content_digest(self.store, self.layout.prompt_stats(i)) == digest
+                content_digest(self.store, self.layout.scored(i)) == digest
                 for i, digest in self._folded.items()
             )
         )
@@ -125,7 +125,8 @@ class PromptSampler:
         retire_after = self.cfg.data.curriculum.retire_after
         for i in range(h.next_iteration, last + 1):
             h.fold(self._stats(i), i, retire_after, self._skipped(i))
-            self._folded = {i: content_digest(self.store, self.layout.scored(i))}
+        if last >= 0 and last not in self._folded:
+            self._folded = {last: content_digest(self.store, self.layout.scored(last))}
         self._history = h
         return h
 
