@@ -13,7 +13,9 @@ prompts per iteration, samples per prompt and updates, so the same rollouts. Mix
 
 Printed per mix: held-out pass@1 with its 95% bootstrap CI at every evaluated checkpoint for both
 samplers, the zero-signal share (every sample of a prompt scored the same) per iteration and its
-mean, and the ratios curriculum / uniform. With several seeds, the means over seeds too.
+mean, and the ratios curriculum / uniform. With several seeds, the means over seeds too. Drawn:
+`curriculum.png` in the output folder (`--replot OUT_DIR ...` redraws it from earlier
+invocations, pooled).
 """
 
 from __future__ import annotations
@@ -60,16 +62,72 @@ def run_side(args, cfg, bench: Path, name: str, sets: dict[str, str], sampler: s
            "--iterations", str(cfg.run.iterations)]  # fmt: skip
     print(f"running {name} ...", flush=True)
     wall = timed(cmd, bench / f"{name}.log")
-    root = Path(cfg.run.store, name)
+    print(f"  {name}: {wall:.1f} s", flush=True)
+    return {**read_side(Path(cfg.run.store, name)), "wall": wall}
+
+
+def read_side(root: Path) -> dict:
+    """A finished run's held-out metrics per checkpoint and zero-signal share per iteration."""
     evals = {}
     for d in sorted(root.glob("evals/[0-9]*/metrics.json")):
         evals[int(d.parent.name)] = json.loads(d.read_text())["overall"]
     zero = []
-    for i in range(cfg.run.iterations):
-        stats = json.loads((root / "iterations" / f"{i:05d}" / "scored" / "_SUCCESS").read_text())
-        zero.append(stats["stats"]["zero_signal_share"])
-    print(f"  {name}: {wall:.1f} s", flush=True)
-    return {"evals": evals, "zero": zero, "wall": wall}
+    for f in sorted(root.glob("iterations/[0-9]*/scored/_SUCCESS")):
+        zero.append(json.loads(f.read_text())["stats"]["zero_signal_share"])
+    return {"evals": evals, "zero": zero}
+
+
+def plot(sides: dict[tuple[str, str], list[dict]], out_png: Path) -> Path:
+    """One row per mix: zero-signal share per iteration, held-out pass@1 per checkpoint; each
+    sampler's mean over seeds (thick) and every seed (thin)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    mixes = sorted({mix for mix, _ in sides}, key=list(MIXES).index)
+    fig = Figure(figsize=(11, 3.6 * len(mixes)))
+    FigureCanvasAgg(fig)
+    colors = {"uniform": "#888888", "curriculum": "#1f77b4"}
+    for row, mix in enumerate(mixes):
+        ax_z = fig.add_subplot(len(mixes), 2, 2 * row + 1)
+        ax_p = fig.add_subplot(len(mixes), 2, 2 * row + 2)
+        for sampler, color in colors.items():
+            runs = sides.get((mix, sampler), [])
+            if not runs:
+                continue
+            for r in runs:
+                ax_z.plot(range(len(r["zero"])), r["zero"], color=color, lw=0.7, alpha=0.35)
+                cs = sorted(r["evals"])
+                ax_p.plot(cs, [r["evals"][c]["pass@1"] for c in cs], color=color, lw=0.7,
+                          alpha=0.35)  # fmt: skip
+            n = min(len(r["zero"]) for r in runs)
+            mean_z = [sum(r["zero"][i] for r in runs) / len(runs) for i in range(n)]
+            ax_z.plot(range(n), mean_z, color=color, lw=2.2, marker="o", ms=3,
+                      label=f"{sampler} (mean of {len(runs)} seeds)")  # fmt: skip
+            cs = sorted(set.intersection(*(set(r["evals"]) for r in runs)))
+            mean_p = [sum(r["evals"][c]["pass@1"] for r in runs) / len(runs) for c in cs]
+            ax_p.plot(cs, mean_p, color=color, lw=2.2, marker="o", ms=3, label=sampler)
+        ax_z.set_title(f"{mix}: share of GRPO groups with no signal")
+        ax_z.set_xlabel("iteration")
+        ax_z.set_ylim(0, None)
+        ax_z.legend(fontsize=8)
+        ax_p.set_title(f"{mix}: held-out pass@1")
+        ax_p.set_xlabel("checkpoint")
+        ax_p.legend(fontsize=8, loc="lower right")
+        for ax in (ax_z, ax_p):
+            ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100, metadata={"Software": None})
+    return out_png
+
+
+def replot(dirs: list[Path], out_png: Path) -> Path:
+    """The plot of earlier invocations' runs (`<out>/runs/<mix>-s<seed>-<sampler>/`), pooled."""
+    sides: dict[tuple[str, str], list[dict]] = {}
+    for d in dirs:
+        for root in sorted(Path(d, "runs").iterdir()):
+            mix, _, sampler = root.name.split("-")
+            sides.setdefault((mix, sampler), []).append(read_side(root))
+    return plot(sides, out_png)
 
 
 def report(mix: str, seed: int, uni: dict, cur: dict) -> dict[str, float]:
@@ -100,7 +158,12 @@ def main() -> int:
     ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--iterations", type=int, default=None)
+    ap.add_argument("--replot", nargs="+", type=Path, metavar="OUT_DIR",
+                    help="only redraw curriculum.png from earlier invocations' output folders")  # fmt: skip
     args = ap.parse_args()
+    if args.replot:
+        print(f"plot: {replot(args.replot, args.replot[-1] / 'curriculum.png')}")
+        return 0
 
     from components.core.config import load_config
     from pipelines.cli import prepare_inputs
@@ -111,6 +174,7 @@ def main() -> int:
     cfg.run.store = str(bench / "runs")
     prepare_inputs(cfg)
     results: dict[str, list[dict[str, float]]] = {}
+    sides: dict[tuple[str, str], list[dict]] = {}
     for mix in args.mixes:
         sets = {"train": cfg.data.train, "eval": cfg.data.eval[0].path}
         if MIXES[mix] is not None:
@@ -123,6 +187,8 @@ def main() -> int:
             uni = run_side(args, cfg, bench, f"{mix}-s{seed}-uniform", sets, "uniform", seed)
             cur = run_side(args, cfg, bench, f"{mix}-s{seed}-curriculum", sets, "curriculum", seed)
             results.setdefault(mix, []).append(report(mix, seed, uni, cur))
+            sides.setdefault((mix, "uniform"), []).append(uni)
+            sides.setdefault((mix, "curriculum"), []).append(cur)
     print("\n== summary (means over seeds) ==")
     for mix, rows in results.items():
         mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
@@ -130,6 +196,7 @@ def main() -> int:
               f"(ratio {mean['zero_c'] / mean['zero_u']:.2f}); last pass@1 "
               f"{mean['pass_u']:.3f} -> {mean['pass_c']:.3f} "
               f"({mean['pass_c'] - mean['pass_u']:+.3f})")  # fmt: skip
+    print(f"plot: {plot(sides, bench / 'curriculum.png')}")
     print(f"outputs: {bench}")
     return 0
 
