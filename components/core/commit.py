@@ -25,6 +25,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,11 +198,23 @@ def committed_parts(store: Store, uri: str) -> list[str]:
     `_SUCCESS`, else all of its `shard-i-of-S/` sub-directories, which must all be committed."""
     if store.exists(join(uri, SUCCESS)):
         return [uri]
+    return [join(uri, d) for d in committed_layout(uri, store.list_files(uri))]
+
+
+def committed_layout(uri: str, files: Iterable[str]) -> list[str]:
+    """The committed parts of output `uri` from a listing of it (paths relative to `uri`):
+    `[""]` when `uri` itself is committed, else every `shard-i-of-S` of one complete shard
+    count. Raises NotCommittedError (nothing or not every shard committed) or StoreError (mixed
+    shard counts), as committed_parts does; a caller that lists a whole tree once (the run
+    dashboard) uses it per output."""
     shards: dict[int, set[int]] = {}
-    for f in store.list_files(uri):
-        head = f.split("/", 1)[0]
+    for f in files:
+        if f == SUCCESS:
+            return [""]
+        head, _, rest = f.partition("/")
         parts = head.split("-")
-        if len(parts) == 4 and parts[0] == "shard" and parts[2] == "of" and f.endswith(SUCCESS):
+        if (rest == SUCCESS and len(parts) == 4 and parts[0] == "shard" and parts[2] == "of"
+                and parts[1].isdigit() and parts[3].isdigit()):  # fmt: skip
             shards.setdefault(int(parts[3]), set()).add(int(parts[1]))
     if len(shards) > 1:
         raise StoreError(f"{uri} mixes shard counts {sorted(shards)}; rerun the stage with --force")
@@ -216,7 +229,7 @@ def committed_parts(store: Store, uri: str) -> list[str]:
         raise NotCommittedError(
             f"{uri}: shards {missing} of {total} are not committed yet; run those shards first"
         )
-    return [join(uri, shard_name(i, total)) for i in range(total)]
+    return [shard_name(i, total) for i in range(total)]
 
 
 def content_digest(store: Store, uri: str) -> str:

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.core.commit import SUCCESS
+from components.core.commit import SUCCESS, committed_layout
 from components.core.figures import FAMILIES, combine_shards, eval_figures, stage_figures
 from components.core.layout import RunLayout, committed_indices
 from components.core.store import Store, StoreError, join
@@ -107,30 +107,22 @@ class Dynamics:
 
 def _iteration_outputs(files: Iterable[str]) -> dict[tuple[int, str], list[str]]:
     """``{(iteration, "rollouts" | "scored"): [manifest paths relative to iterations/]}`` from
-    one listing: an unsharded commit, or every shard of one complete shard count."""
-    direct: dict[tuple[int, str], str] = {}
-    shards: dict[tuple[int, str], dict[int, dict[int, str]]] = {}
+    one listing of ``iterations/``: each committed output's parts, by the rule every stage reads
+    them with (:func:`~components.core.commit.committed_layout`); an output that is not
+    committed whole (a shard still running, mixed shard counts) is left out."""
+    listed: dict[tuple[int, str], list[str]] = {}
     for f in files:
-        parts = f.split("/")
-        if parts[-1] != SUCCESS or not parts[0].isdigit() or len(parts) not in (3, 4):
+        parts = f.split("/", 2)
+        if len(parts) == 3 and parts[0].isdigit() and parts[1] in ("rollouts", "scored"):
+            listed.setdefault((int(parts[0]), parts[1]), []).append(parts[2])
+    out: dict[tuple[int, str], list[str]] = {}
+    for (i, kind), rel in listed.items():
+        try:
+            layout = committed_layout(f"{i:05d}/{kind}", rel)
+        except StoreError:  # NotCommittedError included
             continue
-        key = (int(parts[0]), parts[1])
-        if parts[1] not in ("rollouts", "scored"):
-            continue
-        if len(parts) == 3:
-            direct[key] = f
-            continue
-        bits = parts[2].split("-")
-        if len(bits) == 4 and bits[0] == "shard" and bits[2] == "of":
-            if bits[1].isdigit() and bits[3].isdigit():
-                shards.setdefault(key, {}).setdefault(int(bits[3]), {})[int(bits[1])] = f
-    out: dict[tuple[int, str], list[str]] = {k: [v] for k, v in direct.items()}
-    for key, counts in shards.items():
-        if key in out or len(counts) != 1:
-            continue  # an unsharded commit wins; mixed shard counts: being rewritten
-        ((total, done),) = counts.items()
-        if set(done) == set(range(total)):  # a shard still running: the iteration is not done
-            out[key] = [done[i] for i in range(total)]
+        out[(i, kind)] = [join(f"{i:05d}", kind, d, SUCCESS) if d else
+                          join(f"{i:05d}", kind, SUCCESS) for d in layout]  # fmt: skip
     return out
 
 
