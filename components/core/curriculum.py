@@ -38,6 +38,7 @@ __all__ = [
     "group_keys",
     "prompt_stats_table",
     "row_of",
+    "scored_prompt_stats",
 ]
 
 #: One row per prompt of an iteration (one verify shard's prompts per file).
@@ -86,6 +87,18 @@ def prompt_stats_table(
             "reward_max": list(cols[5]),
         },
         schema=PROMPT_STATS,
+    )
+
+
+def scored_prompt_stats(scored: pa.Table, iteration: int, success_threshold: float) -> pa.Table:
+    """:func:`prompt_stats_table` of a scored-rollouts table (verify commits it; the sampler
+    derives it this way for iterations scored before prompt stats existed)."""
+    return prompt_stats_table(
+        scored.column("prompt_id").to_pylist(),
+        scored.column("data_source").to_pylist(),
+        scored.column("reward").to_pylist(),
+        iteration,
+        success_threshold,
     )
 
 

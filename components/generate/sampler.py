@@ -21,8 +21,8 @@ from components.core.curriculum import (
     History,
     curriculum_indices,
     group_keys,
-    prompt_stats_table,
     row_of,
+    scored_prompt_stats,
 )
 from components.core.errors import SchemaError
 from components.core.layout import RunLayout
@@ -137,13 +137,7 @@ class PromptSampler:
         if is_committed(store, layout.prompt_stats(i)):
             return read_prompt_stats(store, layout.prompt_stats(i))
         table = read_records(store, committed_files(store, layout.scored(i), ".parquet"), "scored")
-        return prompt_stats_table(
-            table.column("prompt_id").to_pylist(),
-            table.column("data_source").to_pylist(),
-            table.column("reward").to_pylist(),
-            i,
-            self.cfg.data.curriculum.success_threshold,
-        )
+        return scored_prompt_stats(table, i, self.cfg.data.curriculum.success_threshold)
 
     def _skipped(self, i: int) -> list[int]:
         """Rows generate skipped in iteration i (every shard's manifest lists its own)."""

@@ -37,7 +37,7 @@ from components.core.commit import (
     shard_of,
 )
 from components.core.config import CurriculumSection, OverlongPenalty, RewardSpec, RunConfig
-from components.core.curriculum import PROMPT_STATS, group_shares, prompt_stats_table
+from components.core.curriculum import PROMPT_STATS, group_shares, scored_prompt_stats
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import COMPONENTS, SCORED, read_records, stamp
@@ -268,12 +268,8 @@ class VerifyStage:
                 max_error_fraction=cfg.verify.max_error_fraction,
                 overlong=cfg.verify.overlong_penalty,
             )
-            per_prompt = prompt_stats_table(
-                scored.column("prompt_id").to_pylist(),
-                scored.column("data_source").to_pylist(),
-                scored.column("reward").to_pylist(),
-                iteration,
-                cfg.data.curriculum.success_threshold,
+            per_prompt = scored_prompt_stats(
+                scored, iteration, cfg.data.curriculum.success_threshold
             )
             stats.update(group_shares(per_prompt))
         t0 = time.time()
@@ -312,13 +308,7 @@ class VerifyStage:
         scored = read_records(
             self.store, committed_files(self.store, out.uri, ".parquet"), "scored"
         )
-        per_prompt = prompt_stats_table(
-            scored.column("prompt_id").to_pylist(),
-            scored.column("data_source").to_pylist(),
-            scored.column("reward").to_pylist(),
-            iteration,
-            cfg.data.curriculum.success_threshold,
-        )
+        per_prompt = scored_prompt_stats(scored, iteration, cfg.data.curriculum.success_threshold)
         clear_other_layouts(self.store, self.layout.prompt_stats(iteration), self.num_shards)
         tmp = Path(tempfile.mkdtemp(prefix="rlvr-verify-"))
         try:
