@@ -20,7 +20,7 @@ names and values.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["FAMILIES", "combine_shards", "eval_figures", "stage_figures"]
@@ -69,6 +69,16 @@ def _number(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _numbers(values: Mapping[str, Any] | None, name: Callable[[str], str | None]) -> dict:
+    """The finite numbers of `values`, each under `name(key)` (keys it maps to None are left
+    out)."""
+    out: dict[str, float] = {}
+    for key, value in (values or {}).items():
+        if (new := name(key)) is not None and (x := _number(value)) is not None:
+            out[new] = x
+    return out
+
+
 def _seconds(timeline: Mapping[str, Any] | None, stage: str) -> dict[str, float]:
     if not timeline:
         return {}
@@ -90,30 +100,17 @@ def stage_figures(stage: str, stats: Mapping[str, Any]) -> dict[str, float]:
     Returns:
         ``{name: value}`` with finite floats only; keys a stage did not record are absent.
     """
-    out: dict[str, float] = {}
     if stage == "generate":
-        for key, name in _ROLLOUT_KEYS.items():
-            if (x := _number(stats.get(key))) is not None:
-                out[name] = x
-        for key, value in (stats.get("sampler") or {}).items():
-            if (x := _number(value)) is not None:
-                out[f"rollout/sampler_{key}"] = x
+        out = _numbers(stats, _ROLLOUT_KEYS.get)
+        out |= _numbers(stats.get("sampler"), lambda key: f"rollout/sampler_{key}")
     elif stage == "verify":
-        for key, name in _VERIFY_KEYS.items():
-            if (x := _number(stats.get(key))) is not None:
-                out[name] = x
-        for source, value in (stats.get("reward_mean_by_data_source") or {}).items():
-            if (x := _number(value)) is not None:
-                out[f"verify/reward_mean/{source}"] = x
+        out = _numbers(stats, _VERIFY_KEYS.get)
+        out |= _numbers(stats.get("reward_mean_by_data_source"), "verify/reward_mean/{}".format)
         components = stats.get("reward_components_mean") or {}
         if len(components) > 1:  # one component is reward_mean itself
-            for name, value in components.items():
-                if (x := _number(value)) is not None:
-                    out[f"verify/reward/{name}"] = x
+            out |= _numbers(components, "verify/reward/{}".format)
     elif stage == "train":
-        for key, value in stats.items():
-            if key.startswith("train/") and (x := _number(value)) is not None:
-                out[key] = x
+        out = _numbers(stats, lambda key: key if key.startswith("train/") else None)
     else:
         raise ValueError(f"unknown stage {stage!r}: expected generate, verify or train")
     out.update(_seconds(stats.get("timeline"), stage))
