@@ -10,6 +10,8 @@
 <store>/<run-id>/checkpoints/00001/          written by train in iteration 00000
 <store>/<run-id>/train_state/00001/          optimizer state and step counters
 <store>/<run-id>/evals/00001/<name>/         samples.parquet, metrics.json (00000 is the base)
+<store>/<run-id>/report/                     the run dashboard and report (`rlvr report`)
+<store>/<run-id>/tensorboard/<task>/         TensorBoard event files (components/core/tracking.py)
 """
 
 from __future__ import annotations
