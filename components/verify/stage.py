@@ -231,9 +231,11 @@ class VerifyStage:
         return OutputDir(self.store, uri, "verify")
 
     def up_to_date(self, iteration: int) -> bool:
+        return self._current(iteration, *self._plan(iteration))
+
+    def _current(self, iteration: int, out: OutputDir, inputs: dict[str, str]) -> bool:
         """The scored rollouts are current, and so are the prompt stats, or there are none at
         all (a run scored before prompt stats existed: skipping backfills them, see step)."""
-        out, inputs = self._plan(iteration)
         if not out.up_to_date(inputs):
             return False
         stats = self._stats_dir(iteration)
@@ -244,8 +246,8 @@ class VerifyStage:
     def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
         cfg, store, layout = self.cfg, self.store, self.layout
         shard, num_shards = self.shard, self.num_shards
-        out, inputs = self._plan(iteration)
-        if self.up_to_date(iteration) and not force:
+        out, inputs = self._plan(iteration)  # the lineage once: it reads the inputs' manifests
+        if self._current(iteration, out, inputs) and not force:
             log.info(
                 "scored rollouts of iteration %d (%s) already committed; skipping",
                 iteration, out.uri,
