@@ -551,5 +551,27 @@ def report(run_dir: str) -> None:
     console.print(f"dashboard: {paths['index.html']}")
 
 
+@main.command(help="Fold a LoRA adapter checkpoint into its base: a plain HF checkpoint to serve.")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--merge", "do_merge", is_flag=True, required=True,
+              help="Merge the adapter into the base weights (the only export there is).")  # fmt: skip
+@click.option("--base", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The base checkpoint (default: the run's checkpoints/00000 beside CHECKPOINT).")  # fmt: skip
+def export(checkpoint: str, out: str, do_merge: bool, base: str | None) -> None:
+    from components.core.adapter import AdapterError, merge
+
+    base_dir = Path(base) if base else Path(checkpoint).resolve().parent / "00000"
+    if not base_dir.is_dir():
+        click.echo(f"error: no base checkpoint at {base_dir}; pass --base DIR", err=True)
+        sys.exit(2)
+    try:
+        merged = merge(base_dir, Path(checkpoint), Path(out))
+    except AdapterError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    console.print(f"merged checkpoint: {merged}")
+
+
 if __name__ == "__main__":
     main()

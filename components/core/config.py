@@ -66,10 +66,25 @@ class PrepareSection(_Strict):
     """The directory the prepare module writes (relative to the config file)."""
 
 
+class LoraSection(_Strict):
+    """`model.lora`: train a LoRA adapter on the frozen base instead of every weight
+    (components/core/adapter.py; docs/algorithms.md, "LoRA")."""
+
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    """Scale alpha / rank on the adapter's update."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+    """`all-linear` (every linear layer but the output head, MLP included, as "LoRA Without
+    Regret" recommends) or a list of module names (`q_proj`, `v_proj`, ...)."""
+
+
 class ModelSection(_Strict):
     base: str
     """The base policy: an HF checkpoint directory (path or URI) or a Hugging Face Hub id
     (``Qwen/Qwen2.5-0.5B-Instruct``, ``hf://OWNER/NAME@REVISION``), copied into the run."""
+    lora: LoraSection | None = None
+    """Train a LoRA adapter instead of the full weights (null: full fine-tuning)."""
 
 
 class EvalSetConfig(_Strict):

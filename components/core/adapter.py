@@ -1,0 +1,168 @@
+"""LoRA adapters as checkpoints: PEFT's format, tied to their base by a content digest.
+
+An adapter checkpoint is a directory that `peft.PeftModel.from_pretrained(base, path)` loads:
+
+    adapter_config.json          PEFT's LoraConfig
+    adapter_model.safetensors    the adapter's weights (lora_A / lora_B of each target module)
+    rlvr_base.json               {"base_digest": ...}: which base the adapter was trained on
+
+`base_digest` is a digest of the base's weight files and config (their names, sizes and sha256),
+so an adapter applied to another base is refused with a message that names both digests, instead
+of silently producing another model. `merge` writes a full HF checkpoint (base + adapter folded
+in) for serving without PEFT.
+
+Used by the train stage (save), generate and evaluate (load) and `rlvr export --merge`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from components.core.config import LoraSection
+
+__all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
+    "BASE_FILE",
+    "AdapterError",
+    "adapter_parameter_count",
+    "attach",
+    "base_digest",
+    "is_adapter_dir",
+    "load_adapter",
+    "lora_config",
+    "merge",
+    "save_adapter",
+]
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+BASE_FILE = "rlvr_base.json"
+_BASE_FILES = ("config.json",)  # with every *.safetensors
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be used: wrong base, missing files; the message says what to do."""
+
+
+def base_digest(base_dir: Path, manifest: dict[str, Any] | None = None) -> str:
+    """Digest of a base checkpoint's weights and config: from its `_SUCCESS` manifest's sha256s
+    when given (no file is read again), else by hashing the files."""
+    base_dir = Path(base_dir)
+    names = sorted(p.name for p in base_dir.glob("*.safetensors")) + [
+        n for n in _BASE_FILES if (base_dir / n).is_file()
+    ]
+    if not names:
+        raise AdapterError(f"{base_dir} holds no *.safetensors: it is not a base checkpoint")
+    known = {f["path"]: f["sha256"] for f in (manifest or {}).get("files", [])}
+    entries = []
+    for name in sorted(names):
+        digest = known.get(name) or _sha256(base_dir / name)
+        entries.append((name, digest))
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def lora_config(section: LoraSection):
+    """PEFT's LoraConfig for `model.lora` (a causal LM; the output head is never adapted)."""
+    from peft import LoraConfig
+
+    targets = section.target_modules
+    return LoraConfig(
+        r=section.rank,
+        lora_alpha=section.alpha,
+        lora_dropout=section.dropout,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def attach(model, section: LoraSection):
+    """The base `model` wrapped with a fresh adapter (B = 0: the same function as the base);
+    only the adapter's parameters require grad."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(section))
+
+
+def adapter_parameter_count(model_config, section: LoraSection) -> tuple[int, int]:
+    """(adapter parameters, base parameters) of a model config, counted on the meta device (no
+    weight is allocated), e.g. for a 7B shape on a laptop."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    base = sum(p.numel() for p in model.parameters())
+    peft_model = attach(model, section)
+    adapter = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    return adapter, base
+
+
+def is_adapter_dir(path: Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def save_adapter(peft_model, out_dir: Path, digest: str) -> list[Path]:
+    """Write the adapter of `peft_model` (PEFT's files, safetensors) and the base it belongs to."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    peft_model.save_pretrained(out_dir, safe_serialization=True)
+    (out_dir / BASE_FILE).write_text(json.dumps({"base_digest": digest}, indent=1) + "\n")
+    return [out_dir / ADAPTER_CONFIG, out_dir / ADAPTER_WEIGHTS, out_dir / BASE_FILE]
+
+
+def check_base(adapter_dir: Path, digest: str) -> None:
+    """Refuse an adapter trained on another base than the one of `digest`."""
+    adapter_dir = Path(adapter_dir)
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, BASE_FILE):
+        if not (adapter_dir / name).is_file():
+            raise AdapterError(
+                f"{adapter_dir} has no {name}: it is not an rlvr adapter checkpoint (a PEFT "
+                f"adapter with {BASE_FILE} naming its base); save it again from the train stage"
+            )
+    try:
+        recorded = json.loads((adapter_dir / BASE_FILE).read_text())["base_digest"]
+    except (ValueError, KeyError) as e:
+        raise AdapterError(
+            f"{adapter_dir / BASE_FILE} is unreadable ({e}); save it again"
+        ) from None
+    if recorded != digest:
+        raise AdapterError(
+            f"{adapter_dir} was trained on the base with digest {recorded}, not on this base "
+            f"({digest}): apply it to the base it was trained on (the run's checkpoints/00000)"
+        )
+
+
+def load_adapter(base_model, adapter_dir: Path, digest: str, *, trainable: bool = False):
+    """`base_model` with the adapter of `adapter_dir` applied, after checking its base."""
+    from peft import PeftModel
+
+    check_base(adapter_dir, digest)
+    return PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=trainable)
+
+
+def merge(base_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: Any = None) -> Path:
+    """A full HF checkpoint of base + adapter (`rlvr export --merge`): it loads with
+    `AutoModelForCausalLM.from_pretrained` and serves without PEFT."""
+    from components.core.checkpoint import load_policy, portable_tokenizer_config
+
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    model, tokenizer = load_policy(base_dir, dtype=dtype)
+    merged = load_adapter(model, adapter_dir, base_digest(base_dir)).merge_and_unload()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    portable_tokenizer_config(out_dir)
+    return out_dir

@@ -1,0 +1,170 @@
+"""LoRA adapter checkpoints (components/core/adapter.py): PEFT's format, tied to their base,
+merged for serving; and what an adapter weighs against the full weights it replaces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("peft", reason="peft is the LoRA dependency (pip install 'rlvr[lora]')")
+
+from components.core.adapter import (  # noqa: E402
+    AdapterError,
+    adapter_parameter_count,
+    attach,
+    base_digest,
+    load_adapter,
+    merge,
+    save_adapter,
+)
+from components.core.checkpoint import load_policy  # noqa: E402
+from components.core.config import LoraSection  # noqa: E402
+
+
+@pytest.fixture
+def base_dir(tiny_assets):
+    return tiny_assets / "base"
+
+
+def _trained(base_dir, section: LoraSection, seed: int = 0):
+    """The base with an adapter whose B matrices are nonzero (a fresh adapter is the base)."""
+    model, tok = load_policy(base_dir)
+    peft_model = attach(model, section)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    return peft_model.eval(), tok
+
+
+def test_only_the_adapter_trains_and_a_fresh_one_is_the_base(base_dir):
+    section = LoraSection(rank=2)
+    model, tok = load_policy(base_dir)
+    ids = tok("12+34=", return_tensors="pt").input_ids
+    with torch.no_grad():
+        before = model(ids).logits
+    peft_model = attach(model, section)
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
+    # all-linear: attention and MLP projections, never the output head
+    assert any("mlp" in n for n in trainable) and not any("lm_head" in n for n in trainable)
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(ids).logits, before, rtol=0, atol=0)
+
+
+def test_an_adapter_checkpoint_loads_with_plain_peft_and_is_refused_on_another_base(
+    base_dir, tmp_path
+):
+    from peft import PeftModel
+
+    section = LoraSection(rank=2, alpha=4.0)
+    peft_model, tok = _trained(base_dir, section)
+    ids = tok("7*8=", return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = peft_model(ids).logits
+    digest = base_digest(base_dir)
+    files = save_adapter(peft_model, tmp_path / "adapter", digest)
+    assert sorted(f.name for f in files) == [
+        "adapter_config.json", "adapter_model.safetensors", "rlvr_base.json",
+    ]  # fmt: skip
+    assert json.loads((tmp_path / "adapter" / "rlvr_base.json").read_text()) == {
+        "base_digest": digest
+    }
+    # Whoever has PEFT loads it: PeftModel.from_pretrained(base, path).
+    plain = PeftModel.from_pretrained(load_policy(base_dir)[0], str(tmp_path / "adapter"))
+    with torch.no_grad():
+        torch.testing.assert_close(plain.eval()(ids).logits, expected, rtol=0, atol=0)
+        ours = load_adapter(load_policy(base_dir)[0], tmp_path / "adapter", digest).eval()
+        torch.testing.assert_close(ours(ids).logits, expected, rtol=0, atol=0)
+    with pytest.raises(AdapterError, match="trained on the base with digest .* not on this base"):
+        load_adapter(load_policy(base_dir)[0], tmp_path / "adapter", "0123456789abcdef")
+    (tmp_path / "adapter" / "rlvr_base.json").unlink()
+    with pytest.raises(AdapterError, match="has no rlvr_base.json"):
+        load_adapter(load_policy(base_dir)[0], tmp_path / "adapter", digest)
+
+
+def test_the_base_digest_comes_from_the_manifest_or_the_files(base_dir, tmp_path):
+    import hashlib
+    import shutil
+
+    digest = base_digest(base_dir)
+    files = [{"path": p.name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for p in base_dir.iterdir() if p.is_file()]  # fmt: skip
+    assert base_digest(base_dir, {"files": files}) == digest  # no file read again
+    other = tmp_path / "other"
+    shutil.copytree(base_dir, other)
+    assert base_digest(other) == digest  # content, not location
+    model, _ = load_policy(other)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    model.save_pretrained(other, safe_serialization=True)
+    assert base_digest(other) != digest
+    with pytest.raises(AdapterError, match=r"holds no \*\.safetensors"):
+        base_digest(tmp_path)
+
+
+def test_merge_gives_a_plain_checkpoint_with_the_same_greedy_tokens(base_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    section = LoraSection(rank=4, alpha=8.0)
+    peft_model, tok = _trained(base_dir, section, seed=1)
+    save_adapter(peft_model, tmp_path / "adapter", base_digest(base_dir))
+    out = merge(base_dir, tmp_path / "adapter", tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    ids = tok(["12+34=", "7*8=", "90-45="], return_tensors="pt", padding=True)
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": tok.pad_token_id}
+    with torch.no_grad():
+        a = peft_model.generate(
+            input_ids=ids.input_ids, attention_mask=ids.attention_mask, **kwargs
+        )
+        b = merged.generate(input_ids=ids.input_ids, attention_mask=ids.attention_mask, **kwargs)
+        # Folding B @ A into W changes float rounding only.
+        torch.testing.assert_close(
+            merged(ids.input_ids).logits, peft_model(ids.input_ids).logits, rtol=1e-4, atol=1e-5
+        )
+    assert torch.equal(a, b)
+
+
+def test_a_7b_adapter_weighs_at_least_50x_less_than_its_base():
+    """Qwen2.5-7B's shape on the meta device (no weight allocated). all-linear LoRA of rank r
+    adds r * (d_in + d_out) per linear layer: per layer r * 90,112 here, 2.52M * r in all."""
+    from transformers import Qwen2Config
+
+    cfg = Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                      num_attention_heads=28, num_key_value_heads=4, vocab_size=152064)  # fmt: skip
+    adapter, base = adapter_parameter_count(cfg, LoraSection(rank=32))
+    assert adapter == 32 * 28 * (
+        2 * (3584 + 3584) + 2 * (3584 + 512) + 2 * (3584 + 18944) + (18944 + 3584)
+    )
+    assert base > 7.0e9 and base / adapter >= 50  # 94x at rank 32
+    assert adapter_parameter_count(cfg, LoraSection(rank=1))[0] * 32 == adapter
+
+
+def test_rlvr_export_merge(base_dir, tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.cli import main
+
+    run = tmp_path / "checkpoints"
+    shutil.copytree(base_dir, run / "00000")
+    peft_model, _ = _trained(base_dir, LoraSection(rank=2))
+    save_adapter(peft_model, run / "00003", base_digest(base_dir))
+    result = CliRunner().invoke(
+        main, ["export", "--merge", str(run / "00003"), str(tmp_path / "m")]
+    )
+    assert result.exit_code == 0, result.output
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "m") is not None
+    (run / "00000" / "config.json").write_text(
+        (run / "00000" / "config.json").read_text().replace("}", ', "rlvr_changed": 1}', 1)
+    )
+    result = CliRunner().invoke(
+        main, ["export", "--merge", str(run / "00003"), str(tmp_path / "n")]
+    )
+    assert result.exit_code == 2 and "not on this base" in result.output
