@@ -31,6 +31,12 @@ def check_hf_dir(path: Path, source: str) -> None:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {source} does not exist or is not a directory")
     names = {p.name for p in path.iterdir()}
+    if "adapter_config.json" in names:  # a LoRA adapter checkpoint (components/core/adapter.py)
+        if "adapter_model.safetensors" not in names:
+            raise CheckpointError(f"adapter checkpoint {source} has no adapter_model.safetensors")
+        if not names & {"tokenizer.json", "tokenizer_config.json"}:
+            raise CheckpointError(f"checkpoint {source} has no tokenizer files (tokenizer.json)")
+        return
     if "config.json" not in names:
         raise CheckpointError(f"checkpoint {source} has no config.json; it must be an HF model dir")
     if not any(n.endswith(".safetensors") for n in names):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.core.adapter import base_digest, is_adapter_dir, load_adapter
 from components.core.checkpoint import local_checkpoint
 from components.core.commit import content_digest, read_manifest
 from components.core.config import GenerateSection
@@ -76,6 +77,21 @@ def _weight_bytes(manifest: dict[str, Any]) -> int:
     return sum(f["bytes"] for f in manifest["files"] if f["path"].endswith(".safetensors"))
 
 
+def load_adapter_weights(model, adapter_dir: Path) -> None:
+    """A new adapter's weights into a loaded PeftModel, in place (a warm engine's next policy:
+    megabytes, not the model)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from components.core.adapter import ADAPTER_WEIGHTS
+
+    device = next(model.parameters()).device
+    result = set_peft_model_state_dict(model, load_file(str(adapter_dir / ADAPTER_WEIGHTS),
+                                                        device=str(device)))  # fmt: skip
+    if getattr(result, "unexpected_keys", None):
+        raise ValueError(f"{adapter_dir}: adapter weights {result.unexpected_keys[:3]} do not fit")
+
+
 class PolicyEngine:
     """Holds one backend (transformers or vLLM) and the identity of the policy it serves."""
 
@@ -96,7 +112,21 @@ class PolicyEngine:
         manifest = read_manifest(store, checkpoint_uri)
         ckpt_dir = local_checkpoint(store, checkpoint_uri)
         signature = _signature(manifest, Path(ckpt_dir))
-        if self.backend is not None and signature == self.signature:
+        if is_adapter_dir(ckpt_dir):  # model.lora: the run's base with this adapter
+            base_uri = checkpoint_uri.rstrip("/").rsplit("/", 1)[0] + "/00000"
+            signature["base"] = content_digest(store, base_uri)
+            if self.backend is not None and signature == self.signature:
+                load_adapter_weights(self.backend.model, Path(ckpt_dir))
+                action = "weights"
+            else:
+                self.close()
+                base_dir = local_checkpoint(store, base_uri)
+                self.backend, self.tokenizer = make_backend(self.gen, base_dir, self.seed)
+                digest_of_base = base_digest(base_dir, read_manifest(store, base_uri))
+                self.backend.model = load_adapter(self.backend.model, ckpt_dir, digest_of_base)
+                self.backend.model.eval()
+                action = "load"
+        elif self.backend is not None and signature == self.signature:
             self.backend.load_weights(Path(ckpt_dir))
             action = "weights"
         else:

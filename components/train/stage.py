@@ -471,6 +471,16 @@ def generation_stats(store, rollouts_uri: str) -> dict[str, Any]:
     return read_manifest(store, committed_parts(store, rollouts_uri)[0])["stats"]
 
 
+def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
+    """The LoRA adapter's weights on CPU (model.lora; ZeRO 0-2, where each rank holds them)."""
+    from peft import get_peft_model_state_dict
+
+    if engine.zero_optimization_stage() == 3:
+        raise StageError("model.lora with train.zero_stage 3 is not supported yet; use 0-2")
+    state = get_peft_model_state_dict(engine.module)
+    return {k: v.detach().float().cpu().contiguous() for k, v in state.items()}
+
+
 def full_state_dict(engine) -> dict[str, torch.Tensor]:
     """The whole model's weights on CPU, gathered from ZeRO-3 partitions when needed.
 
@@ -544,6 +554,7 @@ class TrainStage:
         self.engine: Any = None
         self.tokenizer: Any = None
         self.ref_model: Any = None
+        self.base_digest: str | None = None  # model.lora: the base the adapters belong to
         self.rank, self.world = 0, 1
         self.device = "cpu"
         self.holds: tuple | None = None
@@ -613,10 +624,13 @@ class TrainStage:
         torch.manual_seed(cfg.run.seed + iteration)
         # Loaded in fp32: under bf16 DeepSpeed casts the module and keeps fp32 master copies,
         # which are then set from these exact weights (checkpoints hold the fp32 masters).
-        model, self.tokenizer = load_policy(ckpt_dir, dtype=torch.float32, device=device)
+        if cfg.model.lora is None:
+            model, self.tokenizer = load_policy(ckpt_dir, dtype=torch.float32, device=device)
+        else:
+            model = self._adapted(ckpt_dir, iteration, device)
         self.tokenizer_files = TokenizerFiles(ckpt_dir)
         masters = (
-            {n: p.detach().clone() for n, p in model.named_parameters()}
+            {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
             if dtype != torch.float32
             else None
         )
@@ -635,7 +649,8 @@ class TrainStage:
             from deepspeed.utils import safe_set_full_fp32_param
 
             for name, p in self.engine.module.named_parameters():
-                safe_set_full_fp32_param(p, masters[name])
+                if name in masters:
+                    safe_set_full_fp32_param(p, masters[name])
             del masters
         start_step = 0
         if prev_state is not None:
@@ -647,6 +662,30 @@ class TrainStage:
                 f"{expected} (train.ppo_epochs x train.mini_batches changed mid-run?); start a "
                 "new run"
             )
+
+    def _adapted(self, ckpt_dir: Path, iteration: int, device: str):
+        """`model.lora`: the base (checkpoint 0) with the adapter of checkpoint `iteration` (a
+        fresh one, B = 0, at iteration 0); only the adapter's parameters train."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        from components.core import adapter
+
+        base_uri = self.layout.checkpoint(0)
+        base_dir = local_checkpoint(self.store, base_uri)
+        model, self.tokenizer = load_policy(base_dir, dtype=torch.float32, device=device)
+        self.base_digest = adapter.base_digest(base_dir, read_manifest(self.store, base_uri))
+        model = adapter.attach(model, self.cfg.model.lora)
+        if iteration > 0:
+            adapter.check_base(ckpt_dir, self.base_digest)
+            weights = load_file(str(Path(ckpt_dir) / adapter.ADAPTER_WEIGHTS), device=device)
+            result = set_peft_model_state_dict(model, weights)
+            if getattr(result, "unexpected_keys", None):
+                raise StageError(
+                    f"{ckpt_dir}: adapter weights {result.unexpected_keys[:3]} do not fit "
+                    "model.lora (rank or target modules changed mid-run?); start a new run"
+                )
+        return model
 
     def _plan(self, iteration: int) -> tuple[OutputDir, OutputDir, dict[str, str]]:
         cfg, t, store, layout = self.cfg, self.t, self.store, self.layout
@@ -747,7 +786,8 @@ class TrainStage:
         # --- save: train state first, the checkpoint's _SUCCESS last ---
         t0 = time.time()
         tensors, meta = train_state.collect(self.engine, step, {"iteration": iteration + 1})
-        weights = full_state_dict(self.engine)
+        lora = cfg.model.lora is not None
+        weights = adapter_state_dict(self.engine) if lora else full_state_dict(self.engine)
         if self.rank == 0:
             state_out.begin(force=True)
             ckpt_out.begin(force=True)
@@ -763,7 +803,15 @@ class TrainStage:
             module = self.engine.module
             module.config.use_cache = True
             saved = _write_hf(
-                module, self.tokenizer_files, weights, ckpt_out, metrics, inputs, timeline, t0
+                module,
+                self.tokenizer_files,
+                weights,
+                ckpt_out,
+                metrics,
+                inputs,
+                timeline,
+                t0,
+                base_digest=self.base_digest if lora else None,
             )
             module.config.use_cache = False
             metrics.update(saved)
@@ -837,18 +885,29 @@ def _write_hf(
     inputs: dict,
     timeline: Timeline,
     commit_start: float,
+    *,
+    base_digest: str | None = None,
 ) -> dict[str, float]:
-    """Write the gathered weights as a standard HF checkpoint (no merger step needed to load);
-    the manifest records the save throughput and the step's timeline."""
+    """Write the gathered weights as a standard HF checkpoint (no merger step needed to load),
+    or, with `base_digest` (model.lora), the adapter alone in PEFT's format; the manifest records
+    the save throughput and the step's timeline."""
 
     class _Saver:
         """Adapter so write_checkpoint saves `weights` rather than the (maybe partitioned) module."""
 
         def __init__(self) -> None:
-            self.generation_config = getattr(model, "generation_config", None)
+            self.generation_config = (
+                getattr(model, "generation_config", None) if base_digest is None else None
+            )
 
         def save_pretrained(self, path, **kwargs):
-            model.save_pretrained(path, state_dict=weights, **kwargs)
+            if base_digest is None:
+                model.save_pretrained(path, state_dict=weights, **kwargs)
+                return
+            from components.core.adapter import BASE_FILE
+
+            model.save_pretrained(path, state_dict=weights, safe_serialization=True)
+            Path(path, BASE_FILE).write_text(json.dumps({"base_digest": base_digest}) + "\n")
 
     t0 = time.time()
     nbytes = sum(v.numel() * v.element_size() for v in weights.values())

@@ -58,6 +58,8 @@ def collect(engine, step: int, extra: dict[str, Any]) -> tuple[dict[str, torch.T
     tensors: dict[str, torch.Tensor] = {}
     state = _base_optimizer(engine).state
     for name, p in model.named_parameters():
+        if not p.requires_grad:  # a frozen base under a LoRA adapter has no optimizer state
+            continue
         for key in MOMENTS:
             if _holds_directly(engine, p):
                 value = state.get(p, {}).get(key)
