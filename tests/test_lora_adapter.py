@@ -194,7 +194,8 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
                       "\n    return float(len(solution_str) % 2)\n")  # fmt: skip
     path = write_config(tmp_path, tiny_assets, model={"lora": {"rank": 2, "alpha": 4.0}},
                         verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
-                        train={"lr": 5e-2, "micro_batch_tokens": 512}, run={"iterations": 2})  # fmt: skip
+                        train={"lr": 5e-2, "micro_batch_tokens": 512, "kl_metric": True},
+                        run={"iterations": 2})  # fmt: skip
     cfg = load_config(path)
     layout = RunLayout.of(cfg)
     run_setup.run(cfg)
@@ -204,6 +205,10 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
         verify(cfg, i)
         train(cfg, i)
     ckpt1, ckpt2 = Path(layout.checkpoint(1)), Path(layout.checkpoint(2))
+    # KL to the base is taken with the adapter off (no second model): zero while B = 0.
+    kl = [json.loads(Path(layout.checkpoint(c), "_SUCCESS").read_text())["stats"]["train/kl_ref"]
+          for c in (1, 2)]  # fmt: skip
+    assert kl[0] == 0.0 and kl[1] > 0.0
     names = sorted(p.name for p in ckpt2.iterdir())
     assert "adapter_model.safetensors" in names and "model.safetensors" not in names
     assert (ckpt2 / "adapter_model.safetensors").stat().st_size < (

@@ -471,6 +471,31 @@ def generation_stats(store, rollouts_uri: str) -> dict[str, Any]:
     return read_manifest(store, committed_parts(store, rollouts_uri)[0])["stats"]
 
 
+class AdapterOff:
+    """The KL reference under model.lora: the policy's own base with the adapter disabled
+    (`PeftModel.disable_adapter`), in eval mode for the call; no second copy of the model."""
+
+    def __init__(self, peft_model) -> None:
+        self.peft_model = peft_model
+        self.training = False
+
+    def eval(self):
+        return self
+
+    def train(self, mode: bool = True):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        model = self.peft_model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), model.disable_adapter():
+                return model(*args, **kwargs)
+        finally:
+            model.train(was_training)
+
+
 def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
     """The LoRA adapter's weights on CPU (model.lora; ZeRO 0-2, where each rank holds them)."""
     from peft import get_peft_model_state_dict
@@ -634,7 +659,8 @@ class TrainStage:
             if dtype != torch.float32
             else None
         )
-        if (t.kl_coef > 0 or t.kl_metric) and self.ref_model is None:  # only with KL
+        lora_ref = cfg.model.lora is not None and (t.kl_coef > 0 or t.kl_metric)
+        if (t.kl_coef > 0 or t.kl_metric) and self.ref_model is None and not lora_ref:
             self.ref_model, _ = load_policy(
                 local_checkpoint(store, layout.checkpoint(0)), dtype=dtype, device=device
             )
@@ -645,6 +671,8 @@ class TrainStage:
             model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=deepspeed_config(t, self.world, dtype),
         )
+        if lora_ref:  # the reference is the base itself, adapter off: no second model
+            self.ref_model = AdapterOff(self.engine.module)
         if masters is not None:
             from deepspeed.utils import safe_set_full_fp32_param
 
