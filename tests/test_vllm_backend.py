@@ -41,3 +41,41 @@ def test_generates_with_logprobs_on_gpu(tiny_assets):
     for s in samples:
         assert len(s.response_logprobs) == len(s.response_token_ids) > 0
         assert s.finish_reason in ("stop", "length")
+
+
+@pytest.mark.gpu
+def test_a_lora_adapter_serves_through_lora_requests(tiny_assets, tmp_path):
+    """model.lora on vLLM: the engine keeps the base; each adapter arrives as a LoRARequest with
+    a new id, and greedy tokens match base + adapter under PEFT."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from components.core.adapter import attach, base_digest, save_adapter
+    from components.core.checkpoint import load_policy
+    from components.core.config import LoraSection
+    from components.generate.backends import PromptRequest
+    from components.generate.vllm_backend import VLLMBackend
+
+    base = tiny_assets / "base"
+    model, tok = load_policy(base)
+    peft_model = attach(model, LoraSection(rank=4, alpha=8.0))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    save_adapter(peft_model, tmp_path / "adapter", base_digest(base))
+    backend = VLLMBackend(str(base), gpu_memory_utilization=0.3, dtype="float32", max_lora_rank=4)
+    backend.set_adapter(tmp_path / "adapter")
+    assert backend.lora_request.lora_int_id == 1
+    ids = tok("12+34=", add_special_tokens=False)["input_ids"]
+    spec = SamplingSpec(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=6)
+    (sample,) = [s for b in backend.generate([PromptRequest("p", ids, [0])], spec) for s in b]
+    expected = peft_model.eval().generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)
+    assert (
+        sample.response_token_ids
+        == expected[0, len(ids) :].tolist()[: len(sample.response_token_ids)]
+    )
+    backend.set_adapter(tmp_path / "adapter")
+    assert backend.lora_request.lora_int_id == 2  # a new version: vLLM loads it again
+    backend.close()

@@ -31,6 +31,7 @@ __all__ = [
     "adapter_parameter_count",
     "attach",
     "base_digest",
+    "check_base",
     "is_adapter_dir",
     "load_adapter",
     "lora_config",

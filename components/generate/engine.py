@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.core.adapter import base_digest, is_adapter_dir, load_adapter
+from components.core.adapter import (
+    ADAPTER_CONFIG,
+    base_digest,
+    check_base,
+    is_adapter_dir,
+    load_adapter,
+)
 from components.core.checkpoint import local_checkpoint
 from components.core.commit import content_digest, read_manifest
 from components.core.config import GenerateSection
@@ -115,17 +121,25 @@ class PolicyEngine:
         if is_adapter_dir(ckpt_dir):  # model.lora: the run's base with this adapter
             base_uri = checkpoint_uri.rstrip("/").rsplit("/", 1)[0] + "/00000"
             signature["base"] = content_digest(store, base_uri)
-            if self.backend is not None and signature == self.signature:
-                load_adapter_weights(self.backend.model, Path(ckpt_dir))
-                action = "weights"
-            else:
+            base_dir = local_checkpoint(store, base_uri)
+            digest_of_base = base_digest(base_dir, read_manifest(store, base_uri))
+            check_base(ckpt_dir, digest_of_base)
+            if self.backend is None or signature != self.signature:
                 self.close()
-                base_dir = local_checkpoint(store, base_uri)
-                self.backend, self.tokenizer = make_backend(self.gen, base_dir, self.seed)
-                digest_of_base = base_digest(base_dir, read_manifest(store, base_uri))
+                rank = json.loads((Path(ckpt_dir) / ADAPTER_CONFIG).read_text())["r"]
+                self.backend, self.tokenizer = make_backend(
+                    self.gen, base_dir, self.seed, max_lora_rank=rank
+                )
+                action = "load"
+            else:
+                action = "weights"
+            if hasattr(self.backend, "set_adapter"):  # vLLM: a LoRARequest per new adapter
+                self.backend.set_adapter(Path(ckpt_dir))
+            elif action == "load":  # transformers: PEFT on the loaded base
                 self.backend.model = load_adapter(self.backend.model, ckpt_dir, digest_of_base)
                 self.backend.model.eval()
-                action = "load"
+            else:
+                load_adapter_weights(self.backend.model, Path(ckpt_dir))
         elif self.backend is not None and signature == self.signature:
             self.backend.load_weights(Path(ckpt_dir))
             action = "weights"

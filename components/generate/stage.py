@@ -143,8 +143,11 @@ def device_and_dtype(name: str):
     return device, dtype
 
 
-def make_backend(gen: GenerateSection, ckpt_dir: Path, seed: int) -> tuple[Backend, Any]:
-    """The configured backend and its tokenizer."""
+def make_backend(
+    gen: GenerateSection, ckpt_dir: Path, seed: int, *, max_lora_rank: int | None = None
+) -> tuple[Backend, Any]:
+    """The configured backend and its tokenizer; `max_lora_rank`: the policy is `ckpt_dir` (a
+    base) with LoRA adapters of up to that rank (vLLM starts with LoRA enabled)."""
     if gen.backend == "vllm":
         from components.generate.vllm_backend import VLLMBackend
 
@@ -156,6 +159,7 @@ def make_backend(gen: GenerateSection, ckpt_dir: Path, seed: int) -> tuple[Backe
             enable_prefix_caching=gen.enable_prefix_caching,
             dtype=gen.dtype,
             seed=seed,
+            max_lora_rank=max_lora_rank,
         )
         return b, b.tokenizer
     from components.generate.hf_backend import TransformersBackend

@@ -37,6 +37,7 @@ class VLLMBackend:
         enable_prefix_caching: bool = True,
         dtype: str = "auto",
         seed: int = 0,
+        max_lora_rank: int | None = None,
     ) -> None:
         import vllm
 
@@ -51,6 +52,10 @@ class VLLMBackend:
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if max_lora_rank is not None:  # model.lora: the base stays, each policy is an adapter
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+        self.lora_request = None
+        self._lora_version = 0
         # Every worker process gets `load_checkpoint` (components/generate/vllm_worker.py), so a
         # new policy reaches the running engine through `collective_rpc` (vLLM >= 0.8.3).
         kwargs["worker_extension_cls"] = "components.generate.vllm_worker.CheckpointLoader"
@@ -64,6 +69,18 @@ class VLLMBackend:
         the prefix cache, which holds the old policy's KV, is then dropped."""
         self.llm.collective_rpc("load_checkpoint", args=(str(checkpoint_dir),))
         self.llm.reset_prefix_cache()
+
+    def set_adapter(self, adapter_dir: Path) -> None:
+        """Sample from now on with the LoRA adapter in `adapter_dir` (PEFT's format): every
+        request carries a `LoRARequest` with a new id, so vLLM loads this adapter (megabytes)
+        instead of serving the one it has cached; the base weights stay as they are."""
+        from vllm.lora.request import LoRARequest
+
+        self._lora_version += 1
+        self.lora_request = LoRARequest(
+            f"policy-{self._lora_version}", self._lora_version, str(adapter_dir)
+        )
+        self.llm.reset_prefix_cache()  # its KV came from the previous adapter
 
     def close(self) -> None:
         """Shut the engine down and free its GPU memory now: a new engine (another
@@ -108,7 +125,9 @@ class VLLMBackend:
             batch = requests[start : start + chunk]
             prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in batch]
             params = [self.sampling_params(spec, r.sample_seeds[0]) for r in batch]
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self.llm.generate(
+                prompts, params, use_tqdm=False, lora_request=self.lora_request
+            )
             samples = []
             for req, out in zip(batch, outputs, strict=True):
                 for j, comp in enumerate(out.outputs):
