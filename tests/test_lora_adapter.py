@@ -237,7 +237,7 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [0, 2])
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
 def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage):
     """The warm train worker (engine, adapter and Adam state kept across iterations) commits the
     same adapter bytes as one cold process per iteration, under ZeRO 0 and 2."""

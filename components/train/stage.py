@@ -497,13 +497,23 @@ class AdapterOff:
 
 
 def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
-    """The LoRA adapter's weights on CPU (model.lora; ZeRO 0-2, where each rank holds them)."""
+    """The LoRA adapter's weights on CPU (model.lora), gathered from ZeRO-3 partitions when
+    needed (the adapter's parameters only: the frozen base stays partitioned)."""
+    import contextlib
+
+    import deepspeed
     from peft import get_peft_model_state_dict
 
-    if engine.zero_optimization_stage() == 3:
-        raise StageError("model.lora with train.zero_stage 3 is not supported yet; use 0-2")
-    state = get_peft_model_state_dict(engine.module)
-    return {k: v.detach().float().cpu().contiguous() for k, v in state.items()}
+    model = engine.module
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    gather = (
+        deepspeed.zero.GatheredParameters(trainable, modifier_rank=None)
+        if engine.zero_optimization_stage() == 3
+        else contextlib.nullcontext()
+    )
+    with gather:
+        state = get_peft_model_state_dict(model)
+        return {k: v.detach().float().cpu().clone().contiguous() for k, v in state.items()}
 
 
 def full_state_dict(engine) -> dict[str, torch.Tensor]:

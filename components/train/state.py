@@ -102,12 +102,14 @@ def restore(engine, tensors: dict[str, torch.Tensor], meta: dict[str, Any], sour
     # step, or when DeepSpeed loads its own checkpoints); link now so the moments can be set.
     # The torch optimizer creates its state at the first step; create the zero moments it would
     # (on DeepSpeed's flat fp32 partitions too) so they can be overwritten with the saved ones.
-    for group in opt.param_groups:
-        for q in group["params"]:
-            st = opt.state[q]
-            for key in MOMENTS:
-                st.setdefault(key, torch.zeros_like(q, memory_format=torch.preserve_format))
-            st.setdefault("step", torch.tensor(0.0))
+    # ZeRO-3 keeps its fp32 flat partitions out of param_groups between steps; with a frozen
+    # base (model.lora) their state is not created up front either.
+    flats = list(getattr(engine.optimizer, "fp32_partitioned_groups_flat", []))
+    for q in [*(q for g in opt.param_groups for q in g["params"]), *flats]:
+        st = opt.state[q]
+        for key in MOMENTS:
+            st.setdefault(key, torch.zeros_like(q, memory_format=torch.preserve_format))
+        st.setdefault("step", torch.tensor(0.0))
     link = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
     if link is not None:
         engine.optimizer._hp_optimizer_states_linked = False
