@@ -75,7 +75,7 @@ def main() -> int:
     from components.core.store import LocalStore
     from components.core.warm import Timeline
     from components.generate.hf_backend import TransformersBackend
-    from components.train.stage import _write_hf
+    from components.train.stage import write_hf
     from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint
 
     Path(args.store).mkdir(parents=True, exist_ok=True)
@@ -104,7 +104,7 @@ def main() -> int:
             out = OutputDir(store, str(work / f"ckpt-{r}"), "train")
             out.begin(force=True)
             t0 = time.perf_counter()
-            _write_hf(model, TokenizerFiles(work / "src"), dict(weights), out, {}, {},
+            write_hf(model, TokenizerFiles(work / "src"), dict(weights), out, {}, {},
                       Timeline("train", r), time.time())  # fmt: skip
             os.sync()
             times["save"].append(time.perf_counter() - t0)

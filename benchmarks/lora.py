@@ -1,14 +1,16 @@
 """LoRA vs full fine-tuning on the demo: what crosses from train to generate each iteration,
 how long a warm engine takes to load it, the train step, and learning at equal rollouts.
 
-    python benchmarks/lora.py [--rank 16] [--alpha 16] [--lr 5e-3] [--iterations N]
+    python benchmarks/lora.py [--lora 16:16:5e-3 ...] [--seeds 0] [--iterations N]
 
-Both runs are the demo config from the same base, side by side in one invocation: the baseline
-is full fine-tuning at the config's lr; the other sets `model.lora` and its own lr. Printed:
-bytes per handoff (the train stage's checkpoint) and their ratio; generate's warm policy load
-seconds (median over iterations); train work seconds (median); held-out pass@1 with its 95% CI
-at the middle and the last checkpoint; and, from parameter counts on the meta device, the
-handoff of a Qwen2.5-7B-shaped model at the same rank against its bf16 weights.
+For every seed, the baseline (full fine-tuning at the config's lr) and one run per `--lora
+RANK:ALPHA:LR` setting, all from the same base with the same run seed (the same prompts, samples
+per prompt and updates: equal rollouts), side by side in one invocation. Printed: bytes per
+handoff (the train stage's committed weights) and their ratio; generate's warm policy load
+(median over iterations); train work per iteration (median); held-out pass@1 with its 95% CI at
+the middle and the last checkpoint, per seed and as the mean over seeds; and, from parameter
+counts on the meta device, the handoff of a Qwen2.5-7B-shaped model at each rank against its
+bf16 weights. Drawn: `lora.png` in the output folder (pass@1 per checkpoint, mean over seeds).
 """
 
 from __future__ import annotations
@@ -29,28 +31,68 @@ from benchmarks.common import timed  # noqa: E402
 def figures(root: Path) -> dict:
     """Per-iteration handoff bytes, warm load and train seconds; pass@1 per checkpoint."""
     ckpts = sorted(p for p in (root / "checkpoints").iterdir() if p.name != "00000")
-    train = [json.loads((p / "_SUCCESS").read_text())["stats"] for p in ckpts]
+    manifests = [json.loads((p / "_SUCCESS").read_text()) for p in ckpts]
     gens = [json.loads(p.read_text())["stats"]
             for p in sorted(root.glob("iterations/*/rollouts/_SUCCESS"))]  # fmt: skip
-    warm = [g["policy_load_s"] for g in gens if g.get("policy_load") == "weights"]
+    warm = [g["policy_load_s"] for g in gens if g.get("policy_load") in ("weights", "adapter")]
     evals = {int(p.parent.name): json.loads(p.read_text())["overall"]
              for p in root.glob("evals/[0-9]*/metrics.json")}  # fmt: skip
     return {
-        "bytes": statistics.median(sum(f["bytes"] for f in json.loads(
-            (p / "_SUCCESS").read_text())["files"] if f["path"].endswith(".safetensors"))
-            for p in ckpts),
+        "bytes": statistics.median(
+            sum(f["bytes"] for f in m["files"] if f["path"].endswith(".safetensors"))
+            for m in manifests
+        ),
         "load_s": statistics.median(warm) if warm else float("nan"),
-        "train_s": statistics.median(t["train/seconds"] for t in train),
+        "train_s": statistics.median(m["stats"]["train/seconds"] for m in manifests),
         "evals": evals,
-    }  # fmt: skip
+    }
+
+
+def parse_setting(text: str) -> tuple[int, float, float]:
+    try:
+        rank, alpha, lr = text.split(":")
+        return int(rank), float(alpha), float(lr)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lora {text!r}: expected RANK:ALPHA:LR") from None
+
+
+def ci(m: dict) -> str:
+    lo, hi = m["pass@1_ci95"]
+    return f"{m['pass@1']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def plot(out: Path, runs: dict[str, list[dict]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, per_seed in runs.items():
+        cs = sorted(set.intersection(*(set(r["evals"]) for r in per_seed)))
+        mean = [statistics.mean(r["evals"][c]["pass@1"] for r in per_seed) for c in cs]
+        style = {"color": "black", "lw": 2.2} if name == "full" else {"lw": 1.6}
+        ax.plot(cs, mean, marker="o", label=name, **style)
+        if name == "full" and len(per_seed) == 1:
+            lo = [per_seed[0]["evals"][c]["pass@1_ci95"][0] for c in cs]
+            hi = [per_seed[0]["evals"][c]["pass@1_ci95"][1] for c in cs]
+            ax.fill_between(cs, lo, hi, color="black", alpha=0.1, label="full: 95% CI")
+    n = len(next(iter(runs.values())))
+    ax.set(xlabel="checkpoint (iteration)", ylabel="held-out pass@1",
+           title=f"LoRA vs full fine-tuning at equal rollouts (mean of {n} seed(s))")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "examples/arithmetic/config.yaml"))
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--alpha", type=float, default=16.0)
-    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--lora", type=parse_setting, nargs="+", default=[(16, 16.0, 5e-3)],
+                    help="RANK:ALPHA:LR, one run per setting")  # fmt: skip
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--iterations", type=int, default=None)
     args = ap.parse_args()
 
@@ -65,39 +107,64 @@ def main() -> int:
     cfg = load_config(args.config, iterations=args.iterations)
     cfg.run.store = str(bench / "runs")
     prepare_inputs(cfg)
-    sides = {"full": [], "lora": ["--set", f"model.lora={{rank: {args.rank}, alpha: {args.alpha}}}",
-                                  "--set", f"train.lr={args.lr}"]}  # fmt: skip
-    out = {}
-    for name, extra in sides.items():
-        cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", name,
-               "--set", f"run.store={cfg.run.store}", "--iterations", str(cfg.run.iterations),
-               *extra]  # fmt: skip
-        print(f"running {name} ...", flush=True)
-        wall = timed(cmd, bench / f"{name}.log")
-        out[name] = {**figures(Path(cfg.run.store, name)), "wall": wall}
-        print(f"  {name}: {wall:.1f} s", flush=True)
-    f, lo = out["full"], out["lora"]
-    print(f"\nLoRA rank {args.rank}, alpha {args.alpha}, lr {args.lr} vs full fine-tuning "
-          f"(lr {cfg.train.lr}):")  # fmt: skip
-    print(f"  handoff per iteration: {lo['bytes']:,.0f} B vs {f['bytes']:,.0f} B "
-          f"({f['bytes'] / lo['bytes']:.1f}x smaller)")  # fmt: skip
-    print(f"  warm policy load in generate (median): {lo['load_s'] * 1e3:.1f} ms vs "
-          f"{f['load_s'] * 1e3:.1f} ms (ratio {lo['load_s'] / f['load_s']:.2f})")  # fmt: skip
-    print(f"  train work per iteration (median): {lo['train_s']:.2f} s vs {f['train_s']:.2f} s "
-          f"(ratio {lo['train_s'] / f['train_s']:.2f})")  # fmt: skip
-    cs = sorted(set(f["evals"]) & set(lo["evals"]))
-    for c in (cs[len(cs) // 2], cs[-1]):
-        a, b = f["evals"][c], lo["evals"][c]
-        print(f"  checkpoint {c:>2} pass@1: full {a['pass@1']:.3f} [{a['pass@1_ci95'][0]:.3f}, "
-              f"{a['pass@1_ci95'][1]:.3f}], LoRA {b['pass@1']:.3f} [{b['pass@1_ci95'][0]:.3f}, "
-              f"{b['pass@1_ci95'][1]:.3f}]")  # fmt: skip
+    sides = {"full": []}
+    for rank, alpha, lr in args.lora:
+        sides[f"lora r{rank} a{alpha:g} lr{lr:g}"] = [
+            "--set",
+            f"model.lora={{rank: {rank}, alpha: {alpha}}}",
+            "--set",
+            f"train.lr={lr}",
+        ]
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for seed in args.seeds:
+        for name, extra in sides.items():
+            run_id = f"s{seed}-" + name.replace(" ", "-")
+            cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", run_id,
+                   "--set", f"run.store={cfg.run.store}", "--set", f"run.seed={seed}",
+                   "--iterations", str(cfg.run.iterations), *extra]  # fmt: skip
+            print(f"running {run_id} ...", flush=True)
+            wall = timed(cmd, bench / f"{run_id}.log")
+            runs[name].append({**figures(Path(cfg.run.store, run_id)), "wall": wall})
+            print(f"  {wall:.1f} s", flush=True)
+
+    full = runs["full"]
+    cs = sorted(set.intersection(*(set(r["evals"]) for rs in runs.values() for r in rs)))
+    mid, last = cs[len(cs) // 2], cs[-1]
+    print(f"\nFull fine-tuning: lr {cfg.train.lr}; seeds {args.seeds}; "
+          f"checkpoints {mid} (middle) and {last} (last)")  # fmt: skip
     q7 = Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                      num_attention_heads=28, num_key_value_heads=4, vocab_size=152064)  # fmt: skip
-    adapter, base = adapter_parameter_count(q7, LoraSection(rank=args.rank))
-    print(f"  Qwen2.5-7B shape: adapter {adapter / 1e6:.1f}M parameters vs {base / 1e9:.2f}B: "
-          f"{base / adapter:.0f}x smaller per handoff (bf16 both)")  # fmt: skip
-    print(f"  wall: full {f['wall']:.1f} s, LoRA {lo['wall']:.1f} s")
-    print(f"outputs: {bench}")
+    for name, rs in runs.items():
+        b = statistics.median(r["bytes"] for r in rs)
+        load = statistics.median(r["load_s"] for r in rs)
+        tr = statistics.median(r["train_s"] for r in rs)
+        fb = statistics.median(r["bytes"] for r in full)
+        fl = statistics.median(r["load_s"] for r in full)
+        ft = statistics.median(r["train_s"] for r in full)
+        print(f"\n== {name} ==")
+        print(f"  handoff per iteration: {b:,.0f} B ({fb / b:.1f}x smaller than full)")
+        print(f"  warm policy load in generate (median): {load * 1e3:.1f} ms "
+              f"(ratio to full {load / fl:.2f})")  # fmt: skip
+        print(f"  train work per iteration (median): {tr:.2f} s (ratio to full {tr / ft:.2f})")
+        for seed, r, f in zip(args.seeds, rs, full, strict=True):
+            print(f"  seed {seed}: pass@1 ckpt {mid}: {ci(r['evals'][mid])} (full "
+                  f"{ci(f['evals'][mid])}); ckpt {last}: {ci(r['evals'][last])} (full "
+                  f"{ci(f['evals'][last])})")  # fmt: skip
+        if len(rs) > 1:
+            m = {c: statistics.mean(r["evals"][c]["pass@1"] for r in rs) for c in (mid, last)}
+            fm = {c: statistics.mean(r["evals"][c]["pass@1"] for r in full) for c in (mid, last)}
+            print(f"  mean over seeds: pass@1 ckpt {mid} {m[mid]:.3f} (full {fm[mid]:.3f}), "
+                  f"ckpt {last} {m[last]:.3f} (full {fm[last]:.3f}; ratio "
+                  f"{m[last] / fm[last]:.3f})")  # fmt: skip
+        if name != "full":
+            rank = int(name.split()[1][1:])
+            adapter, base = adapter_parameter_count(q7, LoraSection(rank=rank))
+            print(f"  Qwen2.5-7B shape at rank {rank}: adapter {adapter / 1e6:.1f}M parameters "
+                  f"vs {base / 1e9:.2f}B: {base / adapter:.0f}x smaller per handoff in bf16, "
+                  f"{base / adapter / 2:.0f}x with the adapter in fp32")  # fmt: skip
+        print(f"  wall (median): {statistics.median(r['wall'] for r in rs):.1f} s")
+    plot(bench / "lora.png", runs)
+    print(f"\nplot: {bench / 'lora.png'}\noutputs: {bench}")
     return 0
 
 

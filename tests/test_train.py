@@ -449,7 +449,9 @@ def test_cpu_start_compiles_no_deepspeed_op(tmp_path):
     ds_torch = importlib.import_module("deepspeed.comm.torch")  # `deepspeed.comm.torch` is torch
 
     # The lookup the skip overrides must still be the one DeepSpeed consults.
-    assert train.SHM_COMM_OP in deepspeed.ops.__compatible_ops__
+    from components.train.distributed import SHM_COMM_OP
+
+    assert SHM_COMM_OP in deepspeed.ops.__compatible_ops__
     assert "__compatible_ops__" in inspect.getsource(ds_torch.build_shm_op)
     code = (
         "from components.train import stage as train\n"

@@ -64,7 +64,7 @@ def main() -> None:
     rows = list(range(int(os.environ.get("ROWS", len(ro)))))  # fewer rows: uneven / empty ranks
     mine = shard_rows(rows, rank, world)
     plan = plan_micro_batches(ro.lengths(), mine, budget) if mine else []
-    plan += [[]] * (max(int(train._all_reduce_max(len(plan))), 1) - len(plan))  # as the stage does
+    plan += [[]] * (max(int(train.all_reduce_max(len(plan))), 1) - len(plan))  # as the stage does
     train.accumulate_mini_batch(
         engine,
         ro,

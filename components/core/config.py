@@ -74,6 +74,8 @@ class LoraSection(_Strict):
     alpha: float = Field(16.0, gt=0)
     """Scale alpha / rank on the adapter's update."""
     dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input in the gradient passes only (the no-grad passes that give
+    the old and reference logprobs run without it); the base's own dropout stays off."""
     target_modules: str | list[str] = "all-linear"
     """`all-linear` (every linear layer but the output head, MLP included, as "LoRA Without
     Regret" recommends) or a list of module names (`q_proj`, `v_proj`, ...)."""
@@ -268,6 +270,11 @@ class TrainSection(_Strict):
     """Record `train/kl_ref`, the KL of the policy to the base (kl_estimator, token mean over the
     iteration's rollouts, before the update), even with kl_coef 0. It loads the reference model
     (one more no-grad forward per iteration); with kl_coef > 0 it is always recorded."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (transformers' non-reentrant checkpointing): about a third more compute for activation memory
+    that no longer grows with the layer count. The same gradients, so it is kept out of train's
+    lineage: turning it on or off retrains nothing."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus: loss -= entropy_coef x entropy (same aggregation as the policy loss)."""
     rollout_correction: Literal["tis", "mis"] | None = None

@@ -16,12 +16,10 @@ pure function of the global step over the whole run (batching.learning_rate).
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from components.core.checkpoint import load_policy, local_checkpoint, write_checkpoint
+from components.core.checkpoint import load_policy, local_checkpoint
 from components.core.commit import (
     NotCommittedError,
     OutputDir,
@@ -49,7 +47,6 @@ from components.core.schemas import read_records
 from components.core.warm import Timeline, run_once, segment_summary, serve_stage
 from components.core.warm import segment as warm_segment
 from components.generate.backends import LOGPROB_DEFINITION
-from components.generate.engine import WEIGHT_SUFFIXES
 from components.train import algorithms as algos
 from components.train import state as train_state
 from components.train.batching import (
@@ -60,12 +57,30 @@ from components.train.batching import (
     plan_micro_batches,
     shard_rows,
 )
+from components.train.distributed import (
+    all_reduce_max,
+    all_reduce_sum_many,
+    barrier,
+    deepspeed_config,
+    grad_norm,
+    init_distributed,
+)
 from components.train.objective import (
     Targets,
     build_targets,
     micro_batch_loss,
     pad_rows,
     response_mask_of,
+)
+from components.train.policy import (
+    AdapterOff,
+    TokenizerFiles,
+    adapter_state_dict,
+    enable_checkpointing,
+    eval_modes,
+    full_state_dict,
+    set_train_modes,
+    write_hf,
 )
 
 log = logging.getLogger("rlvr.train")
@@ -85,95 +100,6 @@ def check_algorithm_names(t: TrainSection) -> None:
 
 def steps_per_iteration(t: TrainSection) -> int:
     return t.ppo_epochs * t.mini_batches
-
-
-def init_distributed(device: str) -> tuple[int, int]:
-    """Initialise torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPU)."""
-    import deepspeed
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        # Trust a launcher's variables only for a real multi-process group. A single process
-        # gets a fresh loopback rendezvous: RANK/MASTER_PORT inherited from a parent that is
-        # itself a rank (a notebook, a test run, a KFP local task) would point at a taken port.
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            os.environ.update(
-                RANK="0",
-                LOCAL_RANK="0",
-                WORLD_SIZE="1",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
-        if device == "cpu":
-            skip_shm_comm_op()
-        deepspeed.init_distributed(
-            dist_backend="nccl" if device == "cuda" else "gloo", verbose=False
-        )
-        # tear the group down before the interpreter finalizes: a process group left to
-        # static destructors can end the process with "terminate called without an active
-        # exception" (exit 134) after all its work succeeded
-        atexit.register(_destroy_process_group)
-    return dist.get_rank(), dist.get_world_size()
-
-
-#: DeepSpeed's CPU shared-memory all-reduce op (deepspeed/comm/torch.py, `build_shm_op`).
-SHM_COMM_OP = "deepspeed_shm_comm"
-
-
-def skip_shm_comm_op() -> None:
-    """Keep DeepSpeed from JIT-compiling its shared-memory all-reduce op on CPU.
-
-    DeepSpeed's torch backend builds that C++ op whenever the accelerator is the CPU (about a
-    minute with a C++ compiler on the first start; without one, a compile error), yet it serves
-    only `inference_all_reduce`, tensor-parallel inference, which training never calls: its
-    gradient all-reduce is torch.distributed's (gloo). So the op is marked incompatible for this
-    process, and neither the machine nor the train image needs a compiler. The lookup it
-    overrides, `deepspeed.ops.__compatible_ops__`, is pinned by a test."""
-    import deepspeed.ops
-
-    compatible = deepspeed.ops.__compatible_ops__
-    if compatible.get(SHM_COMM_OP):
-        deepspeed.ops.__compatible_ops__ = {**compatible, SHM_COMM_OP: False}
-
-
-def _destroy_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def zero_stage_for(t: TrainSection, dtype: torch.dtype) -> int:
-    """The ZeRO stage to run. bf16 needs at least 1: DeepSpeed's ZeRO-0 bf16 optimizer cannot
-    export Adam moments or fp32 master weights per parameter, so its state could not carry over
-    between iterations. ZeRO-1 on one device computes the same update."""
-    return max(t.zero_stage, 1) if dtype == torch.bfloat16 else t.zero_stage
-
-
-def deepspeed_config(t: TrainSection, world: int, dtype: torch.dtype) -> dict[str, Any]:
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": world,
-        "gradient_clipping": t.grad_clip,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": t.lr,
-                "betas": list(t.betas),
-                "eps": t.eps,
-                "weight_decay": t.weight_decay,
-                "torch_adam": True,
-            },
-        },
-        "zero_optimization": {"stage": zero_stage_for(t, dtype)},
-        "bf16": {"enabled": dtype == torch.bfloat16},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
 
 
 def sequence_logprobs(
@@ -205,25 +131,6 @@ def sequence_logprobs(
     return lp, ent
 
 
-def _all_reduce_sum_many(values: list[float]) -> list[float]:
-    """Sum over ranks in ONE collective (a fixed order on every rank)."""
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t.tolist()
-
-
-def _all_reduce_max(x: float) -> float:
-    import torch.distributed as dist
-
-    t = torch.tensor([x], dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t[0])
-
-
 @torch.no_grad()
 def no_grad_pass(
     model, ro: Rollouts, budget: int, temperature: float, pad_id: int, device: str, entropy: bool
@@ -232,15 +139,13 @@ def no_grad_pass(
     n, L = len(ro), max(max((len(r) for r in ro.response_tokens), default=1), 1)
     lp_all = torch.zeros((n, L), dtype=torch.float32)
     ent_all = torch.zeros((n, L), dtype=torch.float32) if entropy else None
-    was_training = model.training
-    model.eval()
-    for rows in plan_micro_batches(ro.lengths(), list(range(n)), budget):
-        mb = collate(ro, rows, pad_id)
-        lp, ent = sequence_logprobs(model, mb, temperature, device, with_entropy=entropy)
-        lp_all[rows, : lp.shape[1]] = lp.float().cpu()
-        if ent_all is not None and ent is not None:
-            ent_all[rows, : ent.shape[1]] = ent.float().cpu()
-    model.train(was_training)
+    with eval_modes(model):
+        for rows in plan_micro_batches(ro.lengths(), list(range(n)), budget):
+            mb = collate(ro, rows, pad_id)
+            lp, ent = sequence_logprobs(model, mb, temperature, device, with_entropy=entropy)
+            lp_all[rows, : lp.shape[1]] = lp.float().cpu()
+            if ent_all is not None and ent is not None:
+                ent_all[rows, : ent.shape[1]] = ent.float().cpu()
     return lp_all, ent_all
 
 
@@ -392,7 +297,7 @@ def train_iteration(
                 plan_micro_batches(lengths, my_rows, t.micro_batch_tokens) if my_rows else []
             )
             # Every rank takes as many micro-batches as the busiest (at least one).
-            plan += [[]] * (max(int(_all_reduce_max(len(plan))), 1) - len(plan))
+            plan += [[]] * (max(int(all_reduce_max(len(plan))), 1) - len(plan))
             lr = learning_rate(
                 step,
                 base_lr=t.lr,
@@ -423,7 +328,7 @@ def train_iteration(
                 sums[key] = sums.get(key, 0.0) + val
             real_tokens += real
             padded_tokens += padded
-            pre_clip_norm = _grad_norm(engine)
+            pre_clip_norm = grad_norm(engine)
             engine.step()
             gn = engine.get_global_grad_norm() if pre_clip_norm is None else pre_clip_norm
             grad_norms.append(float(gn) if gn is not None else float("nan"))
@@ -433,7 +338,7 @@ def train_iteration(
     elapsed = time.perf_counter() - t0
     n_updates = steps_per_iteration(t)
     keys = sorted(sums)  # identical on every rank: dummy micro-batches report the same keys
-    totals = _all_reduce_sum_many(
+    totals = all_reduce_sum_many(
         [sums[k] for k in keys] + [float(real_tokens), float(padded_tokens)]
     )
     metrics_out = {k: v / n_updates for k, v in zip(keys, totals[: len(keys)], strict=True)}
@@ -453,105 +358,11 @@ def train_iteration(
     return step, metrics_out
 
 
-def _grad_norm(engine) -> float | None:
-    """Pre-clip global grad norm under ZeRO-0 (DeepSpeed reports it itself for ZeRO >= 1)."""
-    if engine.zero_optimization_stage() != 0:
-        return None
-    grads = [p.grad.detach().float() for p in engine.module.parameters() if p.grad is not None]
-    if not grads:
-        return 0.0
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    return float(norm)  # gradients are already averaged over ranks at the boundary
-
-
 def generation_stats(store, rollouts_uri: str) -> dict[str, Any]:
     """The generate manifest stats (of the first shard when sharded: settings are shared)."""
     from components.core.commit import committed_parts
 
     return read_manifest(store, committed_parts(store, rollouts_uri)[0])["stats"]
-
-
-class AdapterOff:
-    """The KL reference under model.lora: the policy's own base with the adapter disabled
-    (`PeftModel.disable_adapter`), in eval mode for the call; no second copy of the model."""
-
-    def __init__(self, peft_model) -> None:
-        self.peft_model = peft_model
-        self.training = False
-
-    def eval(self):
-        return self
-
-    def train(self, mode: bool = True):
-        return self
-
-    def __call__(self, *args, **kwargs):
-        model = self.peft_model
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad(), model.disable_adapter():
-                return model(*args, **kwargs)
-        finally:
-            model.train(was_training)
-
-
-def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
-    """The LoRA adapter's weights on CPU (model.lora), gathered from ZeRO-3 partitions when
-    needed (the adapter's parameters only: the frozen base stays partitioned)."""
-    import contextlib
-
-    import deepspeed
-    from peft import get_peft_model_state_dict
-
-    model = engine.module
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    gather = (
-        deepspeed.zero.GatheredParameters(trainable, modifier_rank=None)
-        if engine.zero_optimization_stage() == 3
-        else contextlib.nullcontext()
-    )
-    with gather:
-        state = get_peft_model_state_dict(model)
-        return {k: v.detach().float().cpu().clone().contiguous() for k, v in state.items()}
-
-
-def full_state_dict(engine) -> dict[str, torch.Tensor]:
-    """The whole model's weights on CPU, gathered from ZeRO-3 partitions when needed.
-
-    Tied weights (e.g. lm_head = embed_tokens) appear once, under their first name, as
-    save_pretrained expects."""
-    import contextlib
-
-    import deepspeed
-
-    model = engine.module
-    gather = (
-        deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
-        if engine.zero_optimization_stage() == 3
-        else contextlib.nullcontext()
-    )
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    masters: dict[str, torch.Tensor] = {}
-    if engine.bfloat16_enabled():  # save DeepSpeed's fp32 masters, not the rounded bf16 weights
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        masters = {n: safe_get_full_fp32_param(p) for n, p in model.named_parameters()}
-        missing = [n for n, v in masters.items() if v is None]
-        if missing:
-            raise StageError(
-                f"DeepSpeed exposes no fp32 master for {missing[:3]}; cannot save exactly"
-            )
-    with gather:
-        for name, value in model.state_dict(keep_vars=False).items():
-            ptr = value.data_ptr()
-            if ptr in seen:
-                continue
-            seen.add(ptr)
-            value = masters.get(name, value)
-            out[name] = value.detach().float().cpu().clone()
-    return out
 
 
 def check_staleness(table, iteration: int, max_staleness: int, source: str) -> dict[str, float]:
@@ -676,10 +487,17 @@ class TrainStage:
             )
             self.ref_model.eval().requires_grad_(False)
         model.config.use_cache = False
+        if t.gradient_checkpointing:
+            enable_checkpointing(model)
         self.engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=deepspeed_config(t, self.world, dtype),
+        )
+        set_train_modes(
+            self.engine.module,
+            checkpointing=t.gradient_checkpointing,
+            lora_dropout=cfg.model.lora.dropout if cfg.model.lora else 0.0,
         )
         if lora_ref:  # the reference is the base itself, adapter off: no second model
             self.ref_model = AdapterOff(self.engine.module)
@@ -736,8 +554,9 @@ class TrainStage:
             store,
             sources,
             {
-                # kl_metric only adds a figure: turning it on must not retrain the run
-                "train": t.model_dump(mode="json", exclude={"kl_metric"}),
+                # kl_metric only adds a figure and gradient checkpointing changes memory, not
+                # gradients: turning either on must not retrain the run
+                "train": t.model_dump(mode="json", exclude={"kl_metric", "gradient_checkpointing"}),
                 "iterations": cfg.run.iterations,
                 "seed": cfg.run.seed,
             },
@@ -840,7 +659,7 @@ class TrainStage:
                 shutil.rmtree(tmp, ignore_errors=True)
             module = self.engine.module
             module.config.use_cache = True
-            saved = _write_hf(
+            saved = write_hf(
                 module,
                 self.tokenizer_files,
                 weights,
@@ -853,7 +672,7 @@ class TrainStage:
             )
             module.config.use_cache = False
             metrics.update(saved)
-        _barrier()  # every rank sees the commit before it records what it holds
+        barrier()  # every rank sees the commit before it records what it holds
         self.holds = self._position(iteration + 1)
         log.info(
             "train %05d: loss %.4f reward %.3f grad_norm %.3f tokens/s %.0f (%s engine)",
@@ -874,30 +693,6 @@ class TrainStage:
             self.holds = None
 
 
-class TokenizerFiles:
-    """Saves a checkpoint's tokenizer files by copying them from the checkpoint trained from,
-    byte for byte: every checkpoint of a run then carries the base's tokenizer files unchanged
-    (a re-save through transformers adds keys), so a warm generate engine sees the same tokenizer
-    and takes each new checkpoint as weights only (components/generate/engine.py)."""
-
-    SKIP = ("config.json", "generation_config.json", "_SUCCESS")
-
-    def __init__(self, source: Path) -> None:
-        self.source = Path(source)
-
-    def save_pretrained(self, path) -> None:
-        for f in sorted(self.source.iterdir()):
-            if f.is_file() and f.name not in self.SKIP and not f.name.endswith(WEIGHT_SUFFIXES):
-                shutil.copyfile(f, Path(path) / f.name)
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
 def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
     """Take one iteration's policy update, cold (`rlvr stage train`, a rerun)."""
     return run_once(TrainStage(cfg), iteration, force=force)
@@ -912,53 +707,3 @@ def serve(
         stage, warm_segment(cfg, segment).iterations, cfg=cfg, attempt=attempt, retried=retried
     )
     return segment_summary(stage, segment, results)
-
-
-def _write_hf(
-    model,
-    tokenizer,
-    weights: dict[str, torch.Tensor],
-    out: OutputDir,
-    stats: dict,
-    inputs: dict,
-    timeline: Timeline,
-    commit_start: float,
-    *,
-    base_digest: str | None = None,
-) -> dict[str, float]:
-    """Write the gathered weights as a standard HF checkpoint (no merger step needed to load),
-    or, with `base_digest` (model.lora), the adapter alone in PEFT's format; the manifest records
-    the save throughput and the step's timeline."""
-
-    class _Saver:
-        """Adapter so write_checkpoint saves `weights` rather than the (maybe partitioned) module."""
-
-        def __init__(self) -> None:
-            self.generation_config = (
-                getattr(model, "generation_config", None) if base_digest is None else None
-            )
-
-        def save_pretrained(self, path, **kwargs):
-            if base_digest is None:
-                model.save_pretrained(path, state_dict=weights, **kwargs)
-                return
-            from components.core.adapter import BASE_FILE
-
-            model.save_pretrained(path, state_dict=weights, safe_serialization=True)
-            Path(path, BASE_FILE).write_text(json.dumps({"base_digest": base_digest}) + "\n")
-
-    t0 = time.time()
-    nbytes = sum(v.numel() * v.element_size() for v in weights.values())
-
-    saved: dict[str, float] = {}
-
-    def finish(stats: dict) -> dict:
-        seconds = time.time() - t0
-        timeline.add("commit", commit_start, time.time())
-        saved.update({"train/checkpoint_bytes": float(nbytes),
-                      "train/checkpoint_save_bytes_per_s": nbytes / seconds if seconds > 0 else 0.0})  # fmt: skip
-        stats.update(saved, timeline=timeline.record())
-        return stats
-
-    write_checkpoint(_Saver(), tokenizer, out, stats, inputs, before_commit=finish)
-    return saved  # what the manifest got (write_checkpoint hands `finish` a copy of `stats`)

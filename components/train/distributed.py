@@ -1,0 +1,139 @@
+"""The train stage's process plumbing: torch.distributed through DeepSpeed, the DeepSpeed config,
+and the few collectives the stage calls itself (sums and maxima over ranks, a barrier)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+from typing import Any
+
+import torch
+
+from components.core.config import TrainSection
+
+
+def init_distributed(device: str) -> tuple[int, int]:
+    """Initialise torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPU)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        # Trust a launcher's variables only for a real multi-process group. A single process
+        # gets a fresh loopback rendezvous: RANK/MASTER_PORT inherited from a parent that is
+        # itself a rank (a notebook, a test run, a KFP local task) would point at a taken port.
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            os.environ.update(
+                RANK="0",
+                LOCAL_RANK="0",
+                WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+        if device == "cpu":
+            skip_shm_comm_op()
+        deepspeed.init_distributed(
+            dist_backend="nccl" if device == "cuda" else "gloo", verbose=False
+        )
+        # tear the group down before the interpreter finalizes: a process group left to
+        # static destructors can end the process with "terminate called without an active
+        # exception" (exit 134) after all its work succeeded
+        atexit.register(_destroy_process_group)
+    return dist.get_rank(), dist.get_world_size()
+
+
+#: DeepSpeed's CPU shared-memory all-reduce op (deepspeed/comm/torch.py, `build_shm_op`).
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def skip_shm_comm_op() -> None:
+    """Keep DeepSpeed from JIT-compiling its shared-memory all-reduce op on CPU.
+
+    DeepSpeed's torch backend builds that C++ op whenever the accelerator is the CPU (about a
+    minute with a C++ compiler on the first start; without one, a compile error), yet it serves
+    only `inference_all_reduce`, tensor-parallel inference, which training never calls: its
+    gradient all-reduce is torch.distributed's (gloo). So the op is marked incompatible for this
+    process, and neither the machine nor the train image needs a compiler. The lookup it
+    overrides, `deepspeed.ops.__compatible_ops__`, is pinned by a test."""
+    import deepspeed.ops
+
+    compatible = deepspeed.ops.__compatible_ops__
+    if compatible.get(SHM_COMM_OP):
+        deepspeed.ops.__compatible_ops__ = {**compatible, SHM_COMM_OP: False}
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def zero_stage_for(t: TrainSection, dtype: torch.dtype) -> int:
+    """The ZeRO stage to run. bf16 needs at least 1: DeepSpeed's ZeRO-0 bf16 optimizer cannot
+    export Adam moments or fp32 master weights per parameter, so its state could not carry over
+    between iterations. ZeRO-1 on one device computes the same update."""
+    return max(t.zero_stage, 1) if dtype == torch.bfloat16 else t.zero_stage
+
+
+def deepspeed_config(t: TrainSection, world: int, dtype: torch.dtype) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world,
+        "gradient_clipping": t.grad_clip,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": t.lr,
+                "betas": list(t.betas),
+                "eps": t.eps,
+                "weight_decay": t.weight_decay,
+                "torch_adam": True,
+            },
+        },
+        "zero_optimization": {"stage": zero_stage_for(t, dtype)},
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def all_reduce_sum_many(values: list[float]) -> list[float]:
+    """Sum over ranks in ONE collective (a fixed order on every rank)."""
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_reduce_max(x: float) -> float:
+    import torch.distributed as dist
+
+    t = torch.tensor([x], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0])
+
+
+def grad_norm(engine) -> float | None:
+    """Pre-clip global grad norm under ZeRO-0 (DeepSpeed reports it itself for ZeRO >= 1)."""
+    if engine.zero_optimization_stage() != 0:
+        return None
+    grads = [p.grad.detach().float() for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    return float(norm)  # gradients are already averaged over ranks at the boundary
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

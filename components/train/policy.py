@@ -1,0 +1,214 @@
+"""The policy module in the train stage: the modes of its passes (dropout off, gradient
+checkpointing), the KL reference under model.lora, and its weights out of DeepSpeed into an HF or
+PEFT checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from components.core.checkpoint import write_checkpoint
+from components.core.commit import OutputDir
+from components.core.errors import StageError
+from components.core.warm import Timeline
+from components.generate.engine import WEIGHT_SUFFIXES
+
+
+def enable_checkpointing(model) -> None:
+    """`train.gradient_checkpointing`: transformers' non-reentrant activation checkpointing on
+    every decoder layer (non-reentrant: the recomputed forward needs no input that requires
+    grad, so a frozen base under LoRA works as it is). transformers 5 names it
+    `activation_checkpointing_enable`; 4.x (the GPU images) `gradient_checkpointing_enable`."""
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kwargs = {"use_reentrant": False}
+    if hasattr(hf, "activation_checkpointing_enable"):
+        hf.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def set_train_modes(model, *, checkpointing: bool, lora_dropout: float) -> None:
+    """The policy's module modes for the gradient passes.
+
+    Eval everywhere, as the stage has always trained: no dropout in the base, so the first
+    step's ratio to the old logprobs is exactly 1 and train's logprobs equal generate's. Two
+    flags are turned on where asked, each on its own modules only: the decoder layers' own
+    `training` flag under gradient checkpointing (transformers checkpoints a layer only in
+    training mode; its attention and dropout children stay in eval), and LoRA's dropout
+    modules when `model.lora.dropout > 0` (PEFT applies it only in training mode)."""
+    model.eval()
+    if checkpointing:
+        for m in model.modules():
+            if getattr(m, "gradient_checkpointing", False):
+                m.training = True
+    if lora_dropout > 0:
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Dropout) and ".lora_dropout." in f".{name}.":
+                m.training = True
+
+
+@contextlib.contextmanager
+def eval_modes(model) -> Iterator[None]:
+    """Every module in eval for a no-grad pass, and each module's own mode restored after
+    (`model.train(was_training)` would flatten the per-module flags of set_train_modes)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+class AdapterOff:
+    """The KL reference under model.lora: the policy's own base with the adapter disabled
+    (`PeftModel.disable_adapter`), in eval mode for the call; no second copy of the model."""
+
+    def __init__(self, peft_model) -> None:
+        self.peft_model = peft_model
+        self.training = False
+
+    def eval(self):
+        return self
+
+    def train(self, mode: bool = True):
+        return self
+
+    def modules(self):
+        return iter(())
+
+    def __call__(self, *args, **kwargs):
+        model = self.peft_model
+        with eval_modes(model), torch.no_grad(), model.disable_adapter():
+            return model(*args, **kwargs)
+
+
+def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
+    """The LoRA adapter's weights on CPU (model.lora), gathered from ZeRO-3 partitions when
+    needed (the adapter's parameters only: the frozen base stays partitioned)."""
+    import contextlib
+
+    import deepspeed
+    from peft import get_peft_model_state_dict
+
+    model = engine.module
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    gather = (
+        deepspeed.zero.GatheredParameters(trainable, modifier_rank=None)
+        if engine.zero_optimization_stage() == 3
+        else contextlib.nullcontext()
+    )
+    with gather:
+        state = get_peft_model_state_dict(model)
+        return {k: v.detach().float().cpu().clone().contiguous() for k, v in state.items()}
+
+
+def full_state_dict(engine) -> dict[str, torch.Tensor]:
+    """The whole model's weights on CPU, gathered from ZeRO-3 partitions when needed.
+
+    Tied weights (e.g. lm_head = embed_tokens) appear once, under their first name, as
+    save_pretrained expects."""
+    import contextlib
+
+    import deepspeed
+
+    model = engine.module
+    gather = (
+        deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+        if engine.zero_optimization_stage() == 3
+        else contextlib.nullcontext()
+    )
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    masters: dict[str, torch.Tensor] = {}
+    if engine.bfloat16_enabled():  # save DeepSpeed's fp32 masters, not the rounded bf16 weights
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        masters = {n: safe_get_full_fp32_param(p) for n, p in model.named_parameters()}
+        missing = [n for n, v in masters.items() if v is None]
+        if missing:
+            raise StageError(
+                f"DeepSpeed exposes no fp32 master for {missing[:3]}; cannot save exactly"
+            )
+    with gather:
+        for name, value in model.state_dict(keep_vars=False).items():
+            ptr = value.data_ptr()
+            if ptr in seen:
+                continue
+            seen.add(ptr)
+            value = masters.get(name, value)
+            out[name] = value.detach().float().cpu().clone()
+    return out
+
+
+class TokenizerFiles:
+    """Saves a checkpoint's tokenizer files by copying them from the checkpoint trained from,
+    byte for byte: every checkpoint of a run then carries the base's tokenizer files unchanged
+    (a re-save through transformers adds keys), so a warm generate engine sees the same tokenizer
+    and takes each new checkpoint as weights only (components/generate/engine.py)."""
+
+    SKIP = ("config.json", "generation_config.json", "_SUCCESS")
+
+    def __init__(self, source: Path) -> None:
+        self.source = Path(source)
+
+    def save_pretrained(self, path) -> None:
+        for f in sorted(self.source.iterdir()):
+            if f.is_file() and f.name not in self.SKIP and not f.name.endswith(WEIGHT_SUFFIXES):
+                shutil.copyfile(f, Path(path) / f.name)
+
+
+def write_hf(
+    model,
+    tokenizer,
+    weights: dict[str, torch.Tensor],
+    out: OutputDir,
+    stats: dict,
+    inputs: dict,
+    timeline: Timeline,
+    commit_start: float,
+    *,
+    base_digest: str | None = None,
+) -> dict[str, float]:
+    """Write the gathered weights as a standard HF checkpoint (no merger step needed to load),
+    or, with `base_digest` (model.lora), the adapter alone in PEFT's format; the manifest records
+    the save throughput and the step's timeline."""
+
+    class _Saver:
+        """Adapter so write_checkpoint saves `weights` rather than the (maybe partitioned) module."""
+
+        def __init__(self) -> None:
+            self.generation_config = (
+                getattr(model, "generation_config", None) if base_digest is None else None
+            )
+
+        def save_pretrained(self, path, **kwargs):
+            if base_digest is None:
+                model.save_pretrained(path, state_dict=weights, **kwargs)
+                return
+            from components.core.adapter import BASE_FILE
+
+            model.save_pretrained(path, state_dict=weights, safe_serialization=True)
+            Path(path, BASE_FILE).write_text(json.dumps({"base_digest": base_digest}) + "\n")
+
+    t0 = time.time()
+    nbytes = sum(v.numel() * v.element_size() for v in weights.values())
+
+    saved: dict[str, float] = {}
+
+    def finish(stats: dict) -> dict:
+        seconds = time.time() - t0
+        timeline.add("commit", commit_start, time.time())
+        saved.update({"train/checkpoint_bytes": float(nbytes),
+                      "train/checkpoint_save_bytes_per_s": nbytes / seconds if seconds > 0 else 0.0})  # fmt: skip
+        stats.update(saved, timeline=timeline.record())
+        return stats
+
+    write_checkpoint(_Saver(), tokenizer, out, stats, inputs, before_commit=finish)
+    return saved  # what the manifest got (write_checkpoint hands `finish` a copy of `stats`)
