@@ -260,10 +260,13 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [0, 2, 3])
-def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage):
+@pytest.mark.parametrize(
+    ("zero_stage", "dtype"), [(0, "float32"), (2, "float32"), (3, "float32"), (1, "bfloat16")]
+)
+def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, dtype):
     """The warm train worker (engine, adapter and Adam state kept across iterations) commits the
-    same adapter bytes as one cold process per iteration, under ZeRO 0 and 2."""
+    same adapter bytes as one cold process per iteration, under ZeRO 0, 2 and 3, and under bf16,
+    where the adapter saved is DeepSpeed's fp32 masters (a cold step resumes from them)."""
     import hashlib
 
     from components.core import run_setup
@@ -286,7 +289,7 @@ def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage):
         path = write_config(root, tiny_assets, model={"lora": {"rank": 2, "alpha": 2.0}},
                             verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
                             train={"lr": 1e-2, "micro_batch_tokens": 512,
-                                   "zero_stage": zero_stage},
+                                   "zero_stage": zero_stage, "dtype": dtype},
                             run={"iterations": 2})  # fmt: skip
         cfg = load_config(path)
         run_setup.run(cfg)
@@ -303,3 +306,10 @@ def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage):
         weights = Path(RunLayout.of(cfg).checkpoint(2), "adapter_model.safetensors")
         digests.append(hashlib.sha256(weights.read_bytes()).hexdigest())
     assert digests[0] == digests[1]
+    if dtype == "bfloat16":  # fp32 masters: most values are not bf16-representable
+        from safetensors.torch import load_file
+
+        b = [v for k, v in load_file(weights).items() if "lora_B" in k]
+        assert all(v.dtype == torch.float32 for v in b)
+        off_grid = sum(int((v != v.bfloat16().float()).sum()) for v in b)
+        assert off_grid > 0.5 * sum(v.numel() for v in b)

@@ -89,9 +89,25 @@ class AdapterOff:
             return model(*args, **kwargs)
 
 
+def fp32_masters(engine, *, trainable_only: bool) -> dict[str, torch.Tensor]:
+    """DeepSpeed's fp32 master weights by parameter name under bf16 (what a checkpoint saves,
+    not the rounded bf16 weights); empty in fp32, where the parameters are the masters."""
+    if not engine.bfloat16_enabled():
+        return {}
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    masters = {n: safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()
+               if p.requires_grad or not trainable_only}  # fmt: skip
+    missing = [n for n, v in masters.items() if v is None]
+    if missing:
+        raise StageError(f"DeepSpeed exposes no fp32 master for {missing[:3]}; cannot save exactly")
+    return masters
+
+
 def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
-    """The LoRA adapter's weights on CPU (model.lora), gathered from ZeRO-3 partitions when
-    needed (the adapter's parameters only: the frozen base stays partitioned)."""
+    """The LoRA adapter's weights on CPU in fp32 (model.lora), gathered from ZeRO-3 partitions
+    when needed (the adapter's parameters only: the frozen base stays partitioned); under bf16,
+    DeepSpeed's fp32 masters, so small updates survive and a resumed run continues exactly."""
     import contextlib
 
     import deepspeed
@@ -104,8 +120,10 @@ def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
         if engine.zero_optimization_stage() == 3
         else contextlib.nullcontext()
     )
+    masters = fp32_masters(engine, trainable_only=True)
     with gather:
-        state = get_peft_model_state_dict(model)
+        state = {**model.state_dict(), **masters}
+        state = get_peft_model_state_dict(model, state_dict=state)
         return {k: v.detach().float().cpu().clone().contiguous() for k, v in state.items()}
 
 
@@ -126,16 +144,7 @@ def full_state_dict(engine) -> dict[str, torch.Tensor]:
     )
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    masters: dict[str, torch.Tensor] = {}
-    if engine.bfloat16_enabled():  # save DeepSpeed's fp32 masters, not the rounded bf16 weights
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        masters = {n: safe_get_full_fp32_param(p) for n, p in model.named_parameters()}
-        missing = [n for n, v in masters.items() if v is None]
-        if missing:
-            raise StageError(
-                f"DeepSpeed exposes no fp32 master for {missing[:3]}; cannot save exactly"
-            )
+    masters = fp32_masters(engine, trainable_only=False)
     with gather:
         for name, value in model.state_dict(keep_vars=False).items():
             ptr = value.data_ptr()
