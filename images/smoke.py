@@ -17,7 +17,8 @@ What it does, printing each step's time:
    two runs file by file: every data file (weights, tokenizers, optimizer states, rollouts,
    scored rollouts, eval samples, datasets) must be equal byte for byte, and each manifest must
    list the same files with the same digests; what differs (wall-clock times in manifests,
-   metrics and reports) is listed;
+   metrics and reports) is listed. Then the same for four iterations with `model.lora`, which
+   checks the images' peft (adapter checkpoints, base + adapter sampling);
 6. shows that the verify image runs code rewards in a container with no capabilities: refused,
    with the reason, under the runtime's default seccomp profile, available under the profile the
    cluster overlay ships; then runs the code demo (examples/arithmetic_code) under both runners
@@ -53,6 +54,8 @@ DEBIAN_BASE = "rlvr-base/python:3.11-bookworm"
 #: Outputs that are data: equal byte for byte between the runners, or the check fails.
 DATA = re.compile(r"\.(parquet|safetensors|jinja)$|(^|/)(tokenizer\.json|tokenizer_config\.json|"
                   r"config\.json|generation_config\.json|plan\.json|state\.json|run\.yaml)$")  # fmt: skip
+#: The runs compared across the runners (each as <name>-subprocess and <name>-docker).
+RUNS = ("demo", "lora", "code")
 #: Written by the host process, not by the tasks: not compared.
 HOST_ONLY = ("kfp/", "logs/", "status/")
 
@@ -221,15 +224,17 @@ def local_torch_wheel(settings: dict[str, list[str]]) -> bool:
 def baseline_venv() -> Path:
     venv = WORK / "venv"
     rlvr = venv / "bin" / "rlvr"
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     if not rlvr.exists():
         sh(sys.executable, "-m", "venv", str(venv))
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
         sh(*pip, "--upgrade", "pip")
         # the CPU build, as in the images: PyPI's Linux torch is the CUDA one (several GB)
         cpu_index = [] if local_torch_wheel(host_pip_settings()) else [
             "--index-url", "https://download.pytorch.org/whl/cpu"]  # fmt: skip
         sh(*pip, *cpu_index, "torch==2.13.0")
-        sh(*pip, "-c", str(ROOT / "images/constraints.txt"), "-e", f"{ROOT}[docker]")
+    # every time (seconds when nothing changed): a venv kept from an earlier smoke gets the pins
+    # and extras of this checkout
+    sh(*pip, "-c", str(ROOT / "images/constraints.txt"), "-e", f"{ROOT}[docker,lora]")
     return rlvr
 
 
@@ -393,9 +398,9 @@ def main() -> int:
 
     step("5. the demo with the subprocess runner, then in containers, at the same run path")
     store = WORK / "runs"
-    for name in ("demo", "demo-subprocess", "demo-docker", "code", "code-subprocess",
-                 "code-docker"):  # fmt: skip
-        shutil.rmtree(store / name, ignore_errors=True)
+    for name in RUNS:
+        for suffix in ("", "-subprocess", "-docker"):
+            shutil.rmtree(store / f"{name}{suffix}", ignore_errors=True)
     image_sets = ["--set", "cluster.image_repo=rlvr.local", "--set", f"cluster.image_tag={tag}"]
     configs = ["examples/arithmetic/config.yaml"]
     if not args.quick:
@@ -404,6 +409,11 @@ def main() -> int:
         sh(str(rlvr), "check", str(ROOT / config))  # builds the inputs now, outside the timings
     sub_s, dock_s = both_runners(rlvr, "examples/arithmetic/config.yaml", store, "demo",
                                  image_sets, failures)  # fmt: skip
+    print("the demo with a LoRA adapter (model.lora; peft at the images' pin), 4 iterations:")
+    lora_sets = [*image_sets, "--iterations", "4", "--set", "model.lora={rank: 8, alpha: 8}",
+                 "--set", "train.lr=5e-3"]  # fmt: skip
+    lora_sub_s, lora_s = both_runners(rlvr, "examples/arithmetic/config.yaml", store, "lora",
+                                      lora_sets, failures)  # fmt: skip
 
     step("6. code rewards in the verify image, no capabilities")
     code, text = sandbox_probe(docker, images["verify"], None)
@@ -433,12 +443,14 @@ def main() -> int:
     if build_s is not None:
         print(f"build {build_s:.0f} s")
     print(f"demo: subprocess {sub_s:.1f} s, docker {dock_s:.1f} s, ratio {dock_s / sub_s:.2f}")
+    print(f"LoRA demo (4 iterations): subprocess {lora_sub_s:.1f} s, docker {lora_s:.1f} s")
     if code_s is not None and code_sub_s is not None:
         print(f"code demo: subprocess {code_sub_s:.1f} s, docker {code_s:.1f} s, ratio "
               f"{code_s / code_sub_s:.2f}")  # fmt: skip
     if not args.keep:
-        for name in ("demo-subprocess", "demo-docker", "code-subprocess", "code-docker"):
-            shutil.rmtree(store / name, ignore_errors=True)
+        for name in RUNS:
+            for runner in ("subprocess", "docker"):
+                shutil.rmtree(store / f"{name}-{runner}", ignore_errors=True)
     for f in failures:
         print(f"FAILED: {f}")
     print("smoke: OK" if not failures else "smoke: FAILED")

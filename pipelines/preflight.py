@@ -90,11 +90,12 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
     """Every problem of a run config; `inputs=False` skips what needs the datasets, checkpoint
     and store (compile / submit)."""
     from components.core.tracking import check_tracking
-    from components.train.checks import check_train
+    from components.train.checks import check_lora, check_lora_targets, check_train
     from components.verify.checks import check_verifier_specs, check_verify
 
     problems = Problems()
     check_train(cfg, problems)
+    check_lora(cfg, problems)
     _eval_settings(cfg, problems)
     check_tracking(cfg, problems, for_cluster=for_cluster)
     if for_cluster:
@@ -140,8 +141,9 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
 
         from components.generate.checks import check_generate
 
-        check_generate(cfg, AutoTokenizer.from_pretrained(base), AutoConfig.from_pretrained(base),
-                       datasets, problems)  # fmt: skip
+        model_config = AutoConfig.from_pretrained(base)
+        check_generate(cfg, AutoTokenizer.from_pretrained(base), model_config, datasets, problems)
+        check_lora_targets(cfg, problems, model_config)
     check_verify(cfg, datasets, problems)
     if "train" in datasets:
         from components.generate.checks import check_curriculum

@@ -313,3 +313,15 @@ def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, 
         assert all(v.dtype == torch.float32 for v in b)
         off_grid = sum(int((v != v.bfloat16().float()).sum()) for v in b)
         assert off_grid > 0.5 * sum(v.numel() for v in b)
+
+
+def test_vllm_gets_a_max_lora_rank_it_accepts():
+    """vLLM takes `max_lora_rank` from a fixed set (its kernels' sizes): an adapter's rank is
+    served by the smallest one that holds it, and a rank past the largest is a clear error. (No
+    vllm import: this runs where vllm cannot.)"""
+    from components.generate.vllm_backend import vllm_max_lora_rank
+
+    assert [vllm_max_lora_rank(r) for r in (1, 2, 8, 9, 16, 32, 33, 512)] == [
+        8, 8, 8, 16, 16, 32, 64, 512]  # fmt: skip
+    with pytest.raises(ValueError, match="up to rank 512; lower model.lora.rank"):
+        vllm_max_lora_rank(513)

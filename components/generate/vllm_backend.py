@@ -24,6 +24,20 @@ from components.generate.backends import (
 )
 
 VLLM_LOGPROB_DEFINITION = "vllm processed_logprobs (temperature-scaled, after top-k/top-p)"
+#: The `max_lora_rank` values vLLM accepts (LoRAConfig's check; its LoRA kernels are built for
+#: these). Newer releases add 1; 8 serves ranks 1 to 8 on every release.
+VLLM_MAX_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds adapters of rank `rank`."""
+    for allowed in VLLM_MAX_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(
+        f"model.lora.rank {rank}: vLLM serves LoRA adapters up to rank "
+        f"{VLLM_MAX_LORA_RANKS[-1]}; lower model.lora.rank or use generate.backend: transformers"
+    )
 
 
 class VLLMBackend:
@@ -53,7 +67,9 @@ class VLLMBackend:
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         if max_lora_rank is not None:  # model.lora: the base stays, each policy is an adapter
-            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+            kwargs.update(
+                enable_lora=True, max_lora_rank=vllm_max_lora_rank(max_lora_rank), max_loras=1
+            )
         self.lora_request = None
         self._lora_version = 0
         # Every worker process gets `load_checkpoint` (components/generate/vllm_worker.py), so a

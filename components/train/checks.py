@@ -117,3 +117,46 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
             "config train", f"the objective fails on a test batch: {e}",
             "check the option values (docs/algorithms.md lists each one's range)",
         )  # fmt: skip
+
+
+def check_lora(cfg: RunConfig, problems: Problems) -> None:
+    """`model.lora`: PEFT installed, and a rank vLLM can serve (with the vLLM backend)."""
+    lora = cfg.model.lora
+    if lora is None:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        problems.error("config model.lora", "needs peft, which is not installed",
+                       "pip install 'rlvr[lora]' (or peft>=0.14)")  # fmt: skip
+        return
+    if cfg.generate.backend == "vllm":
+        from components.generate.vllm_backend import VLLM_MAX_LORA_RANKS
+
+        if lora.rank > VLLM_MAX_LORA_RANKS[-1]:
+            problems.error("config model.lora.rank",
+                           f"{lora.rank} is past the largest rank vLLM serves "
+                           f"({VLLM_MAX_LORA_RANKS[-1]})",
+                           "lower it, or use generate.backend: transformers")  # fmt: skip
+
+
+def check_lora_targets(cfg: RunConfig, problems: Problems, model_config) -> None:
+    """`model.lora.target_modules` against the base's config: PEFT attaches the adapter to a
+    meta-device copy (nothing is allocated) and must find the layers it names."""
+    import importlib.util
+
+    lora = cfg.model.lora
+    if lora is None or importlib.util.find_spec("peft") is None:
+        return
+    from components.core.adapter import adapter_parameter_count
+
+    try:
+        adapter, _ = adapter_parameter_count(model_config, lora)
+    except (ValueError, TypeError) as e:  # PEFT: "Target modules {...} not found in the base"
+        first = str(e).split(". ")[0].rstrip(".")  # PEFT adds "Please check ... try again."
+        problems.error("config model.lora.target_modules", f"does not fit the base: {first}",
+                       "name the base's linear layers (q_proj, v_proj, ...) or use all-linear")  # fmt: skip
+        return
+    if adapter == 0:
+        problems.error("config model.lora.target_modules", "matches no layer of the base",
+                       "name the base's linear layers (q_proj, v_proj, ...) or use all-linear")  # fmt: skip
