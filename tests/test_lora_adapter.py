@@ -107,15 +107,26 @@ def test_the_base_digest_comes_from_the_manifest_or_the_files(base_dir, tmp_path
         base_digest(tmp_path)
 
 
-def test_merge_gives_a_plain_checkpoint_with_the_same_greedy_tokens(base_dir, tmp_path):
+@pytest.mark.parametrize("output_head", [False, True])
+def test_merge_gives_a_plain_checkpoint_with_the_same_greedy_tokens(
+    base_dir, tmp_path, output_head
+):
+    """With the output head adapted (model.lora.output_head) on a base whose head is tied to
+    its input embeddings, the merge unties it first: only the head takes the delta."""
     from transformers import AutoModelForCausalLM
 
-    section = LoraSection(rank=4, alpha=8.0)
+    section = LoraSection(rank=4, alpha=8.0, output_head=output_head)
     peft_model, tok = _trained(base_dir, section, seed=1)
     save_adapter(peft_model, tmp_path / "adapter", base_digest(base_dir))
     out = merge(base_dir, tmp_path / "adapter", tmp_path / "merged")
     merged = AutoModelForCausalLM.from_pretrained(out).eval()
     assert not any("lora" in n for n, _ in merged.named_parameters())
+    adapted = {n.split(".lora_B")[0].rsplit(".", 1)[-1] for n, _ in peft_model.named_parameters()
+               if "lora_B" in n}  # fmt: skip
+    assert ("lm_head" in adapted) == output_head
+    base = load_policy(base_dir)[0]
+    torch.testing.assert_close(merged.get_input_embeddings().weight,
+                               base.get_input_embeddings().weight, rtol=0, atol=0)  # fmt: skip
     ids = tok(["12+34=", "7*8=", "90-45="], return_tensors="pt", padding=True)
     kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": tok.pad_token_id}
     with torch.no_grad():
@@ -261,12 +272,15 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("zero_stage", "dtype"), [(0, "float32"), (2, "float32"), (3, "float32"), (1, "bfloat16")]
-)
-def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, dtype):
+    ("zero_stage", "dtype", "output_head"),
+    [(0, "float32", False), (2, "float32", False), (3, "float32", False),
+     (1, "bfloat16", False), (3, "float32", True)],
+)  # fmt: skip
+def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, dtype, output_head):
     """The warm train worker (engine, adapter and Adam state kept across iterations) commits the
     same adapter bytes as one cold process per iteration, under ZeRO 0, 2 and 3, and under bf16,
-    where the adapter saved is DeepSpeed's fp32 masters (a cold step resumes from them)."""
+    where the adapter saved is DeepSpeed's fp32 masters (a cold step resumes from them), and with
+    the output head adapted (tied to the input embeddings in this base)."""
     import hashlib
 
     from components.core import run_setup
@@ -286,7 +300,8 @@ def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, 
     for mode in ("cold", "warm"):
         root = tmp_path / mode
         root.mkdir()
-        path = write_config(root, tiny_assets, model={"lora": {"rank": 2, "alpha": 2.0}},
+        lora = {"rank": 2, "alpha": 2.0, "output_head": output_head}
+        path = write_config(root, tiny_assets, model={"lora": lora},
                             verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
                             train={"lr": 1e-2, "micro_batch_tokens": 512,
                                    "zero_stage": zero_stage, "dtype": dtype},

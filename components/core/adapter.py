@@ -74,19 +74,56 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def lora_config(section: LoraSection):
-    """PEFT's LoraConfig for `model.lora` (a causal LM; the output head is never adapted)."""
+def lora_config(section: LoraSection, model=None):
+    """PEFT's LoraConfig for `model.lora`. `all-linear` is PEFT's: every linear layer but the
+    output head; with `output_head` the head is adapted too, so the targets are named from
+    `model`'s own linear layers (the head included)."""
+    import torch
     from peft import LoraConfig
 
     targets = section.target_modules
+    targets = targets if isinstance(targets, str) else list(targets)
+    if section.output_head:
+        if model is None:
+            raise ValueError("model.lora.output_head needs the model to name its linear layers")
+        head = _output_head_name(model)
+        if targets == "all-linear":
+            targets = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                              if isinstance(m, torch.nn.Linear) and n != head})  # fmt: skip
+        if head.rsplit(".", 1)[-1] not in targets:
+            targets = [*targets, head.rsplit(".", 1)[-1]]
     return LoraConfig(
         r=section.rank,
         lora_alpha=section.alpha,
         lora_dropout=section.dropout,
-        target_modules=targets if isinstance(targets, str) else list(targets),
+        target_modules=targets,
         bias="none",
         task_type="CAUSAL_LM",
     )
+
+
+def _untie_output_head(model) -> bool:
+    """Give a tied output head its own copy of the weights (and the config
+    `tie_word_embeddings: false`); True if it was tied."""
+    import torch
+
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embed is None or head.weight is not embed.weight:
+        return False
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    for config in (model.config, getattr(model.config, "text_config", None)):
+        if config is not None and hasattr(config, "tie_word_embeddings"):
+            config.tie_word_embeddings = False
+    return True
+
+
+def _output_head_name(model) -> str:
+    """The qualified name of the model's output projection (`lm_head` for HF causal LMs)."""
+    head = model.get_output_embeddings()
+    for name, module in model.named_modules():
+        if head is not None and module is head:
+            return name
+    raise ValueError(f"{type(model).__name__} has no output head to adapt (model.lora.output_head)")
 
 
 def attach(model, section: LoraSection):
@@ -94,7 +131,7 @@ def attach(model, section: LoraSection):
     only the adapter's parameters require grad."""
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(section))
+    return get_peft_model(model, lora_config(section, model))
 
 
 def adapter_parameter_count(model_config, section: LoraSection) -> tuple[int, int]:
@@ -161,6 +198,9 @@ def merge(base_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: Any = None
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     model, tokenizer = load_policy(base_dir, dtype=dtype)
+    targets = json.loads((Path(adapter_dir) / ADAPTER_CONFIG).read_text()).get("target_modules")
+    if _output_head_name(model).rsplit(".", 1)[-1] in (targets or []):
+        _untie_output_head(model)  # tied, the input embeddings would take the head's delta too
     merged = load_adapter(model, adapter_dir, base_digest(base_dir)).merge_and_unload()
     out_dir.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out_dir, safe_serialization=True)

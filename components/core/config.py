@@ -79,6 +79,10 @@ class LoraSection(_Strict):
     target_modules: str | list[str] = "all-linear"
     """`all-linear` (every linear layer but the output head, MLP included, as "LoRA Without
     Regret" recommends) or a list of module names (`q_proj`, `v_proj`, ...)."""
+    output_head: bool = False
+    """Adapt the output head (`lm_head`) too. Worth it on small models, whose head is a large
+    share of what RL changes (the demo: pass@1 0.57 with it against 0.48 without); the merge
+    unties a head tied to the input embeddings first, so only the head changes."""
 
 
 class ModelSection(_Strict):

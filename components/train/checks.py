@@ -133,6 +133,11 @@ def check_lora(cfg: RunConfig, problems: Problems) -> None:
     if cfg.generate.backend == "vllm":
         from components.generate.vllm_backend import VLLM_MAX_LORA_RANKS
 
+        if lora.output_head:
+            problems.warn("config model.lora.output_head",
+                          "vLLM's support for LoRA on the output head differs between releases "
+                          "and is not tested here",
+                          "check it on your vLLM first, or leave output_head off")  # fmt: skip
         if lora.rank > VLLM_MAX_LORA_RANKS[-1]:
             problems.error("config model.lora.rank",
                            f"{lora.rank} is past the largest rank vLLM serves "
