@@ -1,12 +1,13 @@
 """LoRA vs full fine-tuning on the demo: what crosses from train to generate each iteration,
 how long a warm engine takes to load it, the train step, and learning at equal rollouts.
 
-    python benchmarks/lora.py [--lora 16:16:5e-3 ...] [--seeds 0] [--iterations N]
+    python benchmarks/lora.py [--lora 16:16:5e-3 4:4:5e-3:head ...] [--seeds 0 1]
 
 For every seed, the baseline (full fine-tuning at the config's lr) and one run per `--lora
-RANK:ALPHA:LR` setting, all from the same base with the same run seed (the same prompts, samples
-per prompt and updates: equal rollouts), side by side in one invocation. Printed: bytes per
-handoff (the train stage's committed weights) and their ratio; generate's warm policy load
+RANK:ALPHA:LR[:head]` setting (`:head` sets `model.lora.output_head`), all from the same base
+with the same run seed (the same prompts, samples per prompt and updates: equal rollouts), side
+by side in one invocation. Printed: bytes per handoff (the train stage's committed weights) and
+their ratio; generate's warm policy load
 (median over iterations); train work per iteration (median); held-out pass@1 with its 95% CI at
 the middle and the last checkpoint, per seed and as the mean over seeds; and, from parameter
 counts on the meta device, the handoff of a Qwen2.5-7B-shaped model at each rank against its
@@ -48,12 +49,17 @@ def figures(root: Path) -> dict:
     }
 
 
-def parse_setting(text: str) -> tuple[int, float, float]:
+def parse_setting(text: str) -> tuple[int, float, float, bool]:
+    """RANK:ALPHA:LR, with `:head` to adapt the output head too (model.lora.output_head)."""
+    parts = text.split(":")
     try:
-        rank, alpha, lr = text.split(":")
-        return int(rank), float(alpha), float(lr)
+        if len(parts) not in (3, 4) or parts[3:] not in ([], ["head"]):
+            raise ValueError
+        return int(parts[0]), float(parts[1]), float(parts[2]), parts[3:] == ["head"]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--lora {text!r}: expected RANK:ALPHA:LR") from None
+        raise argparse.ArgumentTypeError(
+            f"--lora {text!r}: expected RANK:ALPHA:LR or RANK:ALPHA:LR:head"
+        ) from None
 
 
 def ci(m: dict) -> str:
@@ -90,8 +96,9 @@ def plot(out: Path, runs: dict[str, list[dict]]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "examples/arithmetic/config.yaml"))
-    ap.add_argument("--lora", type=parse_setting, nargs="+", default=[(16, 16.0, 5e-3)],
-                    help="RANK:ALPHA:LR, one run per setting")  # fmt: skip
+    ap.add_argument("--lora", type=parse_setting, nargs="+",
+                    default=[(16, 16.0, 5e-3, False), (4, 4.0, 5e-3, True)],
+                    help="RANK:ALPHA:LR[:head], one run per setting")  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--iterations", type=int, default=None)
     args = ap.parse_args()
@@ -108,17 +115,16 @@ def main() -> int:
     cfg.run.store = str(bench / "runs")
     prepare_inputs(cfg)
     sides = {"full": []}
-    for rank, alpha, lr in args.lora:
-        sides[f"lora r{rank} a{alpha:g} lr{lr:g}"] = [
-            "--set",
-            f"model.lora={{rank: {rank}, alpha: {alpha}}}",
-            "--set",
-            f"train.lr={lr}",
-        ]
+    settings: dict[str, LoraSection] = {}
+    for rank, alpha, lr, head in args.lora:
+        lora = f"{{rank: {rank}, alpha: {alpha}, output_head: {str(head).lower()}}}"
+        name = f"lora r{rank} a{alpha:g} lr{lr:g}" + (" +head" if head else "")
+        sides[name] = ["--set", f"model.lora={lora}", "--set", f"train.lr={lr}"]
+        settings[name] = LoraSection(rank=rank, alpha=alpha, output_head=head)
     runs: dict[str, list[dict]] = {name: [] for name in sides}
     for seed in args.seeds:
         for name, extra in sides.items():
-            run_id = f"s{seed}-" + name.replace(" ", "-")
+            run_id = f"s{seed}-" + name.replace(" ", "-").replace("+", "")
             cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", run_id,
                    "--set", f"run.store={cfg.run.store}", "--set", f"run.seed={seed}",
                    "--iterations", str(cfg.run.iterations), *extra]  # fmt: skip
@@ -157,9 +163,9 @@ def main() -> int:
                   f"ckpt {last} {m[last]:.3f} (full {fm[last]:.3f}; ratio "
                   f"{m[last] / fm[last]:.3f})")  # fmt: skip
         if name != "full":
-            rank = int(name.split()[1][1:])
-            adapter, base = adapter_parameter_count(q7, LoraSection(rank=rank))
-            print(f"  Qwen2.5-7B shape at rank {rank}: adapter {adapter / 1e6:.1f}M parameters "
+            rank = settings[name].rank
+            adapter, base = adapter_parameter_count(q7, settings[name])
+            print(f"  Qwen2.5-7B shape, same setting: adapter {adapter / 1e6:.1f}M parameters "
                   f"vs {base / 1e9:.2f}B: {base / adapter:.0f}x smaller per handoff in bf16, "
                   f"{base / adapter / 2:.0f}x with the adapter in fp32")  # fmt: skip
         print(f"  wall (median): {statistics.median(r['wall'] for r in rs):.1f} s")
