@@ -11,7 +11,8 @@ their ratio; generate's warm policy load
 (median over iterations); train work per iteration (median); held-out pass@1 with its 95% CI at
 the middle and the last checkpoint, per seed and as the mean over seeds; and, from parameter
 counts on the meta device, the handoff of a Qwen2.5-7B-shaped model at each rank against its
-bf16 weights. Drawn: `lora.png` in the output folder (pass@1 per checkpoint, mean over seeds).
+bf16 weights. Drawn: `lora.png` in the output folder (pass@1 per checkpoint, mean over seeds);
+`--replot OUT_DIR ... [--plot-to PNG]` redraws it from earlier invocations, their seeds pooled.
 """
 
 from __future__ import annotations
@@ -47,6 +48,25 @@ def figures(root: Path) -> dict:
         "train_s": statistics.median(m["stats"]["train/seconds"] for m in manifests),
         "evals": evals,
     }
+
+
+def cold_load_s(cfg, run_root: Path, checkpoint: int, repeats: int = 5) -> float:
+    """Seconds for a fresh generate engine to take the run's checkpoint `checkpoint` (the stage's
+    cold start for its policy: the full weights, or the base and then the adapter), median of
+    `repeats` fresh engines in this process (imports already paid)."""
+    from components.core.store import get_store
+    from components.generate.engine import PolicyEngine
+
+    uri = str(run_root / "checkpoints" / f"{checkpoint:05d}")
+    store = get_store(uri, None)
+    times = []
+    for _ in range(repeats):
+        engine = PolicyEngine(cfg.generate, cfg.run.seed)
+        t0 = time.perf_counter()
+        engine.ensure(store, uri)
+        times.append(time.perf_counter() - t0)
+        engine.close()
+    return statistics.median(times)
 
 
 def parse_setting(text: str) -> tuple[int, float, float, bool]:
@@ -101,7 +121,17 @@ def main() -> int:
                     help="RANK:ALPHA:LR[:head], one run per setting")  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--iterations", type=int, default=None)
+    ap.add_argument(
+        "--replot",
+        nargs="+",
+        metavar="OUT_DIR",
+        help="redraw lora.png from earlier invocations' results.json, pooled",
+    )
+    ap.add_argument("--plot-to", default=None, help="with --replot: where to write the PNG")
     args = ap.parse_args()
+    if args.replot:
+        replot(args.replot, Path(args.plot_to or Path(args.replot[-1]) / "lora.png"))
+        return 0
 
     from transformers import Qwen2Config
 
@@ -130,7 +160,9 @@ def main() -> int:
                    "--iterations", str(cfg.run.iterations), *extra]  # fmt: skip
             print(f"running {run_id} ...", flush=True)
             wall = timed(cmd, bench / f"{run_id}.log")
-            runs[name].append({**figures(Path(cfg.run.store, run_id)), "wall": wall})
+            root = Path(cfg.run.store, run_id)
+            runs[name].append({**figures(root), "wall": wall,
+                               "cold_s": cold_load_s(cfg, root, cfg.run.iterations)})  # fmt: skip
             print(f"  {wall:.1f} s", flush=True)
 
     full = runs["full"]
@@ -149,8 +181,12 @@ def main() -> int:
         ft = statistics.median(r["train_s"] for r in full)
         print(f"\n== {name} ==")
         print(f"  handoff per iteration: {b:,.0f} B ({fb / b:.1f}x smaller than full)")
+        cold = statistics.median(r["cold_s"] for r in rs)
+        fc = statistics.median(r["cold_s"] for r in full)
         print(f"  warm policy load in generate (median): {load * 1e3:.1f} ms "
               f"(ratio to full {load / fl:.2f})")  # fmt: skip
+        print(f"  cold policy load, a fresh engine (median): {cold * 1e3:.1f} ms "
+              f"(ratio to full {cold / fc:.2f})")  # fmt: skip
         print(f"  train work per iteration (median): {tr:.2f} s (ratio to full {tr / ft:.2f})")
         for seed, r, f in zip(args.seeds, rs, full, strict=True):
             print(f"  seed {seed}: pass@1 ckpt {mid}: {ci(r['evals'][mid])} (full "
@@ -169,9 +205,23 @@ def main() -> int:
                   f"vs {base / 1e9:.2f}B: {base / adapter:.0f}x smaller per handoff in bf16, "
                   f"{base / adapter / 2:.0f}x with the adapter in fp32")  # fmt: skip
         print(f"  wall (median): {statistics.median(r['wall'] for r in rs):.1f} s")
+    (bench / "results.json").write_text(json.dumps({"seeds": args.seeds, "runs": runs}))
     plot(bench / "lora.png", runs)
     print(f"\nplot: {bench / 'lora.png'}\noutputs: {bench}")
     return 0
+
+
+def replot(dirs: list[str], out: Path) -> None:
+    """One plot of earlier invocations' results (their seeds pooled per setting)."""
+    runs: dict[str, list[dict]] = {}
+    for d in dirs:
+        data = json.loads((Path(d) / "results.json").read_text())
+        for name, rs in data["runs"].items():
+            for r in rs:
+                r["evals"] = {int(c): m for c, m in r["evals"].items()}
+            runs.setdefault(name, []).extend(rs)
+    plot(out, runs)
+    print(f"plot of {len(next(iter(runs.values())))} seeds: {out}")
 
 
 if __name__ == "__main__":

@@ -118,6 +118,10 @@ def test_merge_gives_a_plain_checkpoint_with_the_same_greedy_tokens(
     section = LoraSection(rank=4, alpha=8.0, output_head=output_head)
     peft_model, tok = _trained(base_dir, section, seed=1)
     save_adapter(peft_model, tmp_path / "adapter", base_digest(base_dir))
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert saved and all(".lora_A." in k or ".lora_B." in k for k in saved)  # no base weights
     out = merge(base_dir, tmp_path / "adapter", tmp_path / "merged")
     merged = AutoModelForCausalLM.from_pretrained(out).eval()
     assert not any("lora" in n for n, _ in merged.named_parameters())
@@ -283,6 +287,8 @@ def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, 
     the output head adapted (tied to the input embeddings in this base)."""
     import hashlib
 
+    from safetensors import safe_open
+
     from components.core import run_setup
     from components.core.config import load_config
     from components.core.layout import RunLayout
@@ -320,6 +326,10 @@ def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, 
             stage.close()
         weights = Path(RunLayout.of(cfg).checkpoint(2), "adapter_model.safetensors")
         digests.append(hashlib.sha256(weights.read_bytes()).hexdigest())
+        # the adapter alone: no base weight rides along (PEFT adds the head's if asked)
+        keys = list(safe_open(weights, "pt").keys())
+        assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys)
+        assert any("lm_head" in k for k in keys) == output_head
     assert digests[0] == digests[1]
     if dtype == "bfloat16":  # fp32 masters: most values are not bf16-representable
         from safetensors.torch import load_file

@@ -16,8 +16,10 @@ Used by the train stage (save), generate and evaluate (load) and `rlvr export --
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +133,18 @@ def attach(model, section: LoraSection):
     only the adapter's parameters require grad."""
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(section, model))
+    with _tied_head_is_handled():
+        return get_peft_model(model, lora_config(section, model))
+
+
+@contextlib.contextmanager
+def _tied_head_is_handled():
+    """PEFT warns when an adapted output head is tied to the input embeddings, for merges and
+    conversions that would fold the head's delta into both; `merge` unties the head first and
+    nothing else merges, so the warning is silenced here and nowhere else."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Model has `tie_word_embeddings=True`")
+        yield
 
 
 def adapter_parameter_count(model_config, section: LoraSection) -> tuple[int, int]:
@@ -156,7 +169,8 @@ def save_adapter(peft_model, out_dir: Path, digest: str) -> list[Path]:
     """Write the adapter of `peft_model` (PEFT's files, safetensors) and the base it belongs to."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    peft_model.save_pretrained(out_dir, safe_serialization=True)
+    # the adapter alone: PEFT would add the base's output head when the head is adapted
+    peft_model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
     (out_dir / BASE_FILE).write_text(json.dumps({"base_digest": digest}, indent=1) + "\n")
     return [out_dir / ADAPTER_CONFIG, out_dir / ADAPTER_WEIGHTS, out_dir / BASE_FILE]
 
@@ -188,7 +202,8 @@ def load_adapter(base_model, adapter_dir: Path, digest: str, *, trainable: bool 
     from peft import PeftModel
 
     check_base(adapter_dir, digest)
-    return PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=trainable)
+    with _tied_head_is_handled():
+        return PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=trainable)
 
 
 def merge(base_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: Any = None) -> Path:

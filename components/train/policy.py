@@ -123,7 +123,9 @@ def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
     masters = fp32_masters(engine, trainable_only=True)
     with gather:
         state = {**model.state_dict(), **masters}
-        state = get_peft_model_state_dict(model, state_dict=state)
+        # the adapter alone: with the output head adapted PEFT would add the head's base weights
+        # ("save_embedding_layers"), the largest matrix of the model
+        state = get_peft_model_state_dict(model, state_dict=state, save_embedding_layers=False)
         return {k: v.detach().float().cpu().clone().contiguous() for k, v in state.items()}
 
 
@@ -203,7 +205,8 @@ def write_hf(
                 return
             from components.core.adapter import BASE_FILE
 
-            model.save_pretrained(path, state_dict=weights, safe_serialization=True)
+            model.save_pretrained(path, state_dict=weights, safe_serialization=True,
+                                  save_embedding_layers=False)  # fmt: skip
             Path(path, BASE_FILE).write_text(json.dumps({"base_digest": base_digest}) + "\n")
 
     t0 = time.time()
