@@ -350,3 +350,35 @@ def test_vllm_gets_a_max_lora_rank_it_accepts():
         8, 8, 8, 16, 16, 32, 64, 512]  # fmt: skip
     with pytest.raises(ValueError, match="up to rank 512; lower model.lora.rank"):
         vllm_max_lora_rank(513)
+
+
+@pytest.mark.parametrize("output_head", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_equal_the_train_forward_with_an_adapter(
+    base_dir, tmp_path, output_head, temperature
+):
+    """The logprob contract across stages, with an adapter: generate samples from the base with
+    the saved adapter loaded by PEFT (as its engine does), and every response logprob equals the
+    train stage's teacher-forced forward through its own model (the base, a fresh adapter with
+    the saved weights set, the train modes), within the same 1e-4 as without adapters."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from components.generate.hf_backend import TransformersBackend
+    from components.train.policy import set_train_modes
+    from tests.test_generate import _check_logprobs
+
+    section = LoraSection(rank=4, alpha=8.0, output_head=output_head)
+    trained, _ = _trained(base_dir, section, seed=2)
+    digest = base_digest(base_dir)
+    save_adapter(trained, tmp_path / "adapter", digest)
+    # generate's side
+    base, tok = load_policy(base_dir)
+    sampler = load_adapter(base, tmp_path / "adapter", digest).eval()
+    # train's side
+    model, _ = load_policy(base_dir)
+    model = attach(model, section)
+    set_peft_model_state_dict(model, load_file(tmp_path / "adapter" / "adapter_model.safetensors"))
+    set_train_modes(model, checkpointing=False, lora_dropout=0.0)
+    _check_logprobs(TransformersBackend(sampler, tok, batch_size=8), (model, tok), temperature,
+                    1.0, 0)  # fmt: skip
