@@ -4,6 +4,7 @@ merged for serving; and what an adapter weighs against the full weights it repla
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -382,3 +383,36 @@ def test_sampled_logprobs_equal_the_train_forward_with_an_adapter(
     set_train_modes(model, checkpointing=False, lora_dropout=0.0)
     _check_logprobs(TransformersBackend(sampler, tok, batch_size=8), (model, tok), temperature,
                     1.0, 0)  # fmt: skip
+
+
+def test_an_adapter_config_is_the_same_bytes_in_every_process(base_dir, tmp_path):
+    """PEFT writes target modules in set order (it changes with the hash seed) and the local
+    path the base came from; a checkpoint's bytes decide what downstream stages rerun, so two
+    processes with other hash seeds and another base path write the same adapter_config.json."""
+    import shutil
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from pathlib import Path\n"
+        "from components.core.adapter import attach, save_adapter\n"
+        "from components.core.checkpoint import load_policy\n"
+        "from components.core.config import LoraSection\n"
+        "model, _ = load_policy(Path(sys.argv[1]))\n"
+        "peft = attach(model, LoraSection(rank=2, output_head=True))\n"
+        "save_adapter(peft, Path(sys.argv[2]), 'd' * 16, base='s3://bucket/run/checkpoints/00000')\n"
+    )
+    texts = []
+    for seed in ("1", "2"):
+        base = tmp_path / f"base{seed}"  # another local path to the same base each time
+        shutil.copytree(base_dir, base)
+        out = tmp_path / f"adapter{seed}"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", code, str(base), str(out)], check=True, env=env,
+                       cwd=Path(__file__).resolve().parent.parent, capture_output=True)  # fmt: skip
+        texts.append((out / "adapter_config.json").read_text())
+    assert texts[0] == texts[1]
+    config = json.loads(texts[0])
+    assert config["base_model_name_or_path"] == "s3://bucket/run/checkpoints/00000"
+    assert config["target_modules"] == sorted(config["target_modules"])

@@ -165,14 +165,30 @@ def is_adapter_dir(path: Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
-def save_adapter(peft_model, out_dir: Path, digest: str) -> list[Path]:
-    """Write the adapter of `peft_model` (PEFT's files, safetensors) and the base it belongs to."""
+def save_adapter(peft_model, out_dir: Path, digest: str, base: str | None = None) -> list[Path]:
+    """Write the adapter of `peft_model` (PEFT's files, safetensors) and the base it belongs to
+    (`base`: where that base lives, recorded in adapter_config.json)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # the adapter alone: PEFT would add the base's output head when the head is adapted
     peft_model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
-    (out_dir / BASE_FILE).write_text(json.dumps({"base_digest": digest}, indent=1) + "\n")
+    finish_adapter_dir(out_dir, digest, base)
     return [out_dir / ADAPTER_CONFIG, out_dir / ADAPTER_WEIGHTS, out_dir / BASE_FILE]
+
+
+def finish_adapter_dir(out_dir: Path, digest: str, base: str | None) -> None:
+    """Tie an adapter directory PEFT just wrote to its base (`rlvr_base.json`) and make its
+    config the same bytes wherever it is written: PEFT records the local path the base was
+    loaded from (a cache or container path; here `base`, the base's URI in the run, or null)
+    and writes target modules in set order, which changes with each process's hash seed. A
+    checkpoint's bytes decide what downstream stages rerun, so they must not."""
+    path = Path(out_dir) / ADAPTER_CONFIG
+    config = json.loads(path.read_text())
+    config["base_model_name_or_path"] = base
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (Path(out_dir) / BASE_FILE).write_text(json.dumps({"base_digest": digest}) + "\n")
 
 
 def check_base(adapter_dir: Path, digest: str) -> None:

@@ -5,7 +5,6 @@ PEFT checkpoint."""
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -186,6 +185,7 @@ def write_hf(
     commit_start: float,
     *,
     base_digest: str | None = None,
+    base_uri: str | None = None,
 ) -> dict[str, float]:
     """Write the gathered weights as a standard HF checkpoint (no merger step needed to load),
     or, with `base_digest` (model.lora), the adapter alone in PEFT's format; the manifest records
@@ -203,11 +203,11 @@ def write_hf(
             if base_digest is None:
                 model.save_pretrained(path, state_dict=weights, **kwargs)
                 return
-            from components.core.adapter import BASE_FILE
+            from components.core.adapter import finish_adapter_dir
 
             model.save_pretrained(path, state_dict=weights, safe_serialization=True,
                                   save_embedding_layers=False)  # fmt: skip
-            Path(path, BASE_FILE).write_text(json.dumps({"base_digest": base_digest}) + "\n")
+            finish_adapter_dir(Path(path), base_digest, base_uri)
 
     t0 = time.time()
     nbytes = sum(v.numel() * v.element_size() for v in weights.values())

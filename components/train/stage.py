@@ -669,6 +669,7 @@ class TrainStage:
                 timeline,
                 t0,
                 base_digest=self.base_digest if lora else None,
+                base_uri=self.layout.checkpoint(0) if lora else None,
             )
             module.config.use_cache = False
             metrics.update(saved)
