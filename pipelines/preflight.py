@@ -90,7 +90,12 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
     """Every problem of a run config; `inputs=False` skips what needs the datasets, checkpoint
     and store (compile / submit)."""
     from components.core.tracking import check_tracking
-    from components.train.checks import check_lora, check_lora_targets, check_train
+    from components.train.checks import (
+        check_checkpointing,
+        check_lora,
+        check_lora_targets,
+        check_train,
+    )
     from components.verify.checks import check_verifier_specs, check_verify
 
     problems = Problems()
@@ -144,6 +149,7 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
         model_config = AutoConfig.from_pretrained(base)
         check_generate(cfg, AutoTokenizer.from_pretrained(base), model_config, datasets, problems)
         check_lora_targets(cfg, problems, model_config)
+        check_checkpointing(cfg, problems, model_config)
     check_verify(cfg, datasets, problems)
     if "train" in datasets:
         from components.generate.checks import check_curriculum

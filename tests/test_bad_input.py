@@ -251,6 +251,15 @@ CASES: list[tuple[str, Callable[[Ctx], object], list[str], str]] = [
     ("config/lora-rank-past-vllm", lambda c: (set_key("model", lora={"rank": 1024})(c),
                                               set_key("generate", backend="vllm")(c)),
      CHECK, "model.lora.rank: 1024 is past the largest rank vLLM serves (512)"),
+    ("config/lora-head-with-pattern",
+     set_key("model", lora={"target_modules": "q_proj", "output_head": True}), CHECK,
+     "a pattern cannot be extended by the head"),
+    ("config/checkpointing-with-dropout",
+     lambda c: (set_key("train", gradient_checkpointing=True)(c),
+                (lambda d: (d / "config.json").write_text(json.dumps(
+                    {**json.loads((d / "config.json").read_text()), "attention_dropout": 0.1})))(
+                    base_copy(c))), CHECK,
+     "train.gradient_checkpointing: the base's config sets attention_dropout=0.1"),
     ("config/k-above-n", set_key("evaluate", ks=[64]), CHECK, "evaluate.ks"),
     ("config/eval-filter-matches-nothing",
      lambda c: c.set("data", eval=[{**c.cfg()["data"]["eval"][0], "data_sources": ["nope"]}]),

@@ -65,13 +65,16 @@ def test_a_lora_adapter_serves_through_lora_requests(tiny_assets, tmp_path):
             if "lora_B" in name:
                 p.normal_(0, 0.05)
     save_adapter(peft_model, tmp_path / "adapter", base_digest(base))
-    backend = VLLMBackend(str(base), gpu_memory_utilization=0.3, dtype="float32", max_lora_rank=4)
+    backend = VLLMBackend(str(base), gpu_memory_utilization=0.3, dtype="bfloat16", max_lora_rank=4)
     backend.set_adapter(tmp_path / "adapter")
     assert backend.lora_request.lora_int_id == 1
     ids = tok("12+34=", add_special_tokens=False)["input_ids"]
     spec = SamplingSpec(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=6)
     (sample,) = [s for b in backend.generate([PromptRequest("p", ids, [0])], spec) for s in b]
-    expected = peft_model.eval().generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)
+    # vLLM's LoRA kernels take bf16/fp16 only: the reference runs in bf16 too (greedy tokens
+    # of a 6-token answer; a near-tie between kernels could still split them)
+    ref = peft_model.to(torch.bfloat16).eval()
+    expected = ref.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)
     assert (
         sample.response_token_ids
         == expected[0, len(ids) :].tolist()[: len(sample.response_token_ids)]

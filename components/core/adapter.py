@@ -90,8 +90,11 @@ def lora_config(section: LoraSection, model=None):
             raise ValueError("model.lora.output_head needs the model to name its linear layers")
         head = _output_head_name(model)
         if targets == "all-linear":
+            from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+            linear = (torch.nn.Linear, Conv1D)
             targets = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                              if isinstance(m, torch.nn.Linear) and n != head})  # fmt: skip
+                              if isinstance(m, linear) and n != head})  # fmt: skip
         if head.rsplit(".", 1)[-1] not in targets:
             targets = [*targets, head.rsplit(".", 1)[-1]]
     return LoraConfig(
@@ -143,7 +146,8 @@ def _tied_head_is_handled():
     conversions that would fold the head's delta into both; `merge` unties the head first and
     nothing else merges, so the warning is silenced here and nowhere else."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Model has `tie_word_embeddings=True`")
+        # "Model has `tie_word_embeddings=True`..." (peft 0.21), "Model with ..." (0.17)
+        warnings.filterwarnings("ignore", message=r"Model (has|with) `tie_word_embeddings=True`")
         yield
 
 
@@ -168,12 +172,53 @@ def is_adapter_dir(path: Path) -> bool:
 def save_adapter(peft_model, out_dir: Path, digest: str, base: str | None = None) -> list[Path]:
     """Write the adapter of `peft_model` (PEFT's files, safetensors) and the base it belongs to
     (`base`: where that base lives, recorded in adapter_config.json)."""
+    from peft import get_peft_model_state_dict
+
+    weights = get_peft_model_state_dict(peft_model, save_embedding_layers=False)
+    weights = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+    return write_adapter(peft_model, weights, out_dir, digest, base)
+
+
+def write_adapter(
+    peft_model, weights: dict, out_dir: Path, digest: str, base: str | None
+) -> list[Path]:
+    """An adapter directory from `weights` (PEFT's saved key names: the adapter name stripped)
+    and `peft_model`'s config, written directly rather than through `PeftModel.save_pretrained`,
+    which filters a given state dict again and, in the peft the images pin (0.17), drops every
+    key of one already filtered: the adapter would be saved empty."""
+    from safetensors.torch import save_file
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # the adapter alone: PEFT would add the base's output head when the head is adapted
-    peft_model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
+    if not weights:
+        raise AdapterError(f"{out_dir}: no adapter weights to save (model.lora targets nothing?)")
+    save_file(weights, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    peft_model.peft_config["default"].save_pretrained(str(out_dir))
     finish_adapter_dir(out_dir, digest, base)
     return [out_dir / ADAPTER_CONFIG, out_dir / ADAPTER_WEIGHTS, out_dir / BASE_FILE]
+
+
+def set_adapter_weights(peft_model, weights: dict, where: str) -> None:
+    """Load an adapter's saved weights into `peft_model`'s adapter, refusing a file that does not
+    hold exactly its tensors (an empty one, another rank or other target modules) instead of
+    leaving some of the adapter at its fresh initialisation."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    expected = get_peft_model_state_dict(peft_model, save_embedding_layers=False)
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(weights)
+                    if tuple(expected[k].shape) != tuple(weights[k].shape))  # fmt: skip
+    if missing or unexpected or shapes:
+        what = (f"{len(missing)} missing (e.g. {missing[:2]})" if missing else
+                f"{len(unexpected)} unexpected (e.g. {unexpected[:2]})" if unexpected else
+                f"other shapes for {shapes[:2]}")  # fmt: skip
+        raise AdapterError(
+            f"{where}: the adapter's weights do not fit model.lora: {what}; model.lora (rank, "
+            "target_modules or output_head) must stay as the run started: start a new run to "
+            "change it"
+        )
+    set_peft_model_state_dict(peft_model, weights)
 
 
 def finish_adapter_dir(out_dir: Path, digest: str, base: str | None) -> None:
@@ -185,6 +230,7 @@ def finish_adapter_dir(out_dir: Path, digest: str, base: str | None) -> None:
     path = Path(out_dir) / ADAPTER_CONFIG
     config = json.loads(path.read_text())
     config["base_model_name_or_path"] = base
+    config["inference_mode"] = True  # as PEFT saves it: loading decides whether it trains
     if isinstance(config.get("target_modules"), list):
         config["target_modules"] = sorted(config["target_modules"])
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -216,10 +262,16 @@ def check_base(adapter_dir: Path, digest: str) -> None:
 def load_adapter(base_model, adapter_dir: Path, digest: str, *, trainable: bool = False):
     """`base_model` with the adapter of `adapter_dir` applied, after checking its base."""
     from peft import PeftModel
+    from safetensors.torch import load_file
 
     check_base(adapter_dir, digest)
     with _tied_head_is_handled():
-        return PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=trainable)
+        model = PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=trainable)
+    # PEFT loads a file that lacks tensors with a warning and leaves those fresh: refuse it
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    device = str(next(model.parameters()).device)
+    set_adapter_weights(model, load_file(str(path), device=device), str(path))
+    return model
 
 
 def merge(base_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: Any = None) -> Path:

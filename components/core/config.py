@@ -84,6 +84,16 @@ class LoraSection(_Strict):
     share of what RL changes (the demo: pass@1 0.57 with it against 0.48 without); the merge
     unties a head tied to the input embeddings first, so only the head changes."""
 
+    @model_validator(mode="after")
+    def _head_with_named_targets(self) -> LoraSection:
+        if (self.output_head and isinstance(self.target_modules, str)
+                and self.target_modules != "all-linear"):  # fmt: skip
+            raise ValueError(
+                f"output_head with target_modules {self.target_modules!r}: a pattern cannot be "
+                "extended by the head; give the modules as a list or use all-linear"
+            )
+        return self
+
 
 class ModelSection(_Strict):
     base: str

@@ -86,16 +86,13 @@ def _weight_bytes(manifest: dict[str, Any]) -> int:
 def load_adapter_weights(model, adapter_dir: Path) -> None:
     """A new adapter's weights into a loaded PeftModel, in place (a warm engine's next policy:
     megabytes, not the model)."""
-    from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from components.core.adapter import ADAPTER_WEIGHTS
+    from components.core.adapter import ADAPTER_WEIGHTS, set_adapter_weights
 
     device = next(model.parameters()).device
-    result = set_peft_model_state_dict(model, load_file(str(adapter_dir / ADAPTER_WEIGHTS),
-                                                        device=str(device)))  # fmt: skip
-    if getattr(result, "unexpected_keys", None):
-        raise ValueError(f"{adapter_dir}: adapter weights {result.unexpected_keys[:3]} do not fit")
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    set_adapter_weights(model, load_file(str(path), device=str(device)), str(path))
 
 
 class PolicyEngine:

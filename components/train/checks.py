@@ -133,6 +133,10 @@ def check_lora(cfg: RunConfig, problems: Problems) -> None:
     if cfg.generate.backend == "vllm":
         from components.generate.vllm_backend import VLLM_MAX_LORA_RANKS
 
+        if cfg.generate.dtype == "float32":
+            problems.error("config generate.dtype",
+                           "float32 with vLLM and model.lora: vLLM's LoRA kernels take bf16 or "
+                           "fp16 only", "use auto, bfloat16 or float16")  # fmt: skip
         if lora.output_head:
             problems.warn("config model.lora.output_head",
                           "vLLM's support for LoRA on the output head differs between releases "
@@ -165,3 +169,33 @@ def check_lora_targets(cfg: RunConfig, problems: Problems, model_config) -> None
     if adapter == 0:
         problems.error("config model.lora.target_modules", "matches no layer of the base",
                        "name the base's linear layers (q_proj, v_proj, ...) or use all-linear")  # fmt: skip
+
+
+def active_dropout(model_config) -> dict[str, float]:
+    """The base's dropout and layerdrop settings above zero (`attention_dropout`, `layerdrop`,
+    `resid_pdrop`, ...), in its config and any nested text config."""
+    out: dict[str, float] = {}
+    for config in (model_config, getattr(model_config, "text_config", None)):
+        if config is None:
+            continue
+        for key, value in config.to_dict().items():
+            if (("dropout" in key or "drop" in key.split("_") or "pdrop" in key
+                 or "layerdrop" in key) and isinstance(value, (int, float))
+                    and not isinstance(value, bool) and value > 0):  # fmt: skip
+                out[key] = float(value)
+    return out
+
+
+def check_checkpointing(cfg: RunConfig, problems: Problems, model_config) -> None:
+    """`train.gradient_checkpointing` turns the decoder layers' own training flag on; an
+    architecture whose layers apply dropout or layerdrop under that flag (OPT, ...) would then
+    train with them, and the gradients would no longer be those of the run without it."""
+    if not cfg.train.gradient_checkpointing:
+        return
+    active = active_dropout(model_config)
+    if active:
+        shown = ", ".join(f"{k}={v:g}" for k, v in sorted(active.items()))
+        problems.error("config train.gradient_checkpointing",
+                       f"the base's config sets {shown}, which its layers may apply in training "
+                       "mode (the policy trains with dropout off)",
+                       "set them to 0 in the base's config.json, or leave checkpointing off")  # fmt: skip

@@ -163,7 +163,9 @@ class TokenizerFiles:
     (a re-save through transformers adds keys), so a warm generate engine sees the same tokenizer
     and takes each new checkpoint as weights only (components/generate/engine.py)."""
 
-    SKIP = ("config.json", "generation_config.json", "_SUCCESS")
+    # the model's own files: written for each checkpoint (an adapter's config and base too)
+    SKIP = ("config.json", "generation_config.json", "_SUCCESS", "adapter_config.json",
+            "rlvr_base.json")  # fmt: skip
 
     def __init__(self, source: Path) -> None:
         self.source = Path(source)
@@ -203,11 +205,9 @@ def write_hf(
             if base_digest is None:
                 model.save_pretrained(path, state_dict=weights, **kwargs)
                 return
-            from components.core.adapter import finish_adapter_dir
+            from components.core.adapter import write_adapter
 
-            model.save_pretrained(path, state_dict=weights, safe_serialization=True,
-                                  save_embedding_layers=False)  # fmt: skip
-            finish_adapter_dir(Path(path), base_digest, base_uri)
+            write_adapter(model, weights, Path(path), base_digest, base_uri)
 
     t0 = time.time()
     nbytes = sum(v.numel() * v.element_size() for v in weights.values())

@@ -488,6 +488,13 @@ class TrainStage:
             self.ref_model.eval().requires_grad_(False)
         model.config.use_cache = False
         if t.gradient_checkpointing:
+            from components.core.preflight import Problems
+            from components.train.checks import check_checkpointing
+
+            problems = Problems()
+            check_checkpointing(cfg, problems, model.config)
+            if problems.errors:
+                raise StageError(str(problems.errors[0]))
             enable_checkpointing(model)
         self.engine, *_ = deepspeed.initialize(
             model=model,
@@ -522,7 +529,6 @@ class TrainStage:
     def _adapted(self, ckpt_dir: Path, iteration: int, device: str):
         """`model.lora`: the base (checkpoint 0) with the adapter of checkpoint `iteration` (a
         fresh one, B = 0, at iteration 0); only the adapter's parameters train."""
-        from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         from components.core import adapter
@@ -534,13 +540,8 @@ class TrainStage:
         model = adapter.attach(model, self.cfg.model.lora)
         if iteration > 0:
             adapter.check_base(ckpt_dir, self.base_digest)
-            weights = load_file(str(Path(ckpt_dir) / adapter.ADAPTER_WEIGHTS), device=device)
-            result = set_peft_model_state_dict(model, weights)
-            if getattr(result, "unexpected_keys", None):
-                raise StageError(
-                    f"{ckpt_dir}: adapter weights {result.unexpected_keys[:3]} do not fit "
-                    "model.lora (rank or target modules changed mid-run?); start a new run"
-                )
+            path = Path(ckpt_dir) / adapter.ADAPTER_WEIGHTS
+            adapter.set_adapter_weights(model, load_file(str(path), device=device), str(path))
         return model
 
     def _plan(self, iteration: int) -> tuple[OutputDir, OutputDir, dict[str, str]]:
@@ -550,18 +551,16 @@ class TrainStage:
         sources = [layout.scored(iteration), layout.checkpoint(iteration)]
         if iteration > 0:
             sources.append(layout.train_state(iteration))
-        inputs = lineage(
-            store,
-            sources,
-            {
-                # kl_metric only adds a figure and gradient checkpointing changes memory, not
-                # gradients: turning either on must not retrain the run
-                "train": t.model_dump(mode="json", exclude={"kl_metric", "gradient_checkpointing"}),
-                "iterations": cfg.run.iterations,
-                "seed": cfg.run.seed,
-            },
-            root=layout.root,
-        )
+        settings = {
+            # kl_metric only adds a figure and gradient checkpointing changes memory, not
+            # gradients: turning either on must not retrain the run
+            "train": t.model_dump(mode="json", exclude={"kl_metric", "gradient_checkpointing"}),
+            "iterations": cfg.run.iterations,
+            "seed": cfg.run.seed,
+        }
+        if cfg.model.lora is not None:  # absent for full fine-tuning: its lineage is unchanged
+            settings["lora"] = cfg.model.lora.model_dump(mode="json")
+        inputs = lineage(store, sources, settings, root=layout.root)
         return ckpt_out, state_out, inputs
 
     def up_to_date(self, iteration: int) -> bool:
