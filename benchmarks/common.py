@@ -12,6 +12,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def bench_setup(name: str, config: str, iterations: int | None, overrides=()):
+    """A fresh output folder `benchmarks/out/<name>-<time>/` and the config of its runs: the
+    store under `runs/`, the inputs prepared (built offline on first use, untimed)."""
+    from components.core.config import load_config
+    from pipelines.cli import prepare_inputs
+
+    bench = ROOT / "benchmarks" / "out" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    bench.mkdir(parents=True)
+    cfg = load_config(config, list(overrides), iterations=iterations)
+    cfg.run.store = str(bench / "runs")
+    prepare_inputs(cfg)
+    return bench, cfg
+
+
 def timed(cmd: list[str], log: Path) -> float:
     """Wall seconds of `cmd` as a whole process (its output goes to `log`)."""
     t0 = time.perf_counter()

@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import timed  # noqa: E402
+from benchmarks.common import bench_setup, timed  # noqa: E402
 
 MIXES = {"demo": None, "hard": {1: 0.1, 2: 0.3, 3: 0.6}}
 
@@ -165,14 +164,7 @@ def main() -> int:
         print(f"plot: {replot(args.replot, args.replot[-1] / 'curriculum.png')}")
         return 0
 
-    from components.core.config import load_config
-    from pipelines.cli import prepare_inputs
-
-    bench = ROOT / "benchmarks" / "out" / f"curriculum-{time.strftime('%Y%m%d-%H%M%S')}"
-    bench.mkdir(parents=True)
-    cfg = load_config(args.config, iterations=args.iterations)
-    cfg.run.store = str(bench / "runs")
-    prepare_inputs(cfg)
+    bench, cfg = bench_setup("curriculum", args.config, args.iterations)
     results: dict[str, list[dict[str, float]]] = {}
     sides: dict[tuple[str, str], list[dict]] = {}
     for mix in args.mixes:

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import timed  # noqa: E402
+from benchmarks.common import bench_setup, timed  # noqa: E402
 
 
 def figures(root: Path) -> dict:
@@ -136,14 +136,9 @@ def main() -> int:
     from transformers import Qwen2Config
 
     from components.core.adapter import adapter_parameter_count
-    from components.core.config import LoraSection, load_config
-    from pipelines.cli import prepare_inputs
+    from components.core.config import LoraSection
 
-    bench = ROOT / "benchmarks" / "out" / f"lora-{time.strftime('%Y%m%d-%H%M%S')}"
-    bench.mkdir(parents=True)
-    cfg = load_config(args.config, iterations=args.iterations)
-    cfg.run.store = str(bench / "runs")
-    prepare_inputs(cfg)
+    bench, cfg = bench_setup("lora", args.config, args.iterations)
     sides = {"full": []}
     settings: dict[str, LoraSection] = {}
     for rank, alpha, lr, head in args.lora:

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import compare_table, evaluate_run, timed  # noqa: E402
+from benchmarks.common import bench_setup, compare_table, evaluate_run, timed  # noqa: E402
 
 
 def overlap_s(tl) -> float:
@@ -43,16 +42,10 @@ def main() -> int:
     ap.add_argument("--k-first", action="store_true", help="run the k > 0 side first")
     args = ap.parse_args()
 
-    from components.core.config import load_config
     from components.core.layout import RunLayout, store_for
     from components.evaluate.timeline import load_timeline, summary
-    from pipelines.cli import prepare_inputs
 
-    bench = ROOT / "benchmarks" / "out" / f"staleness-{time.strftime('%Y%m%d-%H%M%S')}"
-    bench.mkdir(parents=True)
-    cfg = load_config(args.config, iterations=args.iterations)
-    cfg.run.store = str(bench / "runs")
-    prepare_inputs(cfg)
+    bench, cfg = bench_setup("staleness", args.config, args.iterations)
     sides = {f"k={k}": k for k in ((args.k, 0) if args.k_first else (0, args.k))}
     walls, stats = {}, {}
     for name, k in sides.items():

@@ -29,13 +29,18 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import compare_table, evaluate_dirs, evaluate_run, timed  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    bench_setup,
+    compare_table,
+    evaluate_dirs,
+    evaluate_run,
+    timed,
+)
 
 
 def trl_worker(args) -> None:
@@ -114,17 +119,10 @@ def main() -> int:
         trl_worker(args)
         return 0
 
-    from components.core.config import load_config
     from components.core.layout import RunLayout, store_for
     from components.evaluate.timeline import load_timeline, summary
-    from pipelines.cli import prepare_inputs
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    bench = ROOT / "benchmarks" / "out" / f"vs_trl-{stamp}"
-    bench.mkdir(parents=True)
-    cfg = load_config(args.config, list(args.set), iterations=args.iterations)
-    cfg.run.store = str(bench / "runs")
-    prepare_inputs(cfg)  # a one-off, untimed
+    bench, cfg = bench_setup("vs_trl", args.config, args.iterations, args.set)
     run_id = "rlvr"
     extra = [f"--set={s}" for s in args.set]
     iters = ["--iterations", str(cfg.run.iterations)]
