@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from components.core.commit import sha256_file
 from components.core.config import LoraSection
 
 __all__ = [
@@ -34,11 +35,14 @@ __all__ = [
     "attach",
     "base_digest",
     "check_base",
+    "finish_adapter_dir",
     "is_adapter_dir",
     "load_adapter",
     "lora_config",
     "merge",
     "save_adapter",
+    "set_adapter_weights",
+    "write_adapter",
 ]
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -63,17 +67,9 @@ def base_digest(base_dir: Path, manifest: dict[str, Any] | None = None) -> str:
     known = {f["path"]: f["sha256"] for f in (manifest or {}).get("files", [])}
     entries = []
     for name in sorted(names):
-        digest = known.get(name) or _sha256(base_dir / name)
+        digest = known.get(name) or sha256_file(base_dir / name)
         entries.append((name, digest))
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def lora_config(section: LoraSection, model=None):
@@ -95,8 +91,8 @@ def lora_config(section: LoraSection, model=None):
             linear = (torch.nn.Linear, Conv1D)
             targets = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                               if isinstance(m, linear) and n != head})  # fmt: skip
-        if head.rsplit(".", 1)[-1] not in targets:
-            targets = [*targets, head.rsplit(".", 1)[-1]]
+        if _leaf(head) not in targets:
+            targets = [*targets, _leaf(head)]
     return LoraConfig(
         r=section.rank,
         lora_alpha=section.alpha,
@@ -120,6 +116,11 @@ def _untie_output_head(model) -> bool:
         if config is not None and hasattr(config, "tie_word_embeddings"):
             config.tie_word_embeddings = False
     return True
+
+
+def _leaf(name: str) -> str:
+    """A module's own name, as PEFT's target_modules names it (`lm_head`, `q_proj`)."""
+    return name.rsplit(".", 1)[-1]
 
 
 def _output_head_name(model) -> str:
@@ -259,15 +260,18 @@ def check_base(adapter_dir: Path, digest: str) -> None:
         )
 
 
-def load_adapter(base_model, adapter_dir: Path, digest: str, *, trainable: bool = False):
-    """`base_model` with the adapter of `adapter_dir` applied, after checking its base."""
-    from peft import PeftModel
+def load_adapter(base_model, adapter_dir: Path, digest: str):
+    """`base_model` with the adapter of `adapter_dir` applied, after checking its base: PEFT's
+    model from the adapter's own config, its weights read once and set strictly
+    (`PeftModel.from_pretrained` would load a file that lacks tensors with a warning, leaving
+    those at their fresh initialisation)."""
+    from peft import LoraConfig, get_peft_model
     from safetensors.torch import load_file
 
     check_base(adapter_dir, digest)
+    config = LoraConfig.from_pretrained(str(adapter_dir))
     with _tied_head_is_handled():
-        model = PeftModel.from_pretrained(base_model, str(adapter_dir), is_trainable=trainable)
-    # PEFT loads a file that lacks tensors with a warning and leaves those fresh: refuse it
+        model = get_peft_model(base_model, config)
     path = Path(adapter_dir) / ADAPTER_WEIGHTS
     device = str(next(model.parameters()).device)
     set_adapter_weights(model, load_file(str(path), device=device), str(path))
@@ -282,7 +286,7 @@ def merge(base_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: Any = None
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     model, tokenizer = load_policy(base_dir, dtype=dtype)
     targets = json.loads((Path(adapter_dir) / ADAPTER_CONFIG).read_text()).get("target_modules")
-    if _output_head_name(model).rsplit(".", 1)[-1] in (targets or []):
+    if _leaf(_output_head_name(model)) in (targets or []):
         _untie_output_head(model)  # tied, the input embeddings would take the head's delta too
     merged = load_adapter(model, adapter_dir, base_digest(base_dir)).merge_and_unload()
     out_dir.mkdir(parents=True, exist_ok=True)
