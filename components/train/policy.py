@@ -88,39 +88,40 @@ class AdapterOff:
             return model(*args, **kwargs)
 
 
-def fp32_masters(engine, *, trainable_only: bool) -> dict[str, torch.Tensor]:
-    """DeepSpeed's fp32 master weights by parameter name under bf16 (what a checkpoint saves,
-    not the rounded bf16 weights); empty in fp32, where the parameters are the masters."""
+def fp32_masters(engine) -> dict[str, torch.Tensor]:
+    """DeepSpeed's fp32 master weights of the trained parameters by name under bf16 (what a
+    checkpoint saves, not the rounded bf16 weights); empty in fp32, where the parameters are the
+    masters. A frozen parameter (a LoRA base) has none."""
     if not engine.bfloat16_enabled():
         return {}
     from deepspeed.utils import safe_get_full_fp32_param
 
     masters = {n: safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()
-               if p.requires_grad or not trainable_only}  # fmt: skip
+               if p.requires_grad}  # fmt: skip
     missing = [n for n, v in masters.items() if v is None]
     if missing:
         raise StageError(f"DeepSpeed exposes no fp32 master for {missing[:3]}; cannot save exactly")
     return masters
 
 
+def _gathered(engine, params: list[torch.nn.Parameter]):
+    """Under ZeRO-3, `params` gathered whole on every rank for the block; else nothing to do."""
+    if engine.zero_optimization_stage() != 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
 def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
     """The LoRA adapter's weights on CPU in fp32 (model.lora), gathered from ZeRO-3 partitions
     when needed (the adapter's parameters only: the frozen base stays partitioned); under bf16,
     DeepSpeed's fp32 masters, so small updates survive and a resumed run continues exactly."""
-    import contextlib
-
-    import deepspeed
     from peft import get_peft_model_state_dict
 
     model = engine.module
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    gather = (
-        deepspeed.zero.GatheredParameters(trainable, modifier_rank=None)
-        if engine.zero_optimization_stage() == 3
-        else contextlib.nullcontext()
-    )
-    masters = fp32_masters(engine, trainable_only=True)
-    with gather:
+    masters = fp32_masters(engine)
+    with _gathered(engine, [p for p in model.parameters() if p.requires_grad]):
         state = {**model.state_dict(), **masters}
         # the adapter alone: with the output head adapted PEFT would add the head's base weights
         # ("save_embedding_layers"), the largest matrix of the model
@@ -133,20 +134,11 @@ def full_state_dict(engine) -> dict[str, torch.Tensor]:
 
     Tied weights (e.g. lm_head = embed_tokens) appear once, under their first name, as
     save_pretrained expects."""
-    import contextlib
-
-    import deepspeed
-
     model = engine.module
-    gather = (
-        deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
-        if engine.zero_optimization_stage() == 3
-        else contextlib.nullcontext()
-    )
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    masters = fp32_masters(engine, trainable_only=False)
-    with gather:
+    masters = fp32_masters(engine)
+    with _gathered(engine, list(model.parameters())):
         for name, value in model.state_dict(keep_vars=False).items():
             ptr = value.data_ptr()
             if ptr in seen:
