@@ -104,6 +104,16 @@ class PolicyEngine:
         self.tokenizer: Any = None
         self.digest: str | None = None
         self.signature: dict[str, str] | None = None
+        self._bases: dict[str, tuple[str, Path, str]] = {}
+
+    def _base(self, store: Store, base_uri: str) -> tuple[str, Path, str]:
+        """(content digest, local directory, base digest) of a LoRA run's base, looked up once
+        per engine: checkpoint 0 is written once, so each next adapter reads nothing of it."""
+        if base_uri not in self._bases:
+            base_dir = Path(local_checkpoint(store, base_uri))
+            self._bases[base_uri] = (content_digest(store, base_uri), base_dir,
+                                     base_digest(base_dir, read_manifest(store, base_uri)))  # fmt: skip
+        return self._bases[base_uri]
 
     def ensure(self, store: Store, checkpoint_uri: str) -> tuple[Any, Any, LoadInfo]:
         from components.generate.stage import make_backend
@@ -117,9 +127,7 @@ class PolicyEngine:
         signature = _signature(manifest, Path(ckpt_dir))
         if is_adapter_dir(ckpt_dir):  # model.lora: the run's base with this adapter
             base_uri = checkpoint_uri.rstrip("/").rsplit("/", 1)[0] + "/00000"
-            signature["base"] = content_digest(store, base_uri)
-            base_dir = local_checkpoint(store, base_uri)
-            digest_of_base = base_digest(base_dir, read_manifest(store, base_uri))
+            signature["base"], base_dir, digest_of_base = self._base(store, base_uri)
             check_base(ckpt_dir, digest_of_base)
             if self.backend is None or signature != self.signature:
                 self.close()
