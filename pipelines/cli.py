@@ -560,6 +560,7 @@ def report(run_dir: str) -> None:
               help="The base checkpoint (default: the run's checkpoints/00000 beside CHECKPOINT).")  # fmt: skip
 def export(checkpoint: str, out: str, do_merge: bool, base: str | None) -> None:
     from components.core.adapter import AdapterError, merge
+    from components.core.checkpoint import CheckpointError
 
     base_dir = Path(base) if base else Path(checkpoint).resolve().parent / "00000"
     if not base_dir.is_dir():
@@ -567,7 +568,7 @@ def export(checkpoint: str, out: str, do_merge: bool, base: str | None) -> None:
         sys.exit(2)
     try:
         merged = merge(base_dir, Path(checkpoint), Path(out))
-    except AdapterError as e:
+    except (AdapterError, CheckpointError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     console.print(f"merged checkpoint: {merged}")

@@ -185,6 +185,33 @@ def test_rlvr_export_merge(base_dir, tmp_path):
         main, ["export", "--merge", str(run / "00003"), str(tmp_path / "n")]
     )
     assert result.exit_code == 2 and "not on this base" in result.output
+    assert not (tmp_path / "n").exists()  # a refused merge leaves nothing
+
+
+def test_rlvr_export_refuses_a_used_output_and_a_broken_base_and_writes_nothing(base_dir, tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+
+    run = tmp_path / "checkpoints"
+    shutil.copytree(base_dir, run / "00000")
+    peft_model, _ = _trained(base_dir, LoraSection(rank=2))
+    save_adapter(peft_model, run / "00003", base_digest(base_dir))
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("x")
+    result = CliRunner().invoke(main, ["export", "--merge", str(run / "00003"), str(used)])
+    assert result.exit_code == 2 and "exists and is not an empty directory" in result.output
+    assert sorted(p.name for p in used.iterdir()) == ["keep.txt"]
+    (run / "00000" / "config.json").write_text("{nope")
+    result = CliRunner().invoke(main, ["export", "--merge", str(run / "00003"),
+                                       str(tmp_path / "m")])  # fmt: skip
+    assert result.exit_code == 2 and "config.json" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "m").exists()
+    assert not list(tmp_path.glob(".m.*.tmp"))  # no scratch left either
 
 
 @pytest.mark.slow

@@ -280,17 +280,31 @@ def load_adapter(base_model, adapter_dir: Path, digest: str):
 
 def merge(base_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: Any = None) -> Path:
     """A full HF checkpoint of base + adapter (`rlvr export --merge`): it loads with
-    `AutoModelForCausalLM.from_pretrained` and serves without PEFT."""
+    `AutoModelForCausalLM.from_pretrained` and serves without PEFT. Built in a scratch directory
+    beside `out_dir` and renamed into place, so a failed merge leaves nothing; an `out_dir`
+    that holds files is refused."""
+    import shutil
+    import tempfile
+
     from components.core.checkpoint import load_policy, portable_tokenizer_config
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise AdapterError(f"{out_dir} exists and is not an empty directory; give a new path")
     model, tokenizer = load_policy(base_dir, dtype=dtype)
     targets = json.loads((Path(adapter_dir) / ADAPTER_CONFIG).read_text()).get("target_modules")
     if _leaf(_output_head_name(model)) in (targets or []):
         _untie_output_head(model)  # tied, the input embeddings would take the head's delta too
     merged = load_adapter(model, adapter_dir, base_digest(base_dir)).merge_and_unload()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    portable_tokenizer_config(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        portable_tokenizer_config(tmp)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
