@@ -179,9 +179,8 @@ def active_dropout(model_config) -> dict[str, float]:
         if config is None:
             continue
         for key, value in config.to_dict().items():
-            if (("dropout" in key or "drop" in key.split("_") or "pdrop" in key
-                 or "layerdrop" in key) and isinstance(value, (int, float))
-                    and not isinstance(value, bool) and value > 0):  # fmt: skip
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if "drop" in key and numeric and value > 0:  # *dropout*, *pdrop, layerdrop
                 out[key] = float(value)
     return out
 
