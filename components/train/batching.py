@@ -25,6 +25,9 @@ class Rollouts:
     rollout_logprobs: list[list[float]]
     rewards: np.ndarray  # [N] float64
     truncated: np.ndarray  # [N] bool
+    sampled: list[list[int]] | None = None
+    """Multi-turn rollouts: 1 per response token the policy sampled, 0 per token a tool or
+    environment wrote (`response_mask`); None when every token was sampled (single-turn)."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -47,6 +50,15 @@ class Rollouts:
                     f"response_logprobs has {len(lp)}; they must align one per token "
                     "(regenerate the rollouts)"
                 )
+        sampled = None
+        if "response_mask" in table.column_names:
+            sampled = table.column("response_mask").to_pylist()
+            for i, (t, m) in enumerate(zip(resp, sampled, strict=True)):
+                if m is None or len(m) != len(t) or any(v not in (0, 1) for v in m):
+                    raise StageError(
+                        f"{source}: row {i}: response_mask must hold one 0 or 1 per response "
+                        f"token ({len(t)} tokens); regenerate the rollouts"
+                    )
         return cls(
             prompt_ids=table.column("prompt_id").to_pylist(),
             prompt_tokens=table.column("prompt_token_ids").to_pylist(),
@@ -54,6 +66,7 @@ class Rollouts:
             rollout_logprobs=lps,
             rewards=rewards,
             truncated=np.asarray(table.column("finish_reason").to_pylist()) == "length",
+            sampled=sampled,
         )
 
     def group_ids(self) -> torch.Tensor:

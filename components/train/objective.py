@@ -35,10 +35,16 @@ class Targets:
     metrics: dict[str, float]
 
 
-def response_mask_of(lengths: list[int]) -> torch.Tensor:
-    """[N, L] bool mask from response lengths."""
+def response_mask_of(lengths: list[int], sampled: list[list[int]] | None = None) -> torch.Tensor:
+    """[N, L] bool mask of the response tokens that enter the loss: every token within each
+    response's length, and, for multi-turn rollouts (`sampled`), only those the policy sampled:
+    a tool's or environment's tokens are conditioning, not actions, so they leave the loss, the
+    KL, the advantages' token counts and every token metric."""
     L = max(max(lengths, default=1), 1)
-    return torch.arange(L).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    mask = torch.arange(L).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    if sampled is not None:
+        mask = mask & pad_rows([[float(v) for v in m] for m in sampled], L).bool()
+    return mask
 
 
 def pad_rows(rows: list[list[float]], L: int) -> torch.Tensor:

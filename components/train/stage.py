@@ -248,7 +248,7 @@ def train_iteration(
     """One iteration's updates. Returns the new global step and the metrics."""
     n = len(ro)
     lengths = ro.lengths()
-    resp_mask = response_mask_of([len(r) for r in ro.response_tokens])
+    resp_mask = response_mask_of([len(r) for r in ro.response_tokens], ro.sampled)
     L = resp_mask.shape[1]
 
     # No-grad passes, once, with the weights before any update.
