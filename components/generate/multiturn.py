@@ -1,0 +1,133 @@
+"""Multi-turn sampling with tools (issue 21, in progress): each sample is a trajectory of
+policy turns and tool observations, kept as one token stream after the prompt.
+
+Per turn, every live trajectory is continued by the backend (any backend: one request of n=1 per
+trajectory, its prompt the original prompt plus the trajectory so far, as token ids, never
+re-tokenized) until it ends a tool call (`</tool_call>`), EOS or a stop string, or its token budget
+runs out. A turn with tool calls gets one observation per call (components/generate/tools.py:
+errors are observations), appended as tokens the policy did not sample (`response_mask` 0,
+logprob 0); a turn without one is the answer. The trajectory ends with the answer
+(`finish_reason` "stop"), at the response token budget ("length") or after `max_turns` policy
+turns ("turns").
+
+Seeds: turn k of sample j draws with `turn_seed(sample seed, k)`, so a trajectory depends only on
+(run seed, iteration, prompt_id, sample index), as single-turn samples do: shards and batch
+layouts give the same trajectories.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from components.generate.backends import PromptRequest, SamplingSpec
+from components.generate.tools import ToolBox, parse_tool_calls
+
+TOOL_CALL_END = "</tool_call>"
+
+
+def turn_seed(sample_seed: int, turn: int) -> int:
+    """Turn 0 keeps the sample's seed (a single-turn sample is unchanged); later turns derive."""
+    if turn == 0:
+        return sample_seed
+    key = f"{sample_seed}/turn/{turn}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+def plain_observation(tokenizer) -> Callable[[str], list[int]]:
+    """Observation tokens for a model without a tool role in its chat template: the result in
+    `<tool_response>` tags, as Hermes-style templates render it."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(f"\n<tool_response>\n{text}\n</tool_response>\n",
+                         add_special_tokens=False)["input_ids"]  # fmt: skip
+
+    return encode
+
+
+@dataclass
+class Trajectory:
+    prompt_id: str
+    sample_index: int
+    prompt_token_ids: list[int]
+    seed: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+    def add(self, role: str, content: str, ids: list[int], logprobs: list[float] | None) -> None:
+        start = len(self.token_ids)
+        self.token_ids += ids
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+        self.turns.append({"role": role, "content": content, "start": start,
+                           "end": len(self.token_ids)})  # fmt: skip
+
+    @property
+    def response(self) -> str:
+        """The final answer: the last policy turn's text."""
+        return next((t["content"] for t in reversed(self.turns) if t["role"] == "assistant"), "")
+
+
+def generate_multi_turn(
+    backend,
+    requests: list[PromptRequest],
+    spec: SamplingSpec,
+    toolbox: ToolBox,
+    observe: Callable[[str], list[int]],
+    *,
+    max_turns: int,
+    max_response_tokens: int,
+) -> list[Trajectory]:
+    """Every sample of every request as a finished trajectory (see the module docstring)."""
+    trajs = [Trajectory(r.prompt_id, j, list(r.prompt_token_ids), seed)
+             for r in requests for j, seed in enumerate(r.sample_seeds)]  # fmt: skip
+    live = list(trajs)
+    for turn in range(max_turns):
+        if not live:
+            break
+        batch = {}
+        for k, tr in enumerate(live):
+            budget = max_response_tokens - len(tr.token_ids)
+            batch[f"{k}"] = (tr, budget)
+        # one spec per distinct budget would split batches; the smallest is enough per turn and
+        # each trajectory is cut to its own budget below
+        per_turn = min(spec.max_new_tokens, max(b for _, b in batch.values()))
+        turn_spec = replace(spec, n=1, max_new_tokens=per_turn,
+                            stop=(*spec.stop, TOOL_CALL_END))  # fmt: skip
+        reqs = [PromptRequest(key, tr.prompt_token_ids + tr.token_ids, [turn_seed(tr.seed, turn)])
+                for key, (tr, _) in batch.items()]  # fmt: skip
+        still = []
+        for samples in backend.generate(reqs, turn_spec):
+            for s in samples:
+                tr, budget = batch[s.prompt_id]
+                ids, lps = s.response_token_ids[:budget], s.response_logprobs[:budget]
+                cut = len(ids) < len(s.response_token_ids)
+                tr.add("assistant", s.response, ids, lps)
+                calls = parse_tool_calls(s.response)
+                if not calls:
+                    tr.finish_reason = "length" if cut or s.finish_reason == "length" else "stop"
+                    continue
+                if cut or len(tr.token_ids) >= max_response_tokens:
+                    tr.finish_reason = "length"
+                    continue
+                for call in calls:
+                    text, ok = toolbox.call(call)
+                    tr.tool_calls += 1
+                    tr.tool_errors += not ok
+                    obs = observe(text)[: max_response_tokens - len(tr.token_ids)]
+                    tr.add("tool", text, obs, None)
+                if len(tr.token_ids) >= max_response_tokens:
+                    tr.finish_reason = "length"
+                else:
+                    still.append(tr)
+        live = still
+    for tr in live:
+        tr.finish_reason = "turns"
+    return trajs

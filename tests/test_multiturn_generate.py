@@ -1,0 +1,126 @@
+"""The multi-turn sampling loop (components/generate/multiturn.py) on a scripted backend: the
+policy's turns and the tools' observations as one token stream with the right mask, logprobs,
+turn spans, budgets and finish reasons. (The scripted backend stands in for sampling only; the
+tools are real.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from components.generate.backends import PromptRequest, Sample, SamplingSpec
+from components.generate.multiturn import generate_multi_turn, plain_observation, turn_seed
+from components.generate.tools import ToolBox, tool_from_callable
+
+
+class CharTokenizer:
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+class ScriptedBackend:
+    """Answers each prompt's turns from a script, as characters with logprob -0.5 each; records
+    every request it got."""
+
+    def __init__(self, scripts: dict[tuple[int, ...], list[str]]) -> None:
+        self.scripts, self.requests = scripts, []
+
+    def generate(self, requests, spec):
+        out = []
+        for r in requests:
+            self.requests.append((r, spec))
+            prompt = next(p for p in self.scripts if tuple(r.prompt_token_ids[: len(p)]) == p)
+            done = sum(1 for q, _ in self.requests[:-1]
+                       if tuple(q.prompt_token_ids[: len(prompt)]) == prompt)  # fmt: skip
+            text = self.scripts[prompt][done][: spec.max_new_tokens]
+            ids = [ord(c) for c in text]
+            out.append(Sample(r.prompt_id, 0, text, ids, [-0.5] * len(ids),
+                              "stop" if len(text) < spec.max_new_tokens else "length"))  # fmt: skip
+        yield out
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+BAD = '<tool_call>{"name": "mul", "arguments": {}}</tool_call>'
+
+
+def run(scripts, *, max_turns=4, max_response_tokens=1000, n=1):
+    backend = ScriptedBackend({tuple(map(ord, p)): s for p, s in scripts.items()})
+    box = ToolBox({"add": tool_from_callable(add)})
+    reqs = [PromptRequest(f"p{i}", [ord(c) for c in p], [11 * (i + 1) + j for j in range(n)])
+            for i, p in enumerate(scripts)]  # fmt: skip
+    spec = SamplingSpec(n=n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1000)
+    try:
+        return generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
+                                   max_turns=max_turns, max_response_tokens=max_response_tokens), backend  # fmt: skip
+    finally:
+        box.close()
+
+
+def test_a_tool_call_then_an_answer():
+    (tr,), backend = run({"Q:": [CALL, "It is \\boxed{5}."]})
+    obs = "\n<tool_response>\n5\n</tool_response>\n"
+    assert tr.finish_reason == "stop" and tr.tool_calls == 1 and tr.tool_errors == 0
+    assert tr.token_ids == [ord(c) for c in CALL + obs + "It is \\boxed{5}."]
+    assert tr.mask == [1] * len(CALL) + [0] * len(obs) + [1] * len("It is \\boxed{5}.")
+    assert tr.logprobs == [-0.5] * len(CALL) + [0.0] * len(obs) + [-0.5] * len("It is \\boxed{5}.")
+    assert tr.turns == [
+        {"role": "assistant", "content": CALL, "start": 0, "end": len(CALL)},
+        {"role": "tool", "content": "5", "start": len(CALL), "end": len(CALL) + len(obs)},
+        {"role": "assistant", "content": "It is \\boxed{5}.", "start": len(CALL) + len(obs),
+         "end": len(tr.token_ids)},
+    ]  # fmt: skip
+    assert tr.response == "It is \\boxed{5}."
+    # turn 2 continues from the prompt plus the whole trajectory, as tokens, with its own seed
+    (r0, s0), (r1, s1) = backend.requests
+    assert r1.prompt_token_ids == [ord(c) for c in "Q:" + CALL + obs]
+    assert r0.sample_seeds == [11] and r1.sample_seeds == [turn_seed(11, 1)] != [11]
+    assert "</tool_call>" in s1.stop and s1.n == 1
+
+
+def test_a_failed_call_is_an_observation_and_budgets_end_trajectories():
+    (bad, many, long), _ = run({"A:": [BAD, "no"], "B:": [CALL] * 9, "C:": [CALL, "x" * 500]},
+                               max_turns=3, max_response_tokens=400)  # fmt: skip
+    assert bad.finish_reason == "stop" and bad.tool_errors == 1
+    assert bad.turns[1]["content"] == "Error: no tool named 'mul' (tools: add)"
+    assert many.finish_reason == "turns" and many.tool_calls == 3  # max_turns policy turns
+    assert long.finish_reason == "length" and len(long.token_ids) == 400
+    assert long.mask[-1] == 1  # the answer was cut at the budget, its tokens still sampled
+
+
+def test_a_single_turn_answer_is_a_plain_sample():
+    (tr,), _ = run({"Q:": ["\\boxed{7}"]})
+    assert tr.finish_reason == "stop" and tr.mask == [1] * 9 and len(tr.turns) == 1
+
+
+def test_without_tool_calls_the_loop_samples_what_single_turn_generation_does(tiny_assets):
+    """The real transformers backend and tiny model (which never calls a tool): every trajectory
+    is one turn, all sampled, with the tokens and logprobs single-turn generation gives from the
+    same seeds (turn 0 keeps the sample's seed; batch layout does not change a sample)."""
+    from components.core.checkpoint import load_policy
+    from components.generate.backends import sample_seed
+    from components.generate.hf_backend import TransformersBackend
+
+    model, tok = load_policy(tiny_assets / "base")
+    backend = TransformersBackend(model, tok, batch_size=16)
+    reqs = [PromptRequest(f"p{i}", tok(f"{i}+{2 * i}=", add_special_tokens=False)["input_ids"],
+                          [sample_seed(0, 0, f"p{i}", j) for j in range(3)]) for i in range(4)]  # fmt: skip
+    spec = SamplingSpec(n=3, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
+    single = {(s.prompt_id, s.sample_index): s for b in backend.generate(reqs, spec) for s in b}
+    box = ToolBox({"add": tool_from_callable(add)})
+    try:
+        trajs = generate_multi_turn(backend, reqs, spec, box, plain_observation(tok),
+                                    max_turns=3, max_response_tokens=64)  # fmt: skip
+    finally:
+        box.close()
+    assert len(trajs) == 12
+    for tr in trajs:
+        s = single[(tr.prompt_id, tr.sample_index)]
+        assert len(tr.turns) == 1 and tr.mask == [1] * len(tr.token_ids)
+        assert tr.token_ids == s.response_token_ids
+        # another batch layout: float rounding only (docs/contracts.md, batch invariance)
+        assert tr.logprobs == pytest.approx(s.response_logprobs, abs=1e-4)
+        assert tr.finish_reason == s.finish_reason
