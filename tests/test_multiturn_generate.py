@@ -124,3 +124,44 @@ def test_without_tool_calls_the_loop_samples_what_single_turn_generation_does(ti
         # another batch layout: float rounding only (docs/contracts.md, batch invariance)
         assert tr.logprobs == pytest.approx(s.response_logprobs, abs=1e-4)
         assert tr.finish_reason == s.finish_reason
+
+
+@pytest.mark.slow
+def test_a_run_with_tools_writes_turns_that_verify_and_train_read(tmp_path, tiny_assets):
+    """generate.tools through the stages: the rollouts carry response_mask and turns (pandas
+    reads them), verify passes them on, train takes its update on the mask, and generate's
+    manifest reports the tool figures. (The tiny model never calls a tool, so every mask is all
+    ones; the loop's tool turns are covered above.)"""
+    import pandas as pd
+
+    from components.core import run_setup
+    from components.core.commit import read_manifest
+    from components.core.config import load_config
+    from components.core.layout import RunLayout
+    from components.core.store import LocalStore
+    from components.generate.stage import run as generate
+    from components.train.stage import run as train
+    from components.verify.stage import run as verify
+    from tests.conftest import write_config
+
+    tools = tmp_path / "tools.py"
+    tools.write_text('def add(a: int, b: int) -> int:\n    """Add two integers."""\n'
+                     "    return a + b\n")  # fmt: skip
+    cfg = load_config(write_config(tmp_path, tiny_assets,
+                                   generate={"tools": [f"{tools}:add"], "max_turns": 2},
+                                   run={"iterations": 1}))  # fmt: skip
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    layout = RunLayout.of(cfg)
+    stats = read_manifest(LocalStore(), layout.rollouts(0))["stats"]
+    assert stats["tools"] == ["add"] and stats["tool_calls_per_sample"] == 0.0
+    assert stats["turns_mean"] == 1.0
+    df = pd.read_parquet(f"{layout.rollouts(0)}/part-00000.parquet")
+    assert {"response_mask", "turns"} <= set(df.columns)
+    row = df.iloc[0]
+    assert list(row.response_mask) == [1] * len(row.response_token_ids)
+    assert row.turns[0]["role"] == "assistant" and row.turns[0]["end"] == len(row.response_mask)
+    verify(cfg, 0)
+    scored = pd.read_parquet(f"{layout.scored(0)}/part-00000.parquet")
+    assert "response_mask" in scored.columns
+    assert train(cfg, 0)["skipped"] is False

@@ -176,6 +176,15 @@ class GenerateSection(_Strict):
     batch_tokens: int | None = Field(None, ge=1)
     """Token budget of one transformers batch: sequences x (longest prompt + max_new_tokens), so
     long prompts get smaller batches (None: batch_size alone)."""
+    tools: list[str] = Field(default_factory=list)
+    """Tools the policy may call (multi-turn rollouts, issue 21 in progress): `python` (built in:
+    the code runs in the code verifier's sandbox) or `module:function` / `file.py:function` (a
+    typed, documented callable). Empty: single-turn sampling."""
+    max_turns: int = Field(4, ge=1)
+    """With tools: the most policy turns per trajectory."""
+    max_response_tokens: int | None = Field(None, ge=1)
+    """With tools: the token budget of a whole trajectory, observations included (None:
+    max_new_tokens x max_turns)."""
     rows_per_part: int = Field(4096, ge=1)
     """Rows per Parquet row group / flush, which bounds memory."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

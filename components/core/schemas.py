@@ -235,9 +235,12 @@ def ground_truth_of(row_reward_model: dict | None, source: str, index: int) -> s
 class PartWriter:
     """Streams records of one contract into a local Parquet file, one row group per flush."""
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, path: Path, name: str, optional: tuple[str, ...] = ()) -> None:
         self.path = path
-        self.schema = stamp(SCHEMAS[name], name)
+        schema = SCHEMAS[name]
+        for column in optional:  # e.g. multi-turn rollouts' response_mask and turns
+            schema = schema.append(pa.field(column, OPTIONAL[column]))
+        self.schema = stamp(schema, name)
         self._writer = pq.ParquetWriter(path, self.schema, compression="zstd")
         self.rows = 0
 

@@ -198,3 +198,43 @@ def python_tool(timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: 
 
     # the sandbox enforces its own deadline; the toolbox's is a little longer as a backstop
     return tool_from_callable(python, timeout_s=timeout_s + 5.0, max_output_chars=max_output_chars)
+
+
+def load_tools(specs: list[str]) -> ToolBox:
+    """The run's tools from `generate.tools`: `python` or a `module:function` /
+    `path/to/file.py:function` spec of a typed, documented callable."""
+    import importlib
+    import importlib.util
+    import os
+
+    tools: dict[str, Tool] = {}
+    for spec in specs:
+        if spec == "python":
+            tool = python_tool()
+        else:
+            target, sep, func = spec.rpartition(":")
+            if not sep or not target or not func:
+                raise ToolError(f"generate.tools: {spec!r} is not 'python', 'module:function' or "
+                                "'path/to/file.py:function'")  # fmt: skip
+            try:
+                if target.endswith(".py"):
+                    path = os.path.abspath(target)
+                    mod_spec = importlib.util.spec_from_file_location(
+                        f"rlvr_tool_{abs(hash(path)):x}", path)  # fmt: skip
+                    if mod_spec is None or mod_spec.loader is None or not os.path.isfile(path):
+                        raise ImportError(f"no file {path}")
+                    module = importlib.util.module_from_spec(mod_spec)
+                    mod_spec.loader.exec_module(module)
+                else:
+                    module = importlib.import_module(target)
+            except Exception as e:  # noqa: BLE001 - name the spec and the cause
+                raise ToolError(f"generate.tools: {spec!r} cannot be imported "
+                                f"({type(e).__name__}: {e}); fix the path or module") from None  # fmt: skip
+            fn = getattr(module, func, None)
+            if not callable(fn):
+                raise ToolError(f"generate.tools: {spec!r}: {target} has no function {func!r}")
+            tool = tool_from_callable(fn)
+        if tool.name in tools:
+            raise ToolError(f"generate.tools: two tools are named {tool.name!r}; rename one")
+        tools[tool.name] = tool
+    return ToolBox(tools)
