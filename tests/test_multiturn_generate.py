@@ -165,3 +165,28 @@ def test_a_run_with_tools_writes_turns_that_verify_and_train_read(tmp_path, tiny
     scored = pd.read_parquet(f"{layout.scored(0)}/part-00000.parquet")
     assert "response_mask" in scored.columns
     assert train(cfg, 0)["skipped"] is False
+    from components.evaluate.stage import run as evaluate
+
+    evaluate(cfg, 1)  # with the same tools: pass@k on the trajectories' final answers
+    import json
+    from pathlib import Path
+
+    metrics = json.loads(Path(layout.evals(1), "metrics.json").read_text())
+    assert 0.0 <= metrics["overall"]["pass@1"] <= 1.0
+
+
+def test_tool_figures_combine_over_shards_as_one_run_would():
+    """Shard A: 10 samples, 4 calls, 1 failed; shard B: 30 samples, 6 calls, 3 failed. One run:
+    40 samples, 10 calls, 4 failed: calls per sample 0.25, error share 0.4 (a share of the
+    calls: weighting by samples would give (10 * 0.25 + 30 * 0.5) / 40 = 0.4375)."""
+    from components.core.figures import combine_shards, stage_figures
+
+    a = stage_figures("generate", {"samples": 10, "tool_calls": 4, "tool_calls_per_sample": 0.4,
+                                   "tool_error_share": 0.25, "turns_mean": 1.5})  # fmt: skip
+    b = stage_figures("generate", {"samples": 30, "tool_calls": 6, "tool_calls_per_sample": 0.2,
+                                   "tool_error_share": 0.5, "turns_mean": 1.0})  # fmt: skip
+    both = combine_shards([a, b])
+    assert both["rollout/tool_calls"] == 10
+    assert both["rollout/tool_calls_per_sample"] == pytest.approx(0.25)
+    assert both["rollout/tool_error_share"] == pytest.approx(0.4)
+    assert both["rollout/turns_mean"] == pytest.approx(1.125)

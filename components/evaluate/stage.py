@@ -231,6 +231,11 @@ def _sample_and_score(
     backend, tokenizer, _ = engine.ensure(store, ckpt_uri)  # loaded by the caller: a reuse
     scratch_root = join(layout.root, "eval_scratch", f"{c:05d}-{shard}-of-{num_shards}")
     out: dict[str, dict[str, Any]] = {}
+    tools = None
+    if cfg.generate.tools:  # evaluated as trained: with the same tools and turn budget
+        from components.generate.tools import load_tools
+
+        tools = load_tools(cfg.generate.tools)
     try:
         for ev, prompts, specs in sets:
             out[ev.name] = {}
@@ -242,7 +247,9 @@ def _sample_and_score(
                     max_prompt_tokens=cfg.generate.max_prompt_tokens,
                     rows_per_part=cfg.generate.rows_per_part, policy_version=c,
                     desc=f"evaluate {c:05d} {ev.name}" + (" (greedy)" if kind != "samples" else ""),
-                    allow_empty=num_shards > 1,
+                    allow_empty=num_shards > 1, tools=tools,
+                    max_turns=cfg.generate.max_turns,
+                    max_response_tokens=cfg.generate.max_response_tokens,
                 )  # fmt: skip
                 scratch.commit({})
                 files = committed_files(store, scratch.uri, ".parquet")
@@ -258,6 +265,8 @@ def _sample_and_score(
                 out[ev.name][f"{kind}_verify"] = vstats
     finally:
         store.delete_tree(scratch_root)
+        if tools is not None:
+            tools.close()
     return out
 
 

@@ -298,6 +298,7 @@ def generate_rollouts(
         calls = sum(call_counts)
         multi_stats = {
             "turns_mean": float(np.mean(turn_counts)) if turn_counts else 0.0,
+            "tool_calls": calls,
             "tool_calls_per_sample": calls / n_samples if n_samples else 0.0,
             "tool_call_rate": float(np.mean([c > 0 for c in call_counts])) if call_counts else 0.0,
             "tool_error_share": errors / calls if calls else 0.0,
