@@ -190,3 +190,62 @@ def test_tool_figures_combine_over_shards_as_one_run_would():
     assert both["rollout/tool_calls_per_sample"] == pytest.approx(0.25)
     assert both["rollout/tool_error_share"] == pytest.approx(0.4)
     assert both["rollout/turns_mean"] == pytest.approx(1.125)
+
+
+def _env_call(guess: int) -> str:
+    return f'<tool_call>{{"name": "env", "arguments": {{"guess": {guess}}}}}</tool_call>'
+
+
+def test_an_environment_drives_a_trajectory_and_a_dying_server_ends_only_its_samples():
+    """Each trajectory acts in its own session of a loopback OpenEnv server (reset with the
+    trajectory's seed): observations come back as JSON, rewards add up. A server that dies
+    mid-episode ends the trajectories acting in it with a clear error (finish "error"); the
+    others finish as usual."""
+    pytest.importorskip("websockets")
+    from components.generate.multiturn import EnvironmentSpec
+    from tests.envserver import GuessServer
+
+    server = GuessServer()
+    try:
+        env = EnvironmentSpec(server.url, timeout_s=5)
+        scripts = {"G:": [_env_call(50), _env_call(75), "\\boxed{75}"], "A:": [CALL, "5"]}
+        backend = ScriptedBackend({tuple(map(ord, p)): s for p, s in scripts.items()})
+        box = ToolBox({"add": tool_from_callable(add)})
+        reqs = [PromptRequest(f"p{i}", [ord(c) for c in p], [3]) for i, p in enumerate(scripts)]
+        spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1000)
+        guess, plain = generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
+                                           max_turns=4, max_response_tokens=2000, environment=env)  # fmt: skip
+        box.close()
+    finally:
+        server.close()
+    assert guess.finish_reason == "stop" and guess.error is None and guess.tool_calls == 2
+    target = _target(3)  # the server's number for seed 3, the trajectory's seed
+    assert [t["content"] for t in guess.turns if t["role"] == "tool"] == [
+        _feedback(50, target), _feedback(75, target)]  # fmt: skip
+    assert guess.env_reward == float(75 == target or 50 == target)
+    assert plain.finish_reason == "stop" and plain.tool_calls == 1
+
+    dying = GuessServer(die_after=1)
+    try:
+        env = EnvironmentSpec(dying.url, timeout_s=5)
+        backend = ScriptedBackend({tuple(map(ord, p)): s for p, s in scripts.items()})
+        box = ToolBox({"add": tool_from_callable(add)})
+        guess, plain = generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
+                                           max_turns=4, max_response_tokens=2000, environment=env)  # fmt: skip
+        box.close()
+    finally:
+        dying.close()
+    assert guess.finish_reason == "error" and "closed the connection mid-episode" in guess.error
+    assert guess.turns[-1]["role"] == "tool" and guess.turns[-1]["content"].startswith("Error:")
+    assert guess.tool_errors == 1 and plain.finish_reason == "stop"
+
+
+def _target(seed: int) -> int:
+    import random
+
+    return random.Random(seed).randint(1, 100)
+
+
+def _feedback(guess: int, target: int) -> str:
+    word = "correct" if guess == target else "higher" if guess < target else "lower"
+    return f'{{"feedback": "{word}"}}'

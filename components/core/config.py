@@ -156,6 +156,16 @@ class DataSection(_Strict):
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
 
 
+class EnvironmentSection(_Strict):
+    """`generate.environment`: an OpenEnv server (one session per trajectory)."""
+
+    url: str
+    """http(s)://HOST:PORT or ws(s)://HOST:PORT[/ws] of the environment server."""
+    name: str = "env"
+    """The tool name the policy calls it by; the call's arguments are the action's fields."""
+    timeout_s: float = Field(60.0, gt=0)
+
+
 class GenerateSection(_Strict):
     backend: Literal["transformers", "vllm"] = "transformers"
     n: int = Field(8, ge=1)
@@ -185,6 +195,9 @@ class GenerateSection(_Strict):
     max_response_tokens: int | None = Field(None, ge=1)
     """With tools: the token budget of a whole trajectory, observations included (None:
     max_new_tokens x max_turns)."""
+    environment: EnvironmentSection | None = None
+    """A stateful environment over OpenEnv's WebSocket protocol that the policy acts in through
+    tool calls named `environment.name` (docs/tools.md)."""
     rows_per_part: int = Field(4096, ge=1)
     """Rows per Parquet row group / flush, which bounds memory."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

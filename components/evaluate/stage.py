@@ -232,7 +232,7 @@ def _sample_and_score(
     scratch_root = join(layout.root, "eval_scratch", f"{c:05d}-{shard}-of-{num_shards}")
     out: dict[str, dict[str, Any]] = {}
     tools = None
-    if cfg.generate.tools:  # evaluated as trained: with the same tools and turn budget
+    if cfg.generate.tools or cfg.generate.environment:  # evaluated as trained
         from components.generate.tools import load_tools
 
         tools = load_tools(cfg.generate.tools)
@@ -250,6 +250,7 @@ def _sample_and_score(
                     allow_empty=num_shards > 1, tools=tools,
                     max_turns=cfg.generate.max_turns,
                     max_response_tokens=cfg.generate.max_response_tokens,
+                    environment=cfg.generate.environment,
                 )  # fmt: skip
                 scratch.commit({})
                 files = committed_files(store, scratch.uri, ".parquet")

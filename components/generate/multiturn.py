@@ -18,6 +18,7 @@ layouts give the same trajectories.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -47,6 +48,46 @@ def plain_observation(tokenizer) -> Callable[[str], list[int]]:
     return encode
 
 
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """A stateful environment the policy acts in through tool calls named `name` (their
+    arguments are the action's fields): one OpenEnv session per trajectory, reset with the
+    trajectory's seed on its first call."""
+
+    url: str
+    name: str = "env"
+    timeout_s: float = 60.0
+
+
+class _Sessions:
+    """The open environment sessions of one generate call, by trajectory."""
+
+    def __init__(self, spec: EnvironmentSpec | None) -> None:
+        self.spec, self.open = spec, {}
+
+    def handles(self, name: str | None) -> bool:
+        return self.spec is not None and name == self.spec.name
+
+    def step(self, tr: Trajectory, arguments: dict[str, Any]) -> str:
+        """The observation text of one action; EnvError ends the trajectory (the caller's)."""
+        from components.generate.environments import EnvSession
+
+        assert self.spec is not None
+        key = (tr.prompt_id, tr.sample_index)
+        if key not in self.open:
+            self.open[key] = EnvSession(self.spec.url, timeout_s=self.spec.timeout_s)
+            self.open[key].reset(seed=tr.seed)
+        result = self.open[key].step(arguments)
+        tr.env_reward += result.reward or 0.0
+        tr.env_done = result.done
+        return json.dumps(result.observation, sort_keys=True)
+
+    def close(self) -> None:
+        for session in self.open.values():
+            session.close()
+        self.open.clear()
+
+
 @dataclass
 class Trajectory:
     prompt_id: str
@@ -60,6 +101,9 @@ class Trajectory:
     finish_reason: str | None = None
     tool_calls: int = 0
     tool_errors: int = 0
+    error: str | None = None  # why the environment ended this trajectory early
+    env_reward: float = 0.0  # the environment's rewards, summed over its steps
+    env_done: bool = False
 
     def add(self, role: str, content: str, ids: list[int], logprobs: list[float] | None) -> None:
         start = len(self.token_ids)
@@ -84,8 +128,24 @@ def generate_multi_turn(
     *,
     max_turns: int,
     max_response_tokens: int,
+    environment: EnvironmentSpec | None = None,
 ) -> list[Trajectory]:
-    """Every sample of every request as a finished trajectory (see the module docstring)."""
+    """Every sample of every request as a finished trajectory (see the module docstring).
+
+    With an `environment`, calls naming it act in the trajectory's own session; a server that
+    fails (refuses, dies, hangs, answers with an error) ends that trajectory with its `error`
+    recorded and finish reason "error", and every other trajectory goes on."""
+    sessions = _Sessions(environment)
+    try:
+        return _loop(backend, requests, spec, toolbox, observe, max_turns, max_response_tokens,
+                     sessions)  # fmt: skip
+    finally:
+        sessions.close()
+
+
+def _loop(backend, requests, spec, toolbox, observe, max_turns, max_response_tokens, sessions):
+    from components.generate.environments import EnvError
+
     trajs = [Trajectory(r.prompt_id, j, list(r.prompt_token_ids), seed)
              for r in requests for j, seed in enumerate(r.sample_seeds)]  # fmt: skip
     live = list(trajs)
@@ -118,12 +178,22 @@ def generate_multi_turn(
                     tr.finish_reason = "length"
                     continue
                 for call in calls:
-                    text, ok = toolbox.call(call)
+                    if sessions.handles(call.name) and not call.error:
+                        try:
+                            text, ok = sessions.step(tr, call.arguments), True
+                        except EnvError as e:
+                            text, ok, tr.error = f"Error: {e}", False, str(e)
+                    else:
+                        text, ok = toolbox.call(call)
                     tr.tool_calls += 1
                     tr.tool_errors += not ok
                     obs = observe(text)[: max_response_tokens - len(tr.token_ids)]
                     tr.add("tool", text, obs, None)
-                if len(tr.token_ids) >= max_response_tokens:
+                    if tr.error:
+                        break
+                if tr.error:
+                    tr.finish_reason = "error"
+                elif len(tr.token_ids) >= max_response_tokens:
                     tr.finish_reason = "length"
                 else:
                     still.append(tr)

@@ -189,6 +189,7 @@ def generate_rollouts(
     tools: Any = None,
     max_turns: int = 1,
     max_response_tokens: int | None = None,
+    environment: Any = None,
 ) -> dict[str, Any]:
     """Sample, stream Parquet parts into `out` and return the stats (does not commit).
 
@@ -228,7 +229,7 @@ def generate_rollouts(
     multi = tools is not None  # multi-turn: trajectories with tool observations
     turn_counts: list[int] = []
     call_counts: list[int] = []
-    errors = 0
+    errors = env_errors = 0
 
     def flush() -> None:
         nonlocal parts, buf
@@ -251,7 +252,8 @@ def generate_rollouts(
         ) as bar:
             source = (
                 _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns,
-                                    max_response_tokens or spec.max_new_tokens * max_turns)
+                                    max_response_tokens or spec.max_new_tokens * max_turns,
+                                    environment)
                 if multi else backend.generate(requests, spec)
             )  # fmt: skip
             for batch in source:
@@ -279,6 +281,9 @@ def generate_rollouts(
                         turn_counts.append(sum(t["role"] == "assistant" for t in s.turns))
                         call_counts.append(s.tool_calls)
                         errors += s.tool_errors
+                        env_errors += s.error is not None
+                        if s.error:
+                            log.warning("%s sample %d: %s", s.prompt_id, s.sample_index, s.error)
                     for k, v in values.items():
                         buf.setdefault(k, []).append(v)
                     resp_lens.append(len(s.response_token_ids))
@@ -302,6 +307,7 @@ def generate_rollouts(
             "tool_calls_per_sample": calls / n_samples if n_samples else 0.0,
             "tool_call_rate": float(np.mean([c > 0 for c in call_counts])) if call_counts else 0.0,
             "tool_error_share": errors / calls if calls else 0.0,
+            "env_errors": env_errors,
             "tools": sorted(tools.tools),
             "max_turns": max_turns,
         }
@@ -334,14 +340,23 @@ def generate_rollouts(
     }
 
 
-def _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns, max_tokens):
+def _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns, max_tokens,
+                        environment=None):  # fmt: skip
     """Multi-turn sampling as the backend's batches of samples: one batch per request, each
     sample a trajectory whose response is its final answer (verify scores that text only, never
     a tool's output)."""
-    from components.generate.multiturn import generate_multi_turn, plain_observation
+    from components.generate.multiturn import (
+        EnvironmentSpec,
+        generate_multi_turn,
+        plain_observation,
+    )
 
+    env = None
+    if environment is not None:
+        env = EnvironmentSpec(environment.url, environment.name, environment.timeout_s)
     trajs = generate_multi_turn(backend, requests, spec, tools, plain_observation(tokenizer),
-                                max_turns=max_turns, max_response_tokens=max_tokens)  # fmt: skip
+                                max_turns=max_turns, max_response_tokens=max_tokens,
+                                environment=env)  # fmt: skip
     by_prompt: dict[str, list] = {}
     for tr in trajs:
         by_prompt.setdefault(tr.prompt_id, []).append(_TrajectorySample(tr))
@@ -357,7 +372,7 @@ class _TrajectorySample:
         self.response_token_ids, self.response_logprobs = tr.token_ids, tr.logprobs
         self.finish_reason = "length" if tr.finish_reason == "length" else "stop"
         self.mask, self.turns = tr.mask, tr.turns
-        self.tool_calls, self.tool_errors = tr.tool_calls, tr.tool_errors
+        self.tool_calls, self.tool_errors, self.error = tr.tool_calls, tr.tool_errors, tr.error
 
 
 class GenerateStage:
@@ -379,7 +394,7 @@ class GenerateStage:
         self.sampler = PromptSampler(cfg, self.store, self.layout)
         self._train: tuple[str, str, Any] | None = None
         self.tools = None
-        if cfg.generate.tools:  # multi-turn: the tools are loaded once per worker
+        if cfg.generate.tools or cfg.generate.environment:  # multi-turn: loaded once per worker
             from components.generate.tools import load_tools
 
             self.tools = load_tools(cfg.generate.tools)
@@ -456,6 +471,7 @@ class GenerateStage:
                 tools=self.tools,
                 max_turns=cfg.generate.max_turns,
                 max_response_tokens=cfg.generate.max_response_tokens,
+                environment=cfg.generate.environment,
             )
         stats.update(load.stats())
         if sampler_figures:
