@@ -249,3 +249,34 @@ def _target(seed: int) -> int:
 def _feedback(guess: int, target: int) -> str:
     word = "correct" if guess == target else "higher" if guess < target else "lower"
     return f'{{"feedback": "{word}"}}'
+
+
+QWEN_LIKE = (
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_observations_follow_the_chat_template_where_it_has_a_tool_role(tiny_assets):
+    """A Qwen-style template: after a turn the policy ended at </tool_call>, the observation is
+    the assistant's end-of-turn, the tool message as the template writes it, and the next
+    assistant turn's opening. A template without a tool role gets the plain tags."""
+    from transformers import AutoTokenizer
+
+    from components.generate.multiturn import observation_encoder, template_observation_text
+
+    tok = AutoTokenizer.from_pretrained(tiny_assets / "base")
+    tok.chat_template = QWEN_LIKE
+    assert template_observation_text(tok, "42") == (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n")  # fmt: skip
+    assert observation_encoder(tok)("42") == tok(template_observation_text(tok, "42"),
+                                                 add_special_tokens=False)["input_ids"]  # fmt: skip
+    tok.chat_template = ("{% for m in messages %}{% if m.role != 'tool' %}{{ m.content }}"
+                         "{% endif %}{% endfor %}")  # fmt: skip
+    assert template_observation_text(tok, "42") is None  # the tool message is dropped
+    plain = observation_encoder(tok)("42")
+    assert tok.decode(plain) == "\n<tool_response>\n42\n</tool_response>\n"

@@ -48,6 +48,41 @@ def plain_observation(tokenizer) -> Callable[[str], list[int]]:
     return encode
 
 
+_SENTINEL = "\u2063RLVR-TURN\u2063"  # invisible separator: no template writes it itself
+
+
+def template_observation_text(tokenizer, text: str) -> str | None:
+    """What the chat template writes after a sampled assistant turn for a tool message holding
+    `text`, up to the next assistant turn's opening: the assistant's end-of-turn suffix (the
+    policy stopped at `</tool_call>`, before it), the tool message, and the generation prompt.
+    None when the template has no tool role (it drops the message or fails)."""
+    user = {"role": "user", "content": "q"}
+    turn = {"role": "assistant", "content": _SENTINEL}
+    try:
+        before = tokenizer.apply_chat_template([user, turn], tokenize=False)
+        after = tokenizer.apply_chat_template([user, turn, {"role": "tool", "content": text}],
+                                              tokenize=False, add_generation_prompt=True)  # fmt: skip
+    except Exception:  # noqa: BLE001 - a template without a tool role may raise anything
+        return None
+    if not isinstance(before, str) or not after.startswith(before) or text not in after:
+        return None
+    suffix = before.split(_SENTINEL, 1)[1] if _SENTINEL in before else ""
+    return suffix + after[len(before) :]
+
+
+def observation_encoder(tokenizer) -> Callable[[str], list[int]]:
+    """Observation tokens as the model's chat template renders a tool message, where it has a
+    tool role; the plain `<tool_response>` template otherwise."""
+    if template_observation_text(tokenizer, "x") is None:
+        return plain_observation(tokenizer)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(template_observation_text(tokenizer, text),
+                         add_special_tokens=False)["input_ids"]  # fmt: skip
+
+    return encode
+
+
 @dataclass(frozen=True)
 class EnvironmentSpec:
     """A stateful environment the policy acts in through tool calls named `name` (their

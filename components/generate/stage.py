@@ -348,13 +348,13 @@ def _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns, ma
     from components.generate.multiturn import (
         EnvironmentSpec,
         generate_multi_turn,
-        plain_observation,
+        observation_encoder,
     )
 
     env = None
     if environment is not None:
         env = EnvironmentSpec(environment.url, environment.name, environment.timeout_s)
-    trajs = generate_multi_turn(backend, requests, spec, tools, plain_observation(tokenizer),
+    trajs = generate_multi_turn(backend, requests, spec, tools, observation_encoder(tokenizer),
                                 max_turns=max_turns, max_response_tokens=max_tokens,
                                 environment=env)  # fmt: skip
     by_prompt: dict[str, list] = {}
