@@ -103,3 +103,66 @@ def test_the_optional_columns_are_checked_where_present():
         validate(bad, "rollouts", "r.parquet")
     ok = ROLLOUTS.append(pa.field("turns", OPTIONAL["turns"]))
     validate(ok, "rollouts", "r.parquet")
+
+
+def test_void_turns_by_hand():
+    """SimpleTIR's void turn: a policy turn with neither a tool call nor an answer."""
+    import re
+
+    from components.core.turns import has_void_turn
+
+    answer = re.compile(r"\\boxed\{")
+    call = {"role": "assistant", "content": '<tool_call>{"name": "python"}</tool_call>'}
+    tool = {"role": "tool", "content": "no answer here"}  # a tool's text is never a policy turn
+    done = {"role": "assistant", "content": "so \\boxed{5}"}
+    assert not has_void_turn([call, tool, done], answer)
+    assert has_void_turn([call, tool, {"role": "assistant", "content": "hmm"}], answer)
+    assert has_void_turn([{"role": "assistant", "content": "<tool_call>{cut"}], answer)
+    assert has_void_turn([{"role": "assistant", "content": ""}], answer)
+    assert not has_void_turn([], answer)
+
+
+def test_the_void_turn_filter_masks_whole_trajectories_that_still_count_in_their_group():
+    """Group of three, rewards 1, 0, 0; row 2 holds a void turn. GRPO over all three rows: mean
+    1/3, sample std sqrt(1/3), so A = (1 - 1/3) / sqrt(1/3) = 1.1547 for row 0 and -0.5774 for
+    rows 1 and 2; with the filter row 2 leaves the loss mask, the others keep theirs unchanged."""
+    mask = response_mask_of([2, 2, 2], [[1, 1], [1, 0], [1, 1]])
+    old = torch.zeros(3, 2)
+    kw = dict(rewards=torch.tensor([1.0, 0.0, 0.0]), group_ids=torch.tensor([0, 0, 0]),
+              response_mask=mask, truncated=torch.tensor([False] * 3), old_logprobs=old,
+              rollout_logprobs=old, void=torch.tensor([False, False, True]))  # fmt: skip
+    on = build_targets(TrainSection(void_turn_filter=True), **kw)
+    off = build_targets(TrainSection(), **kw)
+    assert on.loss_mask.tolist() == [[True, True], [True, False], [False, False]]
+    assert off.loss_mask.tolist() == mask.tolist()
+    assert on.metrics["train/void_masked"] == 1.0 and "train/void_masked" not in off.metrics
+    std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)
+    torch.testing.assert_close(on.advantages[:, 0],
+                               torch.tensor([2 / 3, -1 / 3, -1 / 3]) / (std + 1e-6),
+                               rtol=0, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(on.advantages, off.advantages, rtol=0, atol=0)
+
+
+def test_rollouts_find_void_turns_in_the_turns_column():
+    table = _scored([1, 0, 1])
+    turns = [[{"role": "assistant", "content": "<tool_call>{}</tool_call>", "start": 0, "end": 1},
+              {"role": "tool", "content": "1", "start": 1, "end": 2},
+              {"role": "assistant", "content": "nothing", "start": 2, "end": 3}]]  # fmt: skip
+    with_turns = table.append_column(pa.field("turns", OPTIONAL["turns"]),
+                                     pa.array([turns[0]], OPTIONAL["turns"]))  # fmt: skip
+    ro = Rollouts.from_table(with_turns, "s.parquet")
+    assert ro.void(r"\\boxed\{").tolist() == [True]
+    assert ro.void(r"nothing").tolist() == [False]
+    assert Rollouts.from_table(table, "s.parquet").void(r"x").tolist() == [False]
+
+
+def test_the_void_turn_filter_needs_tools_and_a_valid_pattern(tmp_path):
+    from components.core.config import ConfigError, load_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: {base: b}\ndata: {train: t.parquet}\ntrain: {void_turn_filter: true}\n")
+    with pytest.raises(ConfigError, match="void_turn_filter.*set generate.tools"):
+        load_config(str(cfg))
+    load_config(str(cfg), ["generate.tools=[python]"])
+    with pytest.raises(ConfigError, match="answer_pattern"):
+        load_config(str(cfg), ["generate.tools=[python]", "train.answer_pattern=("])

@@ -17,6 +17,10 @@ class CharTokenizer:
         return {"input_ids": [ord(c) for c in text]}
 
 
+def chars(ids: list[int]) -> str:
+    return "".join(map(chr, ids))
+
+
 class ScriptedBackend:
     """Answers each prompt's turns from a script, as characters with logprob -0.5 each; records
     every request it got."""
@@ -55,7 +59,7 @@ def run(scripts, *, max_turns=4, max_response_tokens=1000, n=1):
     spec = SamplingSpec(n=n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1000)
     try:
         return generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
-                                   max_turns=max_turns, max_response_tokens=max_response_tokens), backend  # fmt: skip
+                                   decode=chars, max_turns=max_turns, max_response_tokens=max_response_tokens), backend  # fmt: skip
     finally:
         box.close()
 
@@ -89,6 +93,40 @@ def test_a_failed_call_is_an_observation_and_budgets_end_trajectories():
     assert many.finish_reason == "turns" and many.tool_calls == 3  # max_turns policy turns
     assert long.finish_reason == "length" and len(long.token_ids) == 400
     assert long.mask[-1] == 1  # the answer was cut at the budget, its tokens still sampled
+    # the cut turn's text is what its kept tokens say (verify scores it), not the whole sample
+    last = long.turns[-1]
+    assert last["content"] == "x" * (last["end"] - last["start"]) == long.response
+
+
+def test_a_turn_cut_at_the_budget_inside_a_call_runs_no_tool():
+    (tr,), _ = run({"Q:": [CALL]}, max_response_tokens=len(CALL) - 1)
+    assert tr.finish_reason == "length" and tr.tool_calls == 0 and len(tr.turns) == 1
+    assert tr.response == CALL[:-1]
+
+
+def test_the_calls_of_a_turn_run_side_by_side_across_trajectories():
+    """Two trajectories' calls meet at a barrier of two: run one after the other, the first
+    would wait out the barrier's timeout and fail."""
+    import threading
+
+    barrier = threading.Barrier(2, timeout=10)
+
+    def meet(a: int, b: int) -> int:
+        """Wait for the other call, then add."""
+        barrier.wait()
+        return a + b
+
+    backend = ScriptedBackend({tuple(map(ord, p)): [CALL, "done"] for p in ("A:", "B:")})
+    box = ToolBox({"add": tool_from_callable(meet, name="add")})
+    reqs = [PromptRequest(p, [ord(c) for c in p], [i]) for i, p in enumerate(("A:", "B:"))]
+    spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1000)
+    try:
+        trajs = generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
+                                    decode=chars, max_turns=2, max_response_tokens=1000)  # fmt: skip
+    finally:
+        box.close()
+    assert [t.tool_errors for t in trajs] == [0, 0]
+    assert [t.turns[1]["content"] for t in trajs] == ["5", "5"]
 
 
 def test_a_single_turn_answer_is_a_plain_sample():
@@ -113,7 +151,7 @@ def test_without_tool_calls_the_loop_samples_what_single_turn_generation_does(ti
     box = ToolBox({"add": tool_from_callable(add)})
     try:
         trajs = generate_multi_turn(backend, reqs, spec, box, plain_observation(tok),
-                                    max_turns=3, max_response_tokens=64)  # fmt: skip
+                                    decode=tok.decode, max_turns=3, max_response_tokens=64)  # fmt: skip
     finally:
         box.close()
     assert len(trajs) == 12
@@ -214,7 +252,7 @@ def test_an_environment_drives_a_trajectory_and_a_dying_server_ends_only_its_sam
         reqs = [PromptRequest(f"p{i}", [ord(c) for c in p], [3]) for i, p in enumerate(scripts)]
         spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1000)
         guess, plain = generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
-                                           max_turns=4, max_response_tokens=2000, environment=env)  # fmt: skip
+                                           decode=chars, max_turns=4, max_response_tokens=2000, environment=env)  # fmt: skip
         box.close()
     finally:
         server.close()
@@ -231,7 +269,7 @@ def test_an_environment_drives_a_trajectory_and_a_dying_server_ends_only_its_sam
         backend = ScriptedBackend({tuple(map(ord, p)): s for p, s in scripts.items()})
         box = ToolBox({"add": tool_from_callable(add)})
         guess, plain = generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
-                                           max_turns=4, max_response_tokens=2000, environment=env)  # fmt: skip
+                                           decode=chars, max_turns=4, max_response_tokens=2000, environment=env)  # fmt: skip
         box.close()
     finally:
         dying.close()

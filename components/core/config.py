@@ -12,6 +12,7 @@ Paths in `model` and `data` that are relative are resolved against the config fi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -323,6 +324,12 @@ class TrainSection(_Strict):
     """DAPO: drop groups whose rewards all agree (they carry no GRPO signal); counted in metrics."""
     overlong_filter: bool = False
     """DAPO: mask responses truncated at max_new_tokens out of the loss."""
+    void_turn_filter: bool = False
+    """SimpleTIR (multi-turn): mask trajectories out of the loss that hold a void turn, a policy
+    turn with neither a tool call nor an answer (`answer_pattern`); they still count in their
+    group's advantages. Needs generate.tools or generate.environment."""
+    answer_pattern: str = r"\\boxed\{"
+    """With void_turn_filter: a regular expression that finds an answer in a policy turn."""
     forking_top_rho: float | None = Field(None, gt=0.0, le=1.0)
     """Train only on the top-rho fraction of response tokens by entropy ("Beyond the 80/20 Rule")."""
     noisy_reward: Literal["backward", "forward"] | None = None
@@ -515,7 +522,20 @@ class RunConfig(_Strict):
         names = [e.name for e in self.data.eval]
         if len(set(names)) != len(names):
             raise ValueError(f"data.eval names must be unique, got {names}")
+        if self.train.void_turn_filter and not (self.generate.tools or self.generate.environment):
+            raise ValueError("train.void_turn_filter drops multi-turn trajectories with a void "
+                             "turn; set generate.tools (or generate.environment), or turn it off")  # fmt: skip
         return self
+
+    @field_validator("train")
+    @classmethod
+    def _answer_pattern(cls, t: TrainSection) -> TrainSection:
+        try:
+            re.compile(t.answer_pattern)
+        except re.error as e:
+            raise ValueError(f"train.answer_pattern {t.answer_pattern!r} is no regular "
+                             f"expression ({e}); fix it") from None  # fmt: skip
+        return t
 
     @property
     def run_id(self) -> str:

@@ -161,78 +161,87 @@ def generate_multi_turn(
     toolbox: ToolBox,
     observe: Callable[[str], list[int]],
     *,
+    decode: Callable[[list[int]], str],
     max_turns: int,
     max_response_tokens: int,
     environment: EnvironmentSpec | None = None,
 ) -> list[Trajectory]:
     """Every sample of every request as a finished trajectory (see the module docstring).
 
+    `observe` encodes a tool's output as observation tokens; `decode` gives the text of a turn
+    the trajectory's token budget cut short (its text must be what its tokens say: verify scores
+    it). The calls of a turn run concurrently across trajectories (in order within one), on the
+    toolbox's threads, while no sampling is under way.
+
     With an `environment`, calls naming it act in the trajectory's own session; a server that
     fails (refuses, dies, hangs, answers with an error) ends that trajectory with its `error`
     recorded and finish reason "error", and every other trajectory goes on."""
     sessions = _Sessions(environment)
     try:
-        return _loop(backend, requests, spec, toolbox, observe, max_turns, max_response_tokens,
-                     sessions)  # fmt: skip
+        return _loop(backend, requests, spec, toolbox, observe, decode, max_turns,
+                     max_response_tokens, sessions)  # fmt: skip
     finally:
         sessions.close()
 
 
-def _loop(backend, requests, spec, toolbox, observe, max_turns, max_response_tokens, sessions):
+def _act(tr: Trajectory, calls, toolbox: ToolBox, observe, max_response_tokens: int,
+         sessions: _Sessions) -> None:  # fmt: skip
+    """Run one turn's calls of one trajectory, in order, appending an observation per call."""
     from components.generate.environments import EnvError
 
+    for call in calls:
+        if sessions.handles(call.name) and not call.error:
+            try:
+                text, ok = sessions.step(tr, call.arguments), True
+            except EnvError as e:
+                text, ok, tr.error = f"Error: {e}", False, str(e)
+        else:
+            text, ok = toolbox.call(call)
+        tr.tool_calls += 1
+        tr.tool_errors += not ok
+        obs = observe(text)[: max_response_tokens - len(tr.token_ids)]
+        tr.add("tool", text, obs, None)
+        if tr.error:
+            break
+    if tr.error:
+        tr.finish_reason = "error"
+    elif len(tr.token_ids) >= max_response_tokens:
+        tr.finish_reason = "length"
+
+
+def _loop(backend, requests, spec, toolbox, observe, decode, max_turns, max_response_tokens,
+          sessions):  # fmt: skip
     trajs = [Trajectory(r.prompt_id, j, list(r.prompt_token_ids), seed)
              for r in requests for j, seed in enumerate(r.sample_seeds)]  # fmt: skip
     live = list(trajs)
     for turn in range(max_turns):
         if not live:
             break
-        batch = {}
-        for k, tr in enumerate(live):
-            budget = max_response_tokens - len(tr.token_ids)
-            batch[f"{k}"] = (tr, budget)
-        # one spec per distinct budget would split batches; the smallest is enough per turn and
+        batch = {f"{k}": (tr, max_response_tokens - len(tr.token_ids)) for k, tr in enumerate(live)}
+        # one spec per distinct budget would split batches; the largest is enough per turn and
         # each trajectory is cut to its own budget below
         per_turn = min(spec.max_new_tokens, max(b for _, b in batch.values()))
         turn_spec = replace(spec, n=1, max_new_tokens=per_turn,
                             stop=(*spec.stop, TOOL_CALL_END))  # fmt: skip
         reqs = [PromptRequest(key, tr.prompt_token_ids + tr.token_ids, [turn_seed(tr.seed, turn)])
                 for key, (tr, _) in batch.items()]  # fmt: skip
-        still = []
+        acting = []
         for samples in backend.generate(reqs, turn_spec):
             for s in samples:
                 tr, budget = batch[s.prompt_id]
                 ids, lps = s.response_token_ids[:budget], s.response_logprobs[:budget]
                 cut = len(ids) < len(s.response_token_ids)
-                tr.add("assistant", s.response, ids, lps)
-                calls = parse_tool_calls(s.response)
+                tr.add("assistant", decode(ids) if cut else s.response, ids, lps)
+                calls = [] if cut else parse_tool_calls(s.response)
                 if not calls:
                     tr.finish_reason = "length" if cut or s.finish_reason == "length" else "stop"
-                    continue
-                if cut or len(tr.token_ids) >= max_response_tokens:
-                    tr.finish_reason = "length"
-                    continue
-                for call in calls:
-                    if sessions.handles(call.name) and not call.error:
-                        try:
-                            text, ok = sessions.step(tr, call.arguments), True
-                        except EnvError as e:
-                            text, ok, tr.error = f"Error: {e}", False, str(e)
-                    else:
-                        text, ok = toolbox.call(call)
-                    tr.tool_calls += 1
-                    tr.tool_errors += not ok
-                    obs = observe(text)[: max_response_tokens - len(tr.token_ids)]
-                    tr.add("tool", text, obs, None)
-                    if tr.error:
-                        break
-                if tr.error:
-                    tr.finish_reason = "error"
                 elif len(tr.token_ids) >= max_response_tokens:
                     tr.finish_reason = "length"
                 else:
-                    still.append(tr)
-        live = still
+                    acting.append((tr, calls))
+        list(toolbox.map(lambda a: _act(*a, toolbox, observe, max_response_tokens, sessions),
+                         acting))  # fmt: skip
+        live = [tr for tr, _ in acting if tr.finish_reason is None]
     for tr in live:
         tr.finish_reason = "turns"
     return trajs

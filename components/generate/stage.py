@@ -355,6 +355,7 @@ def _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns, ma
     if environment is not None:
         env = EnvironmentSpec(environment.url, environment.name, environment.timeout_s)
     trajs = generate_multi_turn(backend, requests, spec, tools, observation_encoder(tokenizer),
+                                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                 max_turns=max_turns, max_response_tokens=max_tokens,
                                 environment=env)  # fmt: skip
     by_prompt: dict[str, list] = {}
@@ -370,7 +371,7 @@ class _TrajectorySample:
         self.prompt_id, self.sample_index = tr.prompt_id, tr.sample_index
         self.response = tr.response
         self.response_token_ids, self.response_logprobs = tr.token_ids, tr.logprobs
-        self.finish_reason = "length" if tr.finish_reason == "length" else "stop"
+        self.finish_reason = tr.finish_reason  # stop, length, turns or error
         self.mask, self.turns = tr.mask, tr.turns
         self.tool_calls, self.tool_errors, self.error = tr.tool_calls, tr.tool_errors, tr.error
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import json
-import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+from components.core.turns import TOOL_CALL
+
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
                dict: "object"}  # fmt: skip
 
@@ -141,10 +141,22 @@ class ToolBox:
     """The tools of a run, by name; `call` turns any call into an observation string."""
 
     tools: dict[str, Tool] = field(default_factory=dict)
+    workers: int = 4
+    """Calls that run at once (the python tool's each start a process)."""
 
     def __post_init__(self) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4,
+        # two pools: `map` runs trajectories' turns side by side, each waiting on its calls in
+        # `_pool` (one pool for both could fill with waiters and deadlock)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers,
                                                            thread_name_prefix="rlvr-tool")  # fmt: skip
+        self._turns = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers,
+                                                            thread_name_prefix="rlvr-turn")  # fmt: skip
+
+    def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """`fn` over `items` on the toolbox's turn threads (in order of `items`)."""
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        return list(self._turns.map(fn, items))
 
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools.values()]
@@ -174,6 +186,7 @@ class ToolBox:
         return text, True
 
     def close(self) -> None:
+        self._turns.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

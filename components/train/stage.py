@@ -273,6 +273,7 @@ def train_iteration(
         rollout_logprobs=pad_rows(ro.rollout_logprobs, L),
         ref_logprobs=ref_lp,
         entropy=old_ent,
+        void=torch.from_numpy(ro.void(t.answer_pattern)) if t.void_turn_filter else None,
     )
     usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
 
