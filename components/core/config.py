@@ -253,6 +253,10 @@ class VerifySection(_Strict):
     'path/to/file.py:function', verl or TRL signature), or {components: [{verifier, weight,
     name}, ...]} for a weighted sum."""
     overlong_penalty: OverlongPenalty | None = None
+    env_reward_weight: float = 1.0
+    """With generate.environment: the environment's reward (its step rewards summed over the
+    trajectory, rollout column `env_reward`) enters the reward with this weight, as the
+    component 'env'; 0 leaves it out."""
     timeout_s: float = Field(5.0, gt=0)
     """Per-sample time limit; a sample over it scores 0 and records the error."""
     num_workers: int = Field(1, ge=0)

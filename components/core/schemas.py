@@ -77,8 +77,13 @@ TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("start", pa.
 #: for each response token the policy sampled and 0 for one a tool or environment wrote (its
 #: `response_logprobs` entry is 0 and means nothing); `turns` lists the trajectory's turns.
 #: Absent, every response token was sampled (single-turn).
-OPTIONAL: dict[str, pa.DataType] = {"response_mask": pa.list_(pa.int8()), "turns": pa.list_(TURN)}
-FINISH_REASONS = ("stop", "length")
+OPTIONAL: dict[str, pa.DataType] = {
+    "response_mask": pa.list_(pa.int8()),
+    "turns": pa.list_(TURN),
+    "env_reward": pa.float32(),  # the environment's rewards summed over a trajectory's steps
+}
+#: `turns`: a multi-turn trajectory out of policy turns; `error`: its environment failed.
+FINISH_REASONS = ("stop", "length", "turns", "error")
 
 
 class SchemaError(ValueError):

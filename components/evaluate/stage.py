@@ -261,6 +261,7 @@ def _sample_and_score(
                     timeout_s=cfg.verify.timeout_s,
                     max_error_fraction=cfg.verify.max_error_fraction,
                     overlong=cfg.verify.overlong_penalty,
+                    env_reward_weight=cfg.verify.env_reward_weight,
                 )
                 out[ev.name][kind] = scored
                 out[ev.name][f"{kind}_verify"] = vstats

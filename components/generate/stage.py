@@ -236,7 +236,8 @@ def generate_rollouts(
         if not buf or not buf["prompt_id"]:
             return
         path = tmp / f"part-{parts:05d}.parquet"
-        w = PartWriter(path, "rollouts", ("response_mask", "turns") if multi else ())
+        optional = ("response_mask", "turns") if multi else ()
+        w = PartWriter(path, "rollouts", optional + (("env_reward",) if environment else ()))
         w.write(buf)
         w.close()
         out.put_file(path, path.name)
@@ -278,6 +279,8 @@ def generate_rollouts(
                     if multi:
                         values["response_mask"] = s.mask
                         values["turns"] = s.turns
+                        if environment is not None:
+                            values["env_reward"] = s.env_reward
                         turn_counts.append(sum(t["role"] == "assistant" for t in s.turns))
                         call_counts.append(s.tool_calls)
                         errors += s.tool_errors
@@ -374,6 +377,7 @@ class _TrajectorySample:
         self.finish_reason = tr.finish_reason  # stop, length, turns or error
         self.mask, self.turns = tr.mask, tr.turns
         self.tool_calls, self.tool_errors, self.error = tr.tool_calls, tr.tool_errors, tr.error
+        self.env_reward = tr.env_reward
 
 
 class GenerateStage:

@@ -97,10 +97,12 @@ def score_table(
     timeout_s: float,
     max_error_fraction: float,
     overlong: OverlongPenalty | None = None,
+    env_reward_weight: float = 1.0,
 ) -> tuple[pa.Table, dict[str, Any]]:
     """Score a rollouts table; returns the scored table and stats.
 
-    reward = sum_k weight_k * component_k (+ the overlong penalty); every component's value is
+    reward = sum_k weight_k * component_k (+ the overlong penalty, + the environment's reward
+    times `env_reward_weight` where the rollouts carry `env_reward`); every component's value is
     kept in `reward_components`. A component that raises or times out contributes 0 and its
     error goes to `verify_error`; the stage fails when more than `max_error_fraction` of the
     samples had an error.
@@ -151,6 +153,10 @@ def score_table(
             )
             components[row]["overlong"] = pen
             reward[row] += pen
+    if "env_reward" in table.column_names and env_reward_weight:
+        for row, value in enumerate(table.column("env_reward").to_pylist()):
+            components[row]["env"] = env_reward_weight * float(value or 0.0)
+            reward[row] += components[row]["env"]
     bad = sum(1 for e in row_errors if e)
     stats: dict[str, Any] = {
         "samples": n,
@@ -269,6 +275,7 @@ class VerifyStage:
                 timeout_s=cfg.verify.timeout_s,
                 max_error_fraction=cfg.verify.max_error_fraction,
                 overlong=cfg.verify.overlong_penalty,
+                env_reward_weight=cfg.verify.env_reward_weight,
             )
             per_prompt = scored_prompt_stats(
                 scored, iteration, cfg.data.curriculum.success_threshold

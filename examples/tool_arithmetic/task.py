@@ -77,9 +77,7 @@ def write_table(problems: Iterable[Problem], split: str, path: Path) -> Path:
     return write_arithmetic_table(problems, split, path, data_source=DATA_SOURCE)
 
 
-def trace_ids(
-    tokenizer, observe, problem: Problem, *, tool: bool
-) -> tuple[list[int], list[int]]:
+def trace_ids(tokenizer, observe, problem: Problem, *, tool: bool) -> tuple[list[int], list[int]]:
     """(response ids, trained mask) of one warm-up trace after the prompt, exactly as the generate
     stage would hold it: a tool trace is the call, the observation as `observe` (the stage's
     observation encoder) renders the tool's output, then the answer; a direct trace is the answer
