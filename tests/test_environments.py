@@ -109,8 +109,8 @@ class BisectingPolicy:
 def _stage_rollouts(tmp_path, tiny_assets, server, name):
     """The generate stage's rollouts of two prompts x 2 samples in the server's game."""
     from components.core.checkpoint import load_policy
-    from components.core.config import EnvironmentSection
     from components.core.commit import OutputDir
+    from components.core.config import EnvironmentSection
     from components.core.store import LocalStore
     from components.generate.backends import SamplingSpec
     from components.generate.stage import PromptRow, generate_rollouts
