@@ -166,3 +166,24 @@ def test_the_void_turn_filter_needs_tools_and_a_valid_pattern(tmp_path):
     load_config(str(cfg), ["generate.tools=[python]"])
     with pytest.raises(ConfigError, match="answer_pattern"):
         load_config(str(cfg), ["generate.tools=[python]", "train.answer_pattern=("])
+
+
+def test_features_a_run_does_not_use_stay_out_of_its_lineage():
+    """A single-turn run records the lineage it had before tools existed: the multi-turn keys,
+    the void-turn filter and the environment's reward weight enter only when used."""
+    from components.core.config import RunConfig, unused_keys
+
+    base = {"model": {"base": "b"}, "data": {"train": "t.parquet"}}
+    plain = RunConfig.model_validate(base)
+    unused = unused_keys(plain)
+    dumped = plain.generate.model_dump(mode="json", exclude=unused["generate"])
+    assert not {"tools", "max_turns", "max_response_tokens", "environment"} & set(dumped)
+    assert "void_turn_filter" not in plain.train.model_dump(exclude=unused["train"])
+    assert "env_reward_weight" not in plain.verify.model_dump(exclude=unused["verify"])
+    tools = RunConfig.model_validate({**base, "generate": {"tools": ["python"]},
+                                      "train": {"void_turn_filter": True}})  # fmt: skip
+    used = unused_keys(tools)
+    assert used["generate"] == set() and used["train"] == set()
+    assert used["verify"] == {"env_reward_weight"}  # no environment: its weight changes nothing
+    env = RunConfig.model_validate({**base, "generate": {"environment": {"url": "http://e:1"}}})
+    assert unused_keys(env)["verify"] == set()

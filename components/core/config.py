@@ -560,6 +560,20 @@ class RunConfig(_Strict):
         return yaml.safe_dump(json.loads(self.to_json()), sort_keys=False)
 
 
+def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
+    """Per section, the keys of features this run does not use. Stages leave them out of their
+    lineage, so a run that does not use a feature keeps the lineage (and its committed outputs
+    stay up to date) it had before the feature existed."""
+    multi = bool(cfg.generate.tools or cfg.generate.environment)
+    return {
+        "generate": set()
+        if multi
+        else {"tools", "max_turns", "max_response_tokens", "environment"},
+        "train": set() if cfg.train.void_turn_filter else {"void_turn_filter", "answer_pattern"},
+        "verify": set() if cfg.generate.environment else {"env_reward_weight"},
+    }
+
+
 def _format_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():

@@ -39,7 +39,7 @@ from components.core.commit import (
     shard_name,
     shard_of,
 )
-from components.core.config import EvalSetConfig, RunConfig
+from components.core.config import EvalSetConfig, RunConfig, unused_keys
 from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.schemas import read_records, stamp
@@ -178,8 +178,12 @@ def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
 def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> dict[str, str]:
     settings = {
         "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
-        "generate": cfg.generate.model_dump(mode="json", exclude={"num_shards", "batch_size"}),
-        "verify": cfg.verify.model_dump(mode="json", exclude={"num_shards", "num_workers"}),
+        "generate": cfg.generate.model_dump(
+            mode="json", exclude={"num_shards", "batch_size"} | unused_keys(cfg)["generate"]
+        ),
+        "verify": cfg.verify.model_dump(
+            mode="json", exclude={"num_shards", "num_workers"} | unused_keys(cfg)["verify"]
+        ),
     }
     return lineage(
         store,

@@ -35,7 +35,7 @@ from components.core.commit import (
     shard_name,
     shard_of,
 )
-from components.core.config import GenerateSection, RunConfig
+from components.core.config import GenerateSection, RunConfig, unused_keys
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
@@ -419,7 +419,7 @@ class GenerateStage:
         )
         version = policy_version(cfg, iteration)
         config = {
-            "generate": cfg.generate.model_dump(mode="json"),
+            "generate": cfg.generate.model_dump(mode="json", exclude=unused_keys(cfg)["generate"]),
             "prompts_per_iteration": cfg.data.prompts_per_iteration,
             "seed": cfg.run.seed,
             "policy_version": version,

@@ -40,7 +40,7 @@ from components.core.commit import (
     materialize,
     read_manifest,
 )
-from components.core.config import RunConfig, TrainSection
+from components.core.config import RunConfig, TrainSection, unused_keys
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
@@ -555,7 +555,10 @@ class TrainStage:
         settings = {
             # kl_metric only adds a figure and gradient checkpointing changes memory, not
             # gradients: turning either on must not retrain the run
-            "train": t.model_dump(mode="json", exclude={"kl_metric", "gradient_checkpointing"}),
+            "train": t.model_dump(
+                mode="json",
+                exclude={"kl_metric", "gradient_checkpointing"} | unused_keys(cfg)["train"],
+            ),
             "iterations": cfg.run.iterations,
             "seed": cfg.run.seed,
         }

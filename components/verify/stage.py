@@ -36,7 +36,13 @@ from components.core.commit import (
     shard_name,
     shard_of,
 )
-from components.core.config import CurriculumSection, OverlongPenalty, RewardSpec, RunConfig
+from components.core.config import (
+    CurriculumSection,
+    OverlongPenalty,
+    RewardSpec,
+    RunConfig,
+    unused_keys,
+)
 from components.core.curriculum import PROMPT_STATS, group_shares, scored_prompt_stats
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
@@ -229,7 +235,12 @@ class VerifyStage:
         threshold = self.cfg.data.curriculum.success_threshold
         config: Any = self.cfg.verify  # at the default threshold: the digest runs recorded before
         if threshold != CurriculumSection().success_threshold:
-            config = {"verify": self.cfg.verify.model_dump(mode="json"), "success": threshold}
+            config = {
+                "verify": self.cfg.verify.model_dump(
+                    mode="json", exclude=unused_keys(self.cfg)["verify"]
+                ),
+                "success": threshold,
+            }
         return out, lineage(self.store, [layout.rollouts(iteration)], config, root=layout.root)
 
     def _stats_dir(self, iteration: int) -> OutputDir:
