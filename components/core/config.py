@@ -560,6 +560,14 @@ class RunConfig(_Strict):
         return yaml.safe_dump(json.loads(self.to_json()), sort_keys=False)
 
 
+def code_stages(cfg: RunConfig) -> tuple[str, ...]:
+    """The stages that run model-written code, whose pods carry the `rlvr.dev/runs-code` label
+    (the code-sandbox overlay's seccomp profile and egress policy) and whose local containers get
+    the sandbox's seccomp profile: verify and evaluate always (the code verifier), generate too
+    when the policy has tools (the python tool runs its code in the same sandbox)."""
+    return ("verify", "evaluate") + (("generate",) if cfg.generate.tools else ())
+
+
 def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
     """Per section, the keys of features this run does not use. Stages leave them out of their
     lineage, so a run that does not use a feature keeps the lineage (and its committed outputs
