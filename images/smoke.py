@@ -418,7 +418,9 @@ def main() -> int:
                                       lora_sets, failures)  # fmt: skip
     print("the tool demo (the python tool's sandbox in the generate container), 2 iterations:")
     tool_sub_s, tool_s = both_runners(rlvr, "examples/tool_arithmetic/config.yaml", store,
-                                      "tools", [*image_sets, "--iterations", "2"], failures)  # fmt: skip
+                                      "tools", [*image_sets, "--iterations", "2", "--set",
+                                      "data.prompts_per_iteration=32", "--set",
+                                      "data.eval.0.max_prompts=50"], failures)  # fmt: skip
 
     step("6. code rewards in the verify image, no capabilities")
     code, text = sandbox_probe(docker, images["verify"], None)
