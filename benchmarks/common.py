@@ -26,6 +26,12 @@ def bench_setup(name: str, config: str, iterations: int | None, overrides=()):
     return bench, cfg
 
 
+def ci(m: dict) -> str:
+    """pass@1 [95% CI] of an `overall` metrics record."""
+    lo, hi = m["pass@1_ci95"]
+    return f"{m['pass@1']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def timed(cmd: list[str], log: Path) -> float:
     """Wall seconds of `cmd` as a whole process (its output goes to `log`)."""
     t0 = time.perf_counter()

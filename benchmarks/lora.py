@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import bench_setup, timed  # noqa: E402
+from benchmarks.common import bench_setup, ci, timed  # noqa: E402
 
 
 def figures(root: Path) -> dict:
@@ -80,11 +80,6 @@ def parse_setting(text: str) -> tuple[int, float, float, bool]:
         raise argparse.ArgumentTypeError(
             f"--lora {text!r}: expected RANK:ALPHA:LR or RANK:ALPHA:LR:head"
         ) from None
-
-
-def ci(m: dict) -> str:
-    lo, hi = m["pass@1_ci95"]
-    return f"{m['pass@1']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def plot(out: Path, runs: dict[str, list[dict]]) -> None:

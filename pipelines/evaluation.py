@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from kfp import dsl
 
-from components.core.config import RunConfig
+from components.core.config import RunConfig, code_stages
 from pipelines.ops import make_ops
 from pipelines.placement import place
 from pipelines.train import STAGES
@@ -22,7 +22,9 @@ def _ops(cfg: RunConfig):
 
 
 def _apply(task: dsl.PipelineTask, stage: str, cfg: RunConfig, for_cluster: bool):
-    return place(task, stage, cfg.cluster) if for_cluster else task.set_caching_options(False)
+    if not for_cluster:
+        return task.set_caching_options(False)
+    return place(task, stage, cfg.cluster, runs_code=stage in code_stages(cfg))
 
 
 def build_eval_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable:

@@ -15,7 +15,7 @@ local runner has no notion of:
 - **the environment**: the thread settings of the subprocess runner, and the host's object-store
   credentials and Hub token (FORWARDED_ENV), nothing else of the host's;
 - **the code-sandbox seccomp profile** on the tasks that run model-written code (verify and
-  evaluate), the profile the cluster's code-sandbox overlay installs (and, where the host runs
+  evaluate; generate too when the policy has tools), the profile the cluster's code-sandbox overlay installs (and, where the host runs
   AppArmor, no AppArmor profile: Docker's denies mount); the runtime's default seccomp profile
   refuses the sandbox, which then says so (tests/test_images_built.py shows both);
 - **no network** unless the store or an input is remote (then the host's);
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.core.config import RunConfig
+from components.core.config import RunConfig, code_stages
 
 #: Tasks, by their display name's first word, and the stage whose image they run.
 TASK_STAGE = {"init": "init", "next": "init", "report": "init", "generate": "generate",
@@ -73,6 +73,8 @@ class DockerPlan:
     network: str
     pythonpath: list[str] = field(default_factory=list)
     seccomp_profile: str | None = None
+    code_stages: tuple[str, ...] = ("verify", "evaluate")
+    """The stages that get the seccomp profile (components.core.config.code_stages)."""
     """JSON of the profile for the code stages; None: the runtime's default."""
     apparmor_unconfined: bool = False
     """Whether the code stages also leave Docker's AppArmor profile (it denies mount)."""
@@ -170,6 +172,7 @@ def plan_for(cfg: RunConfig, run_root: Path, *, user: str = "image") -> DockerPl
         network="host" if remote else "none",
         pythonpath=[PLUGIN_ROOT] if any(m.target.startswith(PLUGIN_ROOT) for m in plugins) else [],
         seccomp_profile=json.dumps(pod_profile()),
+        code_stages=code_stages(cfg),
         apparmor_unconfined=apparmor.exists() and apparmor.read_text().strip().startswith("Y"),
     )
 
@@ -350,7 +353,7 @@ def make_container_runner(
         binds = [f"{src}:{spec['bind']}:{spec['mode']}" for src, spec in volumes.items()]
         binds += [f"{m.source}:{m.target}:{m.volume()['mode']}" for m in plan.mounts]
         security = []
-        if stage in ("verify", "evaluate"):  # the code stages, as on the cluster
+        if stage in plan.code_stages:  # as on the cluster
             if plan.seccomp_profile:
                 security.append(f"seccomp={plan.seccomp_profile}")
             if plan.apparmor_unconfined:

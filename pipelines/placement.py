@@ -12,9 +12,9 @@ from kfp import dsl, kubernetes
 
 from components.core.config import ClusterSection
 
-# stages that run model-written code: their pods get this label, which the code-sandbox
-# overlay matches (the seccomp profile that lets the sandbox build itself, narrow egress)
-CODE_STAGES = ("verify", "evaluate")
+# the pods of stages that run model-written code (components.core.config.code_stages) get this
+# label, which the code-sandbox overlay matches (the seccomp profile that lets the sandbox build
+# itself, narrow egress)
 RUNS_CODE_LABEL = ("rlvr.dev/runs-code", "true")
 
 SECRET_KEYS = {
@@ -24,13 +24,19 @@ SECRET_KEYS = {
 
 
 def place(
-    task: dsl.PipelineTask, stage: str, cluster: ClusterSection, *, iterations: int = 1
+    task: dsl.PipelineTask,
+    stage: str,
+    cluster: ClusterSection,
+    *,
+    iterations: int = 1,
+    runs_code: bool = False,
 ) -> dsl.PipelineTask:
     """Placement of one task; `iterations` is how many iterations it serves (a segment's
-    worker: `run.segment_iterations`), which scales its pod deadline."""
+    worker: `run.segment_iterations`), which scales its pod deadline; `runs_code`: the stage
+    runs model-written code (`code_stages`)."""
     p = cluster.stages[stage]
     task.set_caching_options(False)
-    if stage in CODE_STAGES:
+    if runs_code:
         kubernetes.add_pod_label(task, *RUNS_CODE_LABEL)
     if p.cpu_request:
         task.set_cpu_request(p.cpu_request)

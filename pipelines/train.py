@@ -29,7 +29,7 @@ from collections.abc import Callable
 from kfp import dsl, kubernetes
 
 from components.core.commit import shard_name
-from components.core.config import RunConfig
+from components.core.config import RunConfig, code_stages
 from components.core.warm import eval_checkpoints
 from pipelines.ops import make_ops
 from pipelines.placement import place
@@ -53,7 +53,8 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         task.set_display_name(name)
         if for_cluster:
             n = cfg.run.segment_iterations if serves else 1
-            return place(task, stage, cfg.cluster, iterations=n)
+            return place(task, stage, cfg.cluster, iterations=n,
+                         runs_code=stage in code_stages(cfg))  # fmt: skip
         return task.set_caching_options(False)
 
     def shards_of(op, stage: str, count: int, **kwargs):

@@ -197,6 +197,14 @@ def test_panels_only_for_figures_present(tmp_path):
     assert [p.title for p in panels] == ["verify/reward_mean", "unchanged over the run"]
     assert panels[1].constants == (("verify/samples", 8.0),)
     assert family_panels(old, "train") == []
+    # a multi-turn run: the tool figures lead the rollout grid, calls, rate and errors together
+    tools = Dynamics({i: {"rollout/tool_calls_per_sample": 0.1 * i, "rollout/tool_call_rate": 0.05 * i,
+                          "rollout/tool_error_share": 0.5 - 0.1 * i, "rollout/turns_mean": 1 + 0.2 * i,
+                          "rollout/response_length_mean": 10.0 + i} for i in range(3)})  # fmt: skip
+    panels = family_panels(tools, "rollout")
+    assert [p.title for p in panels][:2] == ["rollout/tool_calls_per_sample", "rollout/turns_mean"]
+    assert panels[0].lines == ("rollout/tool_calls_per_sample", "rollout/tool_call_rate",
+                               "rollout/tool_error_share")  # fmt: skip
 
 
 def test_pngs_are_valid_and_deterministic(tmp_path):

@@ -51,6 +51,26 @@ def test_compile_segment_pipeline_with_stage_images(workspace, tmp_path):
     assert {"segment", "chain", "run_id", "store", "config_json"} <= set(params)
 
 
+def test_generate_runs_code_with_tools(workspace, tmp_path):
+    """With the python tool the policy's code runs in generate (and evaluate) too: the generate
+    pod carries the runs-code label the code-sandbox overlay matches."""
+    out = tmp_path / "tools.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "compile", str(workspace), "-o", str(out),
+         "--set", "generate.tools=[python]"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    ir, platform = yaml.safe_load_all(out.read_text())
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    labelled = set()
+    for task in ir["root"]["dag"]["tasks"].values():
+        exe = task["componentRef"]["name"].replace("comp-", "exec-")
+        labels = k8s[exe].get("podMetadata", {}).get("labels", {})
+        if labels.get("rlvr.dev/runs-code") == "true":
+            labelled.add(task["taskInfo"]["name"].split("-")[0])
+    assert labelled == {"generate", "verify", "evaluate"}
+
+
 def test_pipeline_size_does_not_grow_with_iterations(workspace, tmp_path):
     """A 1,000-iteration run compiles, in seconds, to the same tasks as a 3-iteration one: the
     segment is a run-time parameter (a KFP run on Argo must stay far below etcd's ~1.5 MiB)."""

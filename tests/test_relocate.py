@@ -110,11 +110,18 @@ def test_evaluations_of_an_older_version_stay_current(cfg) -> None:
 
     run_setup.run(cfg)
     now = _inputs(store, layout, cfg, 0)
+    from components.core.config import unused_keys
+
+    unused = unused_keys(cfg)  # keys of features newer than that version, unused by this run
     old_config = {
         "eval": [e.model_dump(mode="json") for e in cfg.data.eval],
         "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
-        "generate": cfg.generate.model_dump(mode="json", exclude={"num_shards", "batch_size"}),
-        "verify": cfg.verify.model_dump(mode="json", exclude={"num_shards", "num_workers"}),
+        "generate": cfg.generate.model_dump(
+            mode="json", exclude={"num_shards", "batch_size"} | unused["generate"]
+        ),
+        "verify": cfg.verify.model_dump(
+            mode="json", exclude={"num_shards", "num_workers"} | unused["verify"]
+        ),
     }
     old_digest = hashlib.sha256(_json.dumps(old_config).encode()).hexdigest()[:16]
     assert now.alternatives == {"config": old_digest} and now["config"] != old_digest

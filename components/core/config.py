@@ -12,6 +12,7 @@ Paths in `model` and `data` that are relative are resolved against the config fi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -156,6 +157,16 @@ class DataSection(_Strict):
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
 
 
+class EnvironmentSection(_Strict):
+    """`generate.environment`: an OpenEnv server (one session per trajectory)."""
+
+    url: str
+    """http(s)://HOST:PORT or ws(s)://HOST:PORT[/ws] of the environment server."""
+    name: str = "env"
+    """The tool name the policy calls it by; the call's arguments are the action's fields."""
+    timeout_s: float = Field(60.0, gt=0)
+
+
 class GenerateSection(_Strict):
     backend: Literal["transformers", "vllm"] = "transformers"
     n: int = Field(8, ge=1)
@@ -176,6 +187,18 @@ class GenerateSection(_Strict):
     batch_tokens: int | None = Field(None, ge=1)
     """Token budget of one transformers batch: sequences x (longest prompt + max_new_tokens), so
     long prompts get smaller batches (None: batch_size alone)."""
+    tools: list[str] = Field(default_factory=list)
+    """Tools the policy may call (multi-turn rollouts, issue 21 in progress): `python` (built in:
+    the code runs in the code verifier's sandbox) or `module:function` / `file.py:function` (a
+    typed, documented callable). Empty: single-turn sampling."""
+    max_turns: int = Field(4, ge=1)
+    """With tools: the most policy turns per trajectory."""
+    max_response_tokens: int | None = Field(None, ge=1)
+    """With tools: the token budget of a whole trajectory, observations included (None:
+    max_new_tokens x max_turns)."""
+    environment: EnvironmentSection | None = None
+    """A stateful environment over OpenEnv's WebSocket protocol that the policy acts in through
+    tool calls named `environment.name` (docs/tools.md)."""
     rows_per_part: int = Field(4096, ge=1)
     """Rows per Parquet row group / flush, which bounds memory."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -230,6 +253,10 @@ class VerifySection(_Strict):
     'path/to/file.py:function', verl or TRL signature), or {components: [{verifier, weight,
     name}, ...]} for a weighted sum."""
     overlong_penalty: OverlongPenalty | None = None
+    env_reward_weight: float = 1.0
+    """With generate.environment: the environment's reward (its step rewards summed over the
+    trajectory, rollout column `env_reward`) enters the reward with this weight, as the
+    component 'env'; 0 leaves it out."""
     timeout_s: float = Field(5.0, gt=0)
     """Per-sample time limit; a sample over it scores 0 and records the error."""
     num_workers: int = Field(1, ge=0)
@@ -301,6 +328,12 @@ class TrainSection(_Strict):
     """DAPO: drop groups whose rewards all agree (they carry no GRPO signal); counted in metrics."""
     overlong_filter: bool = False
     """DAPO: mask responses truncated at max_new_tokens out of the loss."""
+    void_turn_filter: bool = False
+    """SimpleTIR (multi-turn): mask trajectories out of the loss that hold a void turn, a policy
+    turn with neither a tool call nor an answer (`answer_pattern`); they still count in their
+    group's advantages. Needs generate.tools or generate.environment."""
+    answer_pattern: str = r"\\boxed\{"
+    """With void_turn_filter: a regular expression that finds an answer in a policy turn."""
     forking_top_rho: float | None = Field(None, gt=0.0, le=1.0)
     """Train only on the top-rho fraction of response tokens by entropy ("Beyond the 80/20 Rule")."""
     noisy_reward: Literal["backward", "forward"] | None = None
@@ -493,7 +526,20 @@ class RunConfig(_Strict):
         names = [e.name for e in self.data.eval]
         if len(set(names)) != len(names):
             raise ValueError(f"data.eval names must be unique, got {names}")
+        if self.train.void_turn_filter and not (self.generate.tools or self.generate.environment):
+            raise ValueError("train.void_turn_filter drops multi-turn trajectories with a void "
+                             "turn; set generate.tools (or generate.environment), or turn it off")  # fmt: skip
         return self
+
+    @field_validator("train")
+    @classmethod
+    def _answer_pattern(cls, t: TrainSection) -> TrainSection:
+        try:
+            re.compile(t.answer_pattern)
+        except re.error as e:
+            raise ValueError(f"train.answer_pattern {t.answer_pattern!r} is no regular "
+                             f"expression ({e}); fix it") from None  # fmt: skip
+        return t
 
     @property
     def run_id(self) -> str:
@@ -512,6 +558,28 @@ class RunConfig(_Strict):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(json.loads(self.to_json()), sort_keys=False)
+
+
+def code_stages(cfg: RunConfig) -> tuple[str, ...]:
+    """The stages that run model-written code, whose pods carry the `rlvr.dev/runs-code` label
+    (the code-sandbox overlay's seccomp profile and egress policy) and whose local containers get
+    the sandbox's seccomp profile: verify and evaluate always (the code verifier), generate too
+    when the policy has tools (the python tool runs its code in the same sandbox)."""
+    return ("verify", "evaluate") + (("generate",) if cfg.generate.tools else ())
+
+
+def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
+    """Per section, the keys of features this run does not use. Stages leave them out of their
+    lineage, so a run that does not use a feature keeps the lineage (and its committed outputs
+    stay up to date) it had before the feature existed."""
+    multi = bool(cfg.generate.tools or cfg.generate.environment)
+    return {
+        "generate": set()
+        if multi
+        else {"tools", "max_turns", "max_response_tokens", "environment"},
+        "train": set() if cfg.train.void_turn_filter else {"void_turn_filter", "answer_pattern"},
+        "verify": set() if cfg.generate.environment else {"env_reward_weight"},
+    }
 
 
 def _format_error(err: ValidationError, source: str) -> str:

@@ -39,6 +39,12 @@ _ROLLOUT_KEYS = {
     "skipped_prompts": "rollout/skipped_prompts",
     "policy_version": "rollout/policy_version",
     "policy_load_s": "rollout/policy_load_s",
+    # multi-turn rollouts (generate.tools)
+    "turns_mean": "rollout/turns_mean",
+    "tool_calls": "rollout/tool_calls",
+    "tool_calls_per_sample": "rollout/tool_calls_per_sample",
+    "tool_call_rate": "rollout/tool_call_rate",
+    "tool_error_share": "rollout/tool_error_share",
 }
 _VERIFY_KEYS = {
     "reward_mean": "verify/reward_mean",
@@ -54,6 +60,7 @@ _VERIFY_KEYS = {
 #: How shards of one iteration combine: sums, maxima, or means weighted by a count figure.
 _SUMS = {
     "rollout/samples", "rollout/prompts", "rollout/response_tokens", "rollout/skipped_prompts",
+    "rollout/tool_calls",
     "verify/samples", "verify/groups",
 }  # fmt: skip
 _MAXIMA = {"rollout/response_length_max", "rollout/policy_load_s", "rollout/policy_version"}
@@ -172,4 +179,6 @@ def combine_shards(shards: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 
 def _count_of(name: str) -> str:
+    if name == "rollout/tool_error_share":  # a share of the calls, not of the samples
+        return "rollout/tool_calls"
     return "verify/samples" if name.startswith("verify/") else "rollout/samples"

@@ -66,7 +66,24 @@ SCORED = pa.schema(
 )
 
 SCHEMAS: dict[str, pa.Schema] = {"rollouts": ROLLOUTS, "scored": SCORED}
-FINISH_REASONS = ("stop", "length")
+
+# Multi-turn rollouts (tool calls, environments): the response is the whole trajectory after the
+# prompt, the policy's turns and the tools' observations in order, as one token stream.
+#: one turn of a trajectory: who wrote it, its text, and its span [start, end) in
+#: response_token_ids
+TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("start", pa.int32()),
+                  ("end", pa.int32())])  # fmt: skip
+#: Columns a record may carry beyond its contract, checked when present: `response_mask` is 1
+#: for each response token the policy sampled and 0 for one a tool or environment wrote (its
+#: `response_logprobs` entry is 0 and means nothing); `turns` lists the trajectory's turns.
+#: Absent, every response token was sampled (single-turn).
+OPTIONAL: dict[str, pa.DataType] = {
+    "response_mask": pa.list_(pa.int8()),
+    "turns": pa.list_(TURN),
+    "env_reward": pa.float32(),  # the environment's rewards summed over a trajectory's steps
+}
+#: `turns`: a multi-turn trajectory out of policy turns; `error`: its environment failed.
+FINISH_REASONS = ("stop", "length", "turns", "error")
 
 
 class SchemaError(ValueError):
@@ -101,6 +118,12 @@ def validate(schema: pa.Schema, name: str, source: str) -> None:
             raise SchemaError(
                 f"{source}: column {fld.name!r} has type {got}, the {name} contract needs "
                 f"{fld.type} (docs/contracts.md)"
+            )
+    for column, want in OPTIONAL.items():
+        if column in schema.names and schema.field(column).type != want:
+            raise SchemaError(
+                f"{source}: column {column!r} has type {schema.field(column).type}, the {name} "
+                f"contract needs {want} where it is present (docs/contracts.md)"
             )
 
 
@@ -217,9 +240,12 @@ def ground_truth_of(row_reward_model: dict | None, source: str, index: int) -> s
 class PartWriter:
     """Streams records of one contract into a local Parquet file, one row group per flush."""
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, path: Path, name: str, optional: tuple[str, ...] = ()) -> None:
         self.path = path
-        self.schema = stamp(SCHEMAS[name], name)
+        schema = SCHEMAS[name]
+        for column in optional:  # e.g. multi-turn rollouts' response_mask and turns
+            schema = schema.append(pa.field(column, OPTIONAL[column]))
+        self.schema = stamp(schema, name)
         self._writer = pq.ParquetWriter(path, self.schema, compression="zstd")
         self.rows = 0
 

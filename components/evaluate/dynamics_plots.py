@@ -51,8 +51,11 @@ _GROUPS = {
                                      "rollout/response_length_max"),
     "verify/zero_signal_share": ("verify/zero_signal_share", "verify/all_correct_share",
                                  "verify/all_wrong_share"),
+    "rollout/tool_calls_per_sample": ("rollout/tool_calls_per_sample", "rollout/tool_call_rate",
+                                      "rollout/tool_error_share"),
 }  # fmt: skip
 _ROLLOUT_KEYS = (
+    "rollout/tool_calls_per_sample", "rollout/turns_mean",  # multi-turn runs, first
     "rollout/response_length_mean", "rollout/truncated_fraction", "rollout/tokens_per_s",
 )  # fmt: skip
 _VERIFY_KEYS = ("verify/reward_mean", "verify/zero_signal_share", "verify/error_fraction")

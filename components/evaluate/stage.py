@@ -39,7 +39,7 @@ from components.core.commit import (
     shard_name,
     shard_of,
 )
-from components.core.config import EvalSetConfig, RunConfig
+from components.core.config import EvalSetConfig, RunConfig, unused_keys
 from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.schemas import read_records, stamp
@@ -178,8 +178,12 @@ def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
 def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> dict[str, str]:
     settings = {
         "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
-        "generate": cfg.generate.model_dump(mode="json", exclude={"num_shards", "batch_size"}),
-        "verify": cfg.verify.model_dump(mode="json", exclude={"num_shards", "num_workers"}),
+        "generate": cfg.generate.model_dump(
+            mode="json", exclude={"num_shards", "batch_size"} | unused_keys(cfg)["generate"]
+        ),
+        "verify": cfg.verify.model_dump(
+            mode="json", exclude={"num_shards", "num_workers"} | unused_keys(cfg)["verify"]
+        ),
     }
     return lineage(
         store,
@@ -231,6 +235,11 @@ def _sample_and_score(
     backend, tokenizer, _ = engine.ensure(store, ckpt_uri)  # loaded by the caller: a reuse
     scratch_root = join(layout.root, "eval_scratch", f"{c:05d}-{shard}-of-{num_shards}")
     out: dict[str, dict[str, Any]] = {}
+    tools = None
+    if cfg.generate.tools or cfg.generate.environment:  # evaluated as trained
+        from components.generate.tools import load_tools
+
+        tools = load_tools(cfg.generate.tools)
     try:
         for ev, prompts, specs in sets:
             out[ev.name] = {}
@@ -242,7 +251,10 @@ def _sample_and_score(
                     max_prompt_tokens=cfg.generate.max_prompt_tokens,
                     rows_per_part=cfg.generate.rows_per_part, policy_version=c,
                     desc=f"evaluate {c:05d} {ev.name}" + (" (greedy)" if kind != "samples" else ""),
-                    allow_empty=num_shards > 1,
+                    allow_empty=num_shards > 1, tools=tools,
+                    max_turns=cfg.generate.max_turns,
+                    max_response_tokens=cfg.generate.max_response_tokens,
+                    environment=cfg.generate.environment,
                 )  # fmt: skip
                 scratch.commit({})
                 files = committed_files(store, scratch.uri, ".parquet")
@@ -253,11 +265,14 @@ def _sample_and_score(
                     timeout_s=cfg.verify.timeout_s,
                     max_error_fraction=cfg.verify.max_error_fraction,
                     overlong=cfg.verify.overlong_penalty,
+                    env_reward_weight=cfg.verify.env_reward_weight,
                 )
                 out[ev.name][kind] = scored
                 out[ev.name][f"{kind}_verify"] = vstats
     finally:
         store.delete_tree(scratch_root)
+        if tools is not None:
+            tools.close()
     return out
 
 

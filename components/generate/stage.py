@@ -35,7 +35,7 @@ from components.core.commit import (
     shard_name,
     shard_of,
 )
-from components.core.config import GenerateSection, RunConfig
+from components.core.config import GenerateSection, RunConfig, unused_keys
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
@@ -186,6 +186,10 @@ def generate_rollouts(
     policy_version: int,
     desc: str = "generate",
     allow_empty: bool = False,
+    tools: Any = None,
+    max_turns: int = 1,
+    max_response_tokens: int | None = None,
+    environment: Any = None,
 ) -> dict[str, Any]:
     """Sample, stream Parquet parts into `out` and return the stats (does not commit).
 
@@ -222,13 +226,18 @@ def generate_rollouts(
     parts = 0
     resp_lens: list[int] = []
     truncated = 0
+    multi = tools is not None  # multi-turn: trajectories with tool observations
+    turn_counts: list[int] = []
+    call_counts: list[int] = []
+    errors = env_errors = 0
 
     def flush() -> None:
         nonlocal parts, buf
         if not buf or not buf["prompt_id"]:
             return
         path = tmp / f"part-{parts:05d}.parquet"
-        w = PartWriter(path, "rollouts")
+        optional = ("response_mask", "turns") if multi else ()
+        w = PartWriter(path, "rollouts", optional + (("env_reward",) if environment else ()))
         w.write(buf)
         w.close()
         out.put_file(path, path.name)
@@ -242,7 +251,13 @@ def generate_rollouts(
         with tqdm(
             total=len(requests), desc=desc, unit="prompt", dynamic_ncols=True, disable=None
         ) as bar:
-            for batch in backend.generate(requests, spec):
+            source = (
+                _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns,
+                                    max_response_tokens or spec.max_new_tokens * max_turns,
+                                    environment)
+                if multi else backend.generate(requests, spec)
+            )  # fmt: skip
+            for batch in source:
                 for s in batch:
                     row = by_id[s.prompt_id]
                     text, ids = texts[s.prompt_id]
@@ -261,6 +276,17 @@ def generate_rollouts(
                         "extra_info": row.extra_info,
                         "policy_version": policy_version,
                     }
+                    if multi:
+                        values["response_mask"] = s.mask
+                        values["turns"] = s.turns
+                        if environment is not None:
+                            values["env_reward"] = s.env_reward
+                        turn_counts.append(sum(t["role"] == "assistant" for t in s.turns))
+                        call_counts.append(s.tool_calls)
+                        errors += s.tool_errors
+                        env_errors += s.error is not None
+                        if s.error:
+                            log.warning("%s sample %d: %s", s.prompt_id, s.sample_index, s.error)
                     for k, v in values.items():
                         buf.setdefault(k, []).append(v)
                     resp_lens.append(len(s.response_token_ids))
@@ -275,7 +301,21 @@ def generate_rollouts(
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.perf_counter() - t0
     n_samples = len(resp_lens)
+    multi_stats = {}
+    if multi:
+        calls = sum(call_counts)
+        multi_stats = {
+            "turns_mean": float(np.mean(turn_counts)) if turn_counts else 0.0,
+            "tool_calls": calls,
+            "tool_calls_per_sample": calls / n_samples if n_samples else 0.0,
+            "tool_call_rate": float(np.mean([c > 0 for c in call_counts])) if call_counts else 0.0,
+            "tool_error_share": errors / calls if calls else 0.0,
+            "env_errors": env_errors,
+            "tools": sorted(tools.tools),
+            "max_turns": max_turns,
+        }
     return {
+        **multi_stats,
         "prompts": len(requests),
         "samples": n_samples,
         "skipped_prompts": len(skipped),
@@ -303,6 +343,43 @@ def generate_rollouts(
     }
 
 
+def _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns, max_tokens,
+                        environment=None):  # fmt: skip
+    """Multi-turn sampling as the backend's batches of samples: one batch per request, each
+    sample a trajectory whose response is its final answer (verify scores that text only, never
+    a tool's output)."""
+    from components.generate.multiturn import (
+        EnvironmentSpec,
+        generate_multi_turn,
+        observation_encoder,
+    )
+
+    env = None
+    if environment is not None:
+        env = EnvironmentSpec(environment.url, environment.name, environment.timeout_s)
+    trajs = generate_multi_turn(backend, requests, spec, tools, observation_encoder(tokenizer),
+                                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                max_turns=max_turns, max_response_tokens=max_tokens,
+                                environment=env)  # fmt: skip
+    by_prompt: dict[str, list] = {}
+    for tr in trajs:
+        by_prompt.setdefault(tr.prompt_id, []).append(_TrajectorySample(tr))
+    yield from by_prompt.values()
+
+
+class _TrajectorySample:
+    """A trajectory seen as a backend Sample (the row writer's view), with its turns."""
+
+    def __init__(self, tr) -> None:
+        self.prompt_id, self.sample_index = tr.prompt_id, tr.sample_index
+        self.response = tr.response
+        self.response_token_ids, self.response_logprobs = tr.token_ids, tr.logprobs
+        self.finish_reason = tr.finish_reason  # stop, length, turns or error
+        self.mask, self.turns = tr.mask, tr.turns
+        self.tool_calls, self.tool_errors, self.error = tr.tool_calls, tr.tool_errors, tr.error
+        self.env_reward = tr.env_reward
+
+
 class GenerateStage:
     """Warm generate worker (components/core/warm.py): the policy stays loaded; each step takes
     checkpoint max(0, i - train.max_staleness) in place and samples iteration i's prompts.
@@ -321,6 +398,11 @@ class GenerateStage:
         self.engine = PolicyEngine(cfg.generate, cfg.run.seed)
         self.sampler = PromptSampler(cfg, self.store, self.layout)
         self._train: tuple[str, str, Any] | None = None
+        self.tools = None
+        if cfg.generate.tools or cfg.generate.environment:  # multi-turn: loaded once per worker
+            from components.generate.tools import load_tools
+
+            self.tools = load_tools(cfg.generate.tools)
 
     def needs(self, iteration: int) -> list[str]:
         return [
@@ -337,7 +419,7 @@ class GenerateStage:
         )
         version = policy_version(cfg, iteration)
         config = {
-            "generate": cfg.generate.model_dump(mode="json"),
+            "generate": cfg.generate.model_dump(mode="json", exclude=unused_keys(cfg)["generate"]),
             "prompts_per_iteration": cfg.data.prompts_per_iteration,
             "seed": cfg.run.seed,
             "policy_version": version,
@@ -391,6 +473,10 @@ class GenerateStage:
                 policy_version=version,
                 desc=f"generate {iteration:05d}{shard_desc}",
                 allow_empty=self.num_shards > 1,
+                tools=self.tools,
+                max_turns=cfg.generate.max_turns,
+                max_response_tokens=cfg.generate.max_response_tokens,
+                environment=cfg.generate.environment,
             )
         stats.update(load.stats())
         if sampler_figures:
@@ -424,6 +510,8 @@ class GenerateStage:
     def close(self) -> None:
         self.engine.close()
         self._train = None
+        if self.tools is not None:
+            self.tools.close()
 
 
 def run(

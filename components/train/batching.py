@@ -6,6 +6,7 @@ Pure helpers of the train stage (no DeepSpeed, no I/O), tested on their own.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,7 @@ import pyarrow as pa
 import torch
 
 from components.core.errors import StageError
+from components.core.turns import has_void_turn
 
 
 @dataclass
@@ -25,6 +27,11 @@ class Rollouts:
     rollout_logprobs: list[list[float]]
     rewards: np.ndarray  # [N] float64
     truncated: np.ndarray  # [N] bool
+    sampled: list[list[int]] | None = None
+    """Multi-turn rollouts: 1 per response token the policy sampled, 0 per token a tool or
+    environment wrote (`response_mask`); None when every token was sampled (single-turn)."""
+    turns: list[list[dict]] | None = None
+    """Multi-turn rollouts: each row's turns ({role, content, start, end}); None otherwise."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -47,6 +54,15 @@ class Rollouts:
                     f"response_logprobs has {len(lp)}; they must align one per token "
                     "(regenerate the rollouts)"
                 )
+        sampled = None
+        if "response_mask" in table.column_names:
+            sampled = table.column("response_mask").to_pylist()
+            for i, (t, m) in enumerate(zip(resp, sampled, strict=True)):
+                if m is None or len(m) != len(t) or any(v not in (0, 1) for v in m):
+                    raise StageError(
+                        f"{source}: row {i}: response_mask must hold one 0 or 1 per response "
+                        f"token ({len(t)} tokens); regenerate the rollouts"
+                    )
         return cls(
             prompt_ids=table.column("prompt_id").to_pylist(),
             prompt_tokens=table.column("prompt_token_ids").to_pylist(),
@@ -54,7 +70,16 @@ class Rollouts:
             rollout_logprobs=lps,
             rewards=rewards,
             truncated=np.asarray(table.column("finish_reason").to_pylist()) == "length",
+            sampled=sampled,
+            turns=table.column("turns").to_pylist() if "turns" in table.column_names else None,
         )
+
+    def void(self, answer_pattern: str) -> np.ndarray:
+        """[N] bool: rows holding a void turn (components/core/turns.py); none without turns."""
+        if self.turns is None:
+            return np.zeros(len(self), dtype=bool)
+        answer = re.compile(answer_pattern)
+        return np.array([has_void_turn(t or [], answer) for t in self.turns], dtype=bool)
 
     def group_ids(self) -> torch.Tensor:
         """Integer id per row, equal for rows that share a prompt (a GRPO group).  # [N]"""

@@ -8,7 +8,8 @@ token / sequence counts of its mini-batch, so the sum over micro-batches is the 
 Order of operations (each step optional, by config):
 1. noisy-verifier correction of the rewards (backward or forward);
 2. DAPO dynamic sampling: rows of zero-variance groups leave the batch (counted);
-3. DAPO overlong filtering: truncated responses leave the loss mask;
+3. DAPO overlong filtering: truncated responses leave the loss mask; SimpleTIR's void-turn
+   filter: multi-turn trajectories with a void turn leave it too;
 4. KL folded into the token reward (kl_in_reward) before the advantage estimator;
 5. the advantage estimator, by registry name;
 6. forking-token mask: only the top-rho tokens by entropy stay in the loss mask;
@@ -35,10 +36,16 @@ class Targets:
     metrics: dict[str, float]
 
 
-def response_mask_of(lengths: list[int]) -> torch.Tensor:
-    """[N, L] bool mask from response lengths."""
+def response_mask_of(lengths: list[int], sampled: list[list[int]] | None = None) -> torch.Tensor:
+    """[N, L] bool mask of the response tokens that enter the loss: every token within each
+    response's length, and, for multi-turn rollouts (`sampled`), only those the policy sampled:
+    a tool's or environment's tokens are conditioning, not actions, so they leave the loss, the
+    KL, the advantages' token counts and every token metric."""
     L = max(max(lengths, default=1), 1)
-    return torch.arange(L).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    mask = torch.arange(L).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    if sampled is not None:
+        mask = mask & pad_rows([[float(v) for v in m] for m in sampled], L).bool()
+    return mask
 
 
 def pad_rows(rows: list[list[float]], L: int) -> torch.Tensor:
@@ -59,6 +66,7 @@ def build_targets(
     rollout_logprobs: torch.Tensor,  # [N, L]
     ref_logprobs: torch.Tensor | None = None,  # [N, L]
     entropy: torch.Tensor | None = None,  # [N, L]
+    void: torch.Tensor | None = None,  # [N] bool: rows with a void turn (multi-turn)
 ) -> Targets:
     metrics: dict[str, float] = {}
     if t.noisy_reward == "backward":
@@ -75,6 +83,9 @@ def build_targets(
     if t.overlong_filter:
         loss_mask = algos.overlong_mask(response_mask, truncated)
         metrics["train/overlong_masked"] = float(truncated.sum())
+    if t.void_turn_filter and void is not None:
+        loss_mask = loss_mask & ~void[:, None]
+        metrics["train/void_masked"] = float(void.sum())
 
     if ref_logprobs is not None and response_mask.any():
         kl_ref = algos.kl_estimate(

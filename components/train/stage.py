@@ -40,7 +40,7 @@ from components.core.commit import (
     materialize,
     read_manifest,
 )
-from components.core.config import RunConfig, TrainSection
+from components.core.config import RunConfig, TrainSection, unused_keys
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
@@ -248,7 +248,7 @@ def train_iteration(
     """One iteration's updates. Returns the new global step and the metrics."""
     n = len(ro)
     lengths = ro.lengths()
-    resp_mask = response_mask_of([len(r) for r in ro.response_tokens])
+    resp_mask = response_mask_of([len(r) for r in ro.response_tokens], ro.sampled)
     L = resp_mask.shape[1]
 
     # No-grad passes, once, with the weights before any update.
@@ -273,6 +273,7 @@ def train_iteration(
         rollout_logprobs=pad_rows(ro.rollout_logprobs, L),
         ref_logprobs=ref_lp,
         entropy=old_ent,
+        void=torch.from_numpy(ro.void(t.answer_pattern)) if t.void_turn_filter else None,
     )
     usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
 
@@ -554,7 +555,10 @@ class TrainStage:
         settings = {
             # kl_metric only adds a figure and gradient checkpointing changes memory, not
             # gradients: turning either on must not retrain the run
-            "train": t.model_dump(mode="json", exclude={"kl_metric", "gradient_checkpointing"}),
+            "train": t.model_dump(
+                mode="json",
+                exclude={"kl_metric", "gradient_checkpointing"} | unused_keys(cfg)["train"],
+            ),
             "iterations": cfg.run.iterations,
             "seed": cfg.run.seed,
         }

@@ -36,7 +36,13 @@ from components.core.commit import (
     shard_name,
     shard_of,
 )
-from components.core.config import CurriculumSection, OverlongPenalty, RewardSpec, RunConfig
+from components.core.config import (
+    CurriculumSection,
+    OverlongPenalty,
+    RewardSpec,
+    RunConfig,
+    unused_keys,
+)
 from components.core.curriculum import PROMPT_STATS, group_shares, scored_prompt_stats
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
@@ -97,10 +103,12 @@ def score_table(
     timeout_s: float,
     max_error_fraction: float,
     overlong: OverlongPenalty | None = None,
+    env_reward_weight: float = 1.0,
 ) -> tuple[pa.Table, dict[str, Any]]:
     """Score a rollouts table; returns the scored table and stats.
 
-    reward = sum_k weight_k * component_k (+ the overlong penalty); every component's value is
+    reward = sum_k weight_k * component_k (+ the overlong penalty, + the environment's reward
+    times `env_reward_weight` where the rollouts carry `env_reward`); every component's value is
     kept in `reward_components`. A component that raises or times out contributes 0 and its
     error goes to `verify_error`; the stage fails when more than `max_error_fraction` of the
     samples had an error.
@@ -151,6 +159,10 @@ def score_table(
             )
             components[row]["overlong"] = pen
             reward[row] += pen
+    if "env_reward" in table.column_names and env_reward_weight:
+        for row, value in enumerate(table.column("env_reward").to_pylist()):
+            components[row]["env"] = env_reward_weight * float(value or 0.0)
+            reward[row] += components[row]["env"]
     bad = sum(1 for e in row_errors if e)
     stats: dict[str, Any] = {
         "samples": n,
@@ -223,7 +235,12 @@ class VerifyStage:
         threshold = self.cfg.data.curriculum.success_threshold
         config: Any = self.cfg.verify  # at the default threshold: the digest runs recorded before
         if threshold != CurriculumSection().success_threshold:
-            config = {"verify": self.cfg.verify.model_dump(mode="json"), "success": threshold}
+            config = {
+                "verify": self.cfg.verify.model_dump(
+                    mode="json", exclude=unused_keys(self.cfg)["verify"]
+                ),
+                "success": threshold,
+            }
         return out, lineage(self.store, [layout.rollouts(iteration)], config, root=layout.root)
 
     def _stats_dir(self, iteration: int) -> OutputDir:
@@ -269,6 +286,7 @@ class VerifyStage:
                 timeout_s=cfg.verify.timeout_s,
                 max_error_fraction=cfg.verify.max_error_fraction,
                 overlong=cfg.verify.overlong_penalty,
+                env_reward_weight=cfg.verify.env_reward_weight,
             )
             per_prompt = scored_prompt_stats(
                 scored, iteration, cfg.data.curriculum.success_threshold

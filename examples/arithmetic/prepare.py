@@ -214,6 +214,27 @@ def outputs_exist(out: Path) -> bool:
     return all((out / name).exists() for name in OUTPUTS)
 
 
+def publish(out: Path, write: Callable[[Path], None]) -> None:
+    """Build a demo's inputs with `write(tmp)` in a temporary directory next to `out` and move
+    them into place, `base/` last, so a killed prepare never leaves inputs that look whole."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write(tmp)
+        ordinary_modes(tmp)  # mkdtemp's 0o700: a container's uid could not read the inputs
+        if out.exists() and not any(out.iterdir()):
+            out.rmdir()
+        if not out.exists():
+            tmp.rename(out)
+        else:  # a partial earlier attempt: replace its pieces, base/ last
+            for name in ("train.parquet", "eval.parquet", "prepare.json", "base"):
+                if name == "base" and (out / name).exists():
+                    shutil.rmtree(out / name)
+                (tmp / name).replace(out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def prepare(out: Path, cfg: WarmupConfig, task: Task = ARITHMETIC) -> Path:
     """Write datasets and the warmed base policy under ``out`` (skipped if already there)."""
     out = Path(out)
@@ -248,32 +269,21 @@ def prepare(out: Path, cfg: WarmupConfig, task: Task = ARITHMETIC) -> Path:
         f"{curve[-1]['dev_sampled']:.3f}, greedy {greedy:.3f}"
     )
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    summary = {
+        "config": asdict(cfg),
+        "parameters": count_parameters(model),
+        "curve": curve,
+        "dev_greedy": greedy,
+        "seconds": round(time.time() - started, 1),
+    }
+
+    def write(tmp: Path) -> None:
         task.write_table(splits["train"], "train", tmp / "train.parquet")
         task.write_table(splits["eval"], "eval", tmp / "eval.parquet")
         save_checkpoint(model, tokenizer, tmp / "base")
-        summary = {
-            "config": asdict(cfg),
-            "parameters": count_parameters(model),
-            "curve": curve,
-            "dev_greedy": greedy,
-            "seconds": round(time.time() - started, 1),
-        }
         (tmp / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n")
-        ordinary_modes(tmp)  # mkdtemp's 0o700: a container's uid could not read the inputs
-        if out.exists() and not any(out.iterdir()):
-            out.rmdir()
-        if not out.exists():
-            tmp.rename(out)
-        else:  # a partial earlier attempt: replace its pieces, base/ last
-            for name in ("train.parquet", "eval.parquet", "prepare.json", "base"):
-                if name == "base" and (out / name).exists():
-                    shutil.rmtree(out / name)
-                (tmp / name).replace(out / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    publish(out, write)
     print(f"wrote {out} in {time.time() - started:.0f}s")
     return out
 
