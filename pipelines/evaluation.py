@@ -13,7 +13,7 @@ from kfp import dsl
 
 from components.core.config import RunConfig, code_stages
 from pipelines.ops import make_ops
-from pipelines.placement import place
+from pipelines.placement import place, submits_job
 from pipelines.train import STAGES
 
 
@@ -24,7 +24,8 @@ def _ops(cfg: RunConfig):
 def _apply(task: dsl.PipelineTask, stage: str, cfg: RunConfig, for_cluster: bool):
     if not for_cluster:
         return task.set_caching_options(False)
-    return place(task, stage, cfg.cluster, runs_code=stage in code_stages(cfg))
+    return place(task, stage, cfg.cluster, runs_code=stage in code_stages(cfg),
+                 submits_job=submits_job(cfg, stage))  # fmt: skip
 
 
 def build_eval_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable:

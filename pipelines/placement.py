@@ -10,17 +10,18 @@ return a stale result).
 
 from kfp import dsl, kubernetes
 
-from components.core.config import ClusterSection
+from components.core.config import OBJECT_STORE_SECRET_KEYS, ClusterSection, RunConfig
 
 # the pods of stages that run model-written code (components.core.config.code_stages) get this
 # label, which the code-sandbox overlay matches (the seccomp profile that lets the sandbox build
 # itself, narrow egress)
 RUNS_CODE_LABEL = ("rlvr.dev/runs-code", "true")
 
-SECRET_KEYS = {
-    "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
-}
+
+def submits_job(cfg: RunConfig, stage: str) -> bool:
+    """Whether the task of `stage` submits a multi-node job instead of running the stage in its
+    own pod: train with train.nodes > 1 (components/train/jobs.py)."""
+    return stage == "train" and cfg.train.nodes > 1
 
 
 def place(
@@ -30,11 +31,15 @@ def place(
     *,
     iterations: int = 1,
     runs_code: bool = False,
+    submits_job: bool = False,
 ) -> dsl.PipelineTask:
     """Placement of one task; `iterations` is how many iterations it serves (a segment's
     worker: `run.segment_iterations`), which scales its pod deadline; `runs_code`: the stage
-    runs model-written code (`code_stages`)."""
-    p = cluster.stages[stage]
+    runs model-written code (`code_stages`); `submits_job`: the task only submits and follows a
+    multi-node job, which carries the stage's own placement, so its pod gets init's (no GPU)
+    under the stage's deadline."""
+    p = cluster.stages["init" if submits_job else stage]
+    timeout_s = cluster.stages[stage].timeout_s
     task.set_caching_options(False)
     if runs_code:
         kubernetes.add_pod_label(task, *RUNS_CODE_LABEL)
@@ -66,11 +71,13 @@ def place(
             backoff_factor=p.backoff_factor,
             backoff_max_duration=p.backoff_max_duration,
         )
-    if p.timeout_s:
-        kubernetes.set_timeout(task, p.timeout_s * iterations)
+    if timeout_s:
+        kubernetes.set_timeout(task, timeout_s * iterations)
     if cluster.object_store_secret:
         kubernetes.use_secret_as_env(
-            task, secret_name=cluster.object_store_secret, secret_key_to_env=SECRET_KEYS
+            task,
+            secret_name=cluster.object_store_secret,
+            secret_key_to_env=OBJECT_STORE_SECRET_KEYS,
         )
     if cluster.hf_token_secret:
         kubernetes.use_secret_as_env(

@@ -21,7 +21,9 @@ index is a run-time parameter, the compiled pipeline does not grow with run.iter
 `next-segment` task submits the next segment through the KFP API. Locally, `rlvr run` drives the
 segments itself, each on the concurrent local runner (pipelines/local_runner.py), because
 kfp.local runs one task at a time and workers that wait on each other need to run together.
-The pipeline function only wires tasks; Kubernetes placement is added by small helpers.
+The pipeline function only wires tasks; Kubernetes placement is added by small helpers. With
+train.nodes > 1 the train task's pod only submits and follows a multi-node TrainJob / PyTorchJob
+(components/train/jobs.py), so it is placed on the init pool, without a GPU.
 """
 
 from collections.abc import Callable
@@ -32,7 +34,7 @@ from components.core.commit import shard_name
 from components.core.config import RunConfig, code_stages
 from components.core.warm import eval_checkpoints
 from pipelines.ops import make_ops
-from pipelines.placement import place
+from pipelines.placement import place, submits_job
 
 STAGES = ("generate", "verify", "train", "evaluate")
 
@@ -54,7 +56,8 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         if for_cluster:
             n = cfg.run.segment_iterations if serves else 1
             return place(task, stage, cfg.cluster, iterations=n,
-                         runs_code=stage in code_stages(cfg))  # fmt: skip
+                         runs_code=stage in code_stages(cfg),
+                         submits_job=submits_job(cfg, stage))  # fmt: skip
         return task.set_caching_options(False)
 
     def shards_of(op, stage: str, count: int, **kwargs):

@@ -23,9 +23,17 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from tests.crd import assert_valid
+
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
-KUSTOMIZATIONS = ("base", "overlays/dev", "overlays/gpu-pools", "overlays/code-sandbox")
+KUSTOMIZATIONS = (
+    "base",
+    "overlays/dev",
+    "overlays/gpu-pools",
+    "overlays/code-sandbox",
+    "overlays/multi-node",
+)
 NAMESPACE = "rlvr"
 # Validated against the oldest Kubernetes still commonly run that has every field used here
 # (PodSecurity admission labels, fsGroupChangePolicy, ttlSecondsAfterFinished), and the newest
@@ -46,7 +54,11 @@ CLUSTER_SCOPED = {
     "RuntimeClass",
     "MutatingAdmissionPolicy",
     "MutatingAdmissionPolicyBinding",
+    "ClusterTrainingRuntime",
 }
+# Kubeflow's kinds, validated against the released API models (tests/crd.py) rather than
+# Kubernetes' own schemas
+KUBEFLOW_KINDS = {"ClusterTrainingRuntime", "TrainingRuntime", "TrainJob", "PyTorchJob"}
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
 
 
@@ -257,9 +269,14 @@ def test_renderer_agrees_with_kustomize_on_common_labels_and_deletes(tmp_path):
 def test_every_object_validates_against_the_kubernetes_schemas(rendered, name):
     kv = pytest.importorskip("kubernetes_validate.utils", reason="kubernetes-validate missing")
     errors = []
+    for obj in rendered[name]:
+        if obj["kind"] in KUBEFLOW_KINDS:
+            assert_valid(obj)
     for version in VERSIONS_FOR.get(name, K8S_VERSIONS):
         version = kv.latest_version() if version == "latest" else version
         for obj in rendered[name]:
+            if obj["kind"] in KUBEFLOW_KINDS:
+                continue
             try:
                 kv.validate(obj, version, strict=True)
             except kv.ValidationError as e:
@@ -521,3 +538,48 @@ def test_the_shipped_seccomp_profile_is_the_generated_one():
     denied = set(shipped["syscalls"][0]["names"])
     assert not denied & set(SANDBOX_BUILDER_NEEDS)
     assert {"ptrace", "bpf", "keyctl", "perf_event_open", "setns", "io_uring_setup"} <= denied
+
+
+def test_multi_node_runtime_matches_what_the_train_task_submits(rendered):
+    """The runtime's image is the config's default train image, its trainer job and container
+    are the ones a TrainJob's runtime patch and the launcher's log stream name, and the
+    Trainer can find it (the ancestor-step label)."""
+    from components.core.config import RunConfig
+    from components.train import jobspec
+
+    objs = rendered["overlays/multi-node"]
+    cfg = RunConfig.model_validate({"run": {"run_id": "r", "store": "/s"}, "model": {"base": "/b"},
+                                    "data": {"train": "/t.parquet"}})  # fmt: skip
+    runtime = _one(objs, "ClusterTrainingRuntime", cfg.cluster.train_job.runtime)
+    assert "namespace" not in runtime["metadata"]
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 1, "torch": {}}
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == jobspec.NODE_CONTAINER["trainer"]
+    assert node["template"]["metadata"]["labels"] == {
+        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}  # fmt: skip
+    assert node["template"]["spec"]["backoffLimit"] == 0
+    pod = node["template"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == jobspec.NODE_CONTAINER["trainer"]
+    assert container["image"] == cfg.cluster.image("train")
+    assert container["command"] == jobspec.NODE_COMMAND
+
+
+def test_multi_node_rbac_lets_the_runner_manage_its_jobs(rendered):
+    from components.core.config import ClusterSection
+
+    objs = rendered["overlays/multi-node"]
+    role = _one(objs, "Role", "rlvr-train-launcher")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in role["rules"]}
+    verbs = {"create", "get", "list", "watch", "delete"}  # components/train/jobs.py uses these
+    assert rules == {("trainer.kubeflow.org", "trainjobs"): verbs,
+                     ("kubeflow.org", "pytorchjobs"): verbs}  # fmt: skip
+    binding = _one(objs, "RoleBinding", "rlvr-train-launcher")
+    assert binding["roleRef"]["name"] == "rlvr-train-launcher"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": NAMESPACE,
+                                    "name": ClusterSection().service_account}]  # fmt: skip
+    # the job's pods and logs are read under the base Role
+    base = {r["resources"][0]: set(r["verbs"])
+            for r in _one(rendered["base"], "Role", "rlvr-pipeline-runner")["rules"]}  # fmt: skip
+    assert {"get", "list"} <= base["pods"] and "get" in base["pods/log"]

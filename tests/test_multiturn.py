@@ -183,7 +183,7 @@ def test_features_a_run_does_not_use_stay_out_of_its_lineage():
     tools = RunConfig.model_validate({**base, "generate": {"tools": ["python"]},
                                       "train": {"void_turn_filter": True}})  # fmt: skip
     used = unused_keys(tools)
-    assert used["generate"] == set() and used["train"] == set()
+    assert used["generate"] == set() and used["train"] == {"nodes"}  # one node: as before
     assert used["verify"] == {"env_reward_weight"}  # no environment: its weight changes nothing
     env = RunConfig.model_validate({**base, "generate": {"environment": {"url": "http://e:1"}}})
     assert unused_keys(env)["verify"] == set()

@@ -295,7 +295,14 @@ class TrainSection(_Strict):
     """auto: float32 on CPU, bfloat16 on GPU. bf16 runs at ZeRO >= 1 (fp32 masters and Adam
     moments are then saved per parameter; checkpoints hold the fp32 masters)."""
     processes: int | None = Field(None, ge=1)
-    """Data-parallel processes in the train pod (None: one per visible GPU, one on CPU)."""
+    """Data-parallel processes per train node (None: one per visible GPU, one on CPU; on a
+    cluster with nodes > 1, cluster.stages.train.accelerator_count)."""
+    nodes: int = Field(1, ge=1)
+    """Nodes the train step spans. 1: one pod (DeepSpeed over its GPUs). More: the train task
+    submits a Kubeflow Trainer TrainJob (or a Training Operator PyTorchJob:
+    cluster.train_job.api) of `nodes` pods x `processes` ranks under torchrun, waits for it and
+    deletes it (docs/deploy.md); without a cluster, `nodes` torchrun agents on this machine meet
+    over a loopback rendezvous."""
     max_staleness: int = Field(0, ge=0)
     """Bounded staleness k: generate of iteration i samples with checkpoint max(0, i - k), so
     it overlaps train of the k iterations before. 0 is on-policy. Train refuses rollouts staler
@@ -432,6 +439,30 @@ def _default_stages() -> dict[str, StagePlacement]:
     }
 
 
+#: environment variable <- key of the object store's Secret (cluster.object_store_secret)
+OBJECT_STORE_SECRET_KEYS = {
+    "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
+}
+
+
+class TrainJobSection(_Strict):
+    """How a multi-node train step (train.nodes > 1) runs on the cluster."""
+
+    api: Literal["trainer", "training-operator"] = "trainer"
+    """trainer: a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) on `runtime`;
+    training-operator: a Kubeflow Training Operator v1 PyTorchJob (kubeflow.org/v1)."""
+    runtime: str = Field("rlvr-train", min_length=1)
+    """The ClusterTrainingRuntime a TrainJob refers to (manifests/overlays/multi-node)."""
+    namespace: str | None = None
+    """Where the job is created; None: the namespace of the pipeline pod that submits it."""
+    poll_s: float = Field(5.0, gt=0)
+    """How often the submitting task reads the job's status."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment of the node pods: the interconnect's NCCL settings, e.g.
+    NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG (docs/deploy.md). Never a secret."""
+
+
 class ClusterSection(_Strict):
     """Where stages run on Kubernetes (the local runner ignores all of it)."""
 
@@ -454,6 +485,8 @@ class ClusterSection(_Strict):
     """Pod security context: the images' non-root uid/gid."""
     service_account: str | None = "rlvr-pipeline-runner"
     """Service account the pipeline's pods run as (manifests/base)."""
+    train_job: TrainJobSection = Field(default_factory=TrainJobSection)
+    """The job a multi-node train step (train.nodes > 1) submits."""
     kfp_api: str = "http://ml-pipeline.kubeflow.svc.cluster.local:8888"
     """The KFP API as seen from inside the cluster: the last task of a segment submits the next
     segment there, with the service account's token (KF_PIPELINES_SA_TOKEN_PATH)."""
@@ -577,7 +610,8 @@ def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
         "generate": set()
         if multi
         else {"tools", "max_turns", "max_response_tokens", "environment"},
-        "train": set() if cfg.train.void_turn_filter else {"void_turn_filter", "answer_pattern"},
+        "train": (set() if cfg.train.void_turn_filter else {"void_turn_filter", "answer_pattern"})
+        | (set() if cfg.train.nodes > 1 else {"nodes"}),
         "verify": set() if cfg.generate.environment else {"env_reward_weight"},
     }
 

@@ -37,6 +37,32 @@ def run_stage(fn: StageFn, cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
         sys.exit(2)
 
 
+#: CONFIG given as `env:NAME`: the resolved config's JSON is in environment variable NAME (how a
+#: multi-node train job hands every pod the config the pipeline task resolved).
+ENV_CONFIG_PREFIX = "env:"
+
+
+def config_from_arg(config: str, overrides: list[str], run_id: str | None = None) -> RunConfig:
+    """The config a stage command names: a file, or `env:NAME` (a resolved config's JSON)."""
+    import os
+
+    from components.core.config import ConfigError, from_pipeline
+
+    if not config.startswith(ENV_CONFIG_PREFIX):
+        return load_config(config, overrides, run_id=run_id)
+    name = config[len(ENV_CONFIG_PREFIX) :]
+    if name not in os.environ:
+        raise ConfigError(f"{config}: environment variable {name} is not set; it must hold the "
+                          "resolved config's JSON (set it, or pass a config file)")  # fmt: skip
+    if overrides:
+        raise ConfigError(f"{config}: --set applies to config files only; a resolved config "
+                          "is used as it is")  # fmt: skip
+    try:
+        return from_pipeline(os.environ[name], run_id or "")
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        raise ConfigError(f"{config}: not a valid resolved config ({e})") from None
+
+
 def stage_command(
     name: str, fn: StageFn, *, shardable: bool = False, serve: StageFn | None = None
 ) -> click.Command:
@@ -70,7 +96,7 @@ def stage_command(
 
         setup_logging()
         try:
-            cfg = load_config(config, list(overrides), run_id=run_id)
+            cfg = config_from_arg(config, list(overrides), run_id=run_id)
         except ConfigError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)

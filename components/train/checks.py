@@ -92,6 +92,7 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
         t.loss_agg_horizon or cfg.generate.max_new_tokens
     ):
         problems.error("config train.loss_agg_horizon", "seq-mean-token-sum-norm needs a horizon")
+    check_nodes(cfg, problems)
     if not ok:
         return
     # The objective once, as an iteration computes it, on a tiny batch.
@@ -116,6 +117,25 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
         problems.error(
             "config train", f"the objective fails on a test batch: {e}",
             "check the option values (docs/algorithms.md lists each one's range)",
+        )  # fmt: skip
+
+
+def check_nodes(cfg: RunConfig, problems: Problems) -> None:
+    """A multi-node train step (train.nodes > 1) that cannot be placed, or that wastes it."""
+    t, pool = cfg.train, cfg.cluster.stages["train"]
+    if t.nodes <= 1:
+        return
+    if t.processes and pool.accelerator_count and t.processes > pool.accelerator_count:
+        problems.error(
+            "config train.processes", f"{t.processes} ranks per node, but a train node has "
+            f"{pool.accelerator_count} GPUs (cluster.stages.train.accelerator_count)",
+            "leave train.processes unset (one rank per GPU) or raise accelerator_count",
+        )  # fmt: skip
+    if t.zero_stage < 2:
+        problems.warn(
+            "config train.zero_stage", f"ZeRO-{t.zero_stage} on {t.nodes} nodes: every rank "
+            "keeps its own copy of the gradients and Adam moments",
+            "zero_stage 2 partitions them over the nodes' ranks, 3 the weights too",
         )  # fmt: skip
 
 

@@ -7,7 +7,11 @@ CPU). With more than one, and when not already a launched rank (no TORCHELASTIC_
 the stage under `torch.distributed.run --standalone --nproc_per_node N`; each rank then runs
 `stage.run` with DeepSpeed data parallelism (NCCL on GPU, gloo on CPU), and rank 0 commits the
 outputs. The pipeline sets the pod's GPU count from `cluster.stages.train.accelerator_count`.
-Multi-node training is a documented follow-up (docs/deploy.md).
+
+With `train.nodes` > 1 the ranks span nodes. In a pod (the pipeline's train task on a cluster)
+the stage is submitted as a Kubeflow Trainer TrainJob or a PyTorchJob (components/train/jobs.py)
+whose pods each run components/train/node.py; anywhere else, `train.nodes` agents of that same
+entry meet over a loopback rendezvous on this machine.
 """
 
 from __future__ import annotations
@@ -36,6 +40,28 @@ def _launched() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
+def on_cluster() -> bool:
+    """Inside a Kubernetes pod (the variable every pod gets for the API server's service)."""
+    return "KUBERNETES_SERVICE_HOST" in os.environ
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _result(stdout: str, fallback: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's JSON result: the last JSON object the stage command printed."""
+    last = stdout[stdout.rfind("\n{") + 1 :] if "\n{" in stdout else stdout
+    try:
+        return json.loads(last)
+    except json.JSONDecodeError:
+        return fallback
+
+
 def _relaunch(cfg: RunConfig, n: int, stage_args: list[str]) -> dict[str, Any]:
     """Run `python -m components.train CONFIG <stage_args>` as n ranks; rank 0's JSON result."""
     with tempfile.TemporaryDirectory(prefix="rlvr-launch-") as tmp:
@@ -56,33 +82,79 @@ def _relaunch(cfg: RunConfig, n: int, stage_args: list[str]) -> dict[str, Any]:
         raise StageError(
             f"train on {n} processes failed (exit {proc.returncode}); see the ranks' logs above"
         )
-    last = proc.stdout[proc.stdout.rfind("\n{") + 1 :] if "\n{" in proc.stdout else proc.stdout
-    try:
-        return json.loads(last)
-    except json.JSONDecodeError:
-        return {"skipped": False, "processes": n}
+    return _result(proc.stdout, {"skipped": False, "processes": n})
+
+
+def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
+    """`train.nodes` agents on this machine, each started as a job controller starts a pod
+    (components/train/node.py with Kubeflow Trainer's PET_* variables), meeting over a loopback
+    rendezvous: a multi-node config runs, and is tested, without a cluster."""
+    import time
+
+    nodes, per_node = cfg.train.nodes, processes(cfg)
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="rlvr-nodes-") as tmp:
+        config = Path(tmp) / "config.yaml"
+        config.write_text(cfg.to_json())
+        args = [sys.executable, "-m", "components.train.node", str(config),
+                "--run-id", cfg.run_id, *stage_args]  # fmt: skip
+        out = (Path(tmp) / "node-0.out").open("w+")
+        agents = []
+        for node in range(nodes):
+            env = {**os.environ, "PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(per_node),
+                   "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "127.0.0.1",
+                   "PET_MASTER_PORT": str(port)}  # fmt: skip
+            stdout = out if node == 0 else subprocess.DEVNULL  # rank 0's result is node 0's
+            agents.append(subprocess.Popen(args, env=env, stdout=stdout))
+        try:
+            failed = None
+            while failed is None and any(a.poll() is None for a in agents):
+                failed = next((i for i, a in enumerate(agents) if a.poll()), None)
+                time.sleep(0.2)
+            failed = next((i for i, a in enumerate(agents) if a.poll()), failed)
+        finally:
+            for a in agents:  # a failed node leaves its peers waiting in a collective
+                if a.poll() is None:
+                    a.terminate()
+            for a in agents:
+                a.wait()
+        out.seek(0)
+        stdout_text = out.read()
+        out.close()
+    if failed is not None:
+        raise StageError(f"train node {failed} of {nodes} failed (exit "
+                         f"{agents[failed].returncode}); see its ranks' logs above")  # fmt: skip
+    return _result(stdout_text, {"skipped": False, "nodes": nodes, "processes": per_node})
+
+
+def _dispatch(cfg: RunConfig, stage_args: list[str], here) -> dict[str, Any]:
+    """Run the stage here (`here()`), as local ranks, as loopback nodes, or as a cluster job."""
+    if _launched():  # already a launched rank
+        return here()
+    if cfg.train.nodes > 1:
+        if on_cluster():
+            from components.train.jobs import run_job
+
+            return run_job(cfg, stage_args)
+        return _loopback_nodes(cfg, stage_args)
+    n = processes(cfg)
+    return here() if n <= 1 else _relaunch(cfg, n, stage_args)
 
 
 def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
-    """The train stage on as many local processes as configured (see the module docstring)."""
+    """The train stage on as many processes and nodes as configured (see the module docstring)."""
     from components.train import stage
 
-    n = processes(cfg)
-    if n <= 1 or _launched():  # one process, or already a launched rank
-        return stage.run(cfg, iteration, force=force)
-    return _relaunch(cfg, n, ["--iteration", str(iteration), *(["--force"] if force else [])])
+    args = ["--iteration", str(iteration), *(["--force"] if force else [])]
+    return _dispatch(cfg, args, lambda: stage.run(cfg, iteration, force=force))
 
 
 def serve(
     cfg: RunConfig, segment: int, *, attempt: str | None = None, retried: bool = False
 ) -> dict[str, Any]:
-    """The warm train worker of one segment, on as many local processes as configured: every
+    """The warm train worker of one segment, on as many processes and nodes as configured: every
     rank serves the segment's iterations with its engine kept in memory."""
     from components.train import stage
 
-    n = processes(cfg)
-    if n <= 1 or _launched():
-        return stage.serve(cfg, segment, attempt=attempt, retried=retried)
-    return _relaunch(
-        cfg, n, ["--segment", str(segment), *(["--attempt", attempt] if attempt else [])]
-    )
+    args = ["--segment", str(segment), *(["--attempt", attempt] if attempt else [])]
+    return _dispatch(cfg, args, lambda: stage.serve(cfg, segment, attempt=attempt, retried=retried))

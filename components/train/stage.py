@@ -645,10 +645,17 @@ class TrainStage:
 
         # --- save: train state first, the checkpoint's _SUCCESS last ---
         t0 = time.time()
-        tensors, meta = train_state.collect(self.engine, step, {"iteration": iteration + 1})
+        # every rank takes part in the gathers; rank 0 alone keeps the result and writes it
+        writer = self.rank == 0
+        tensors, meta = train_state.collect(
+            self.engine, step, {"iteration": iteration + 1}, keep=writer
+        )
         lora = cfg.model.lora is not None
-        weights = adapter_state_dict(self.engine) if lora else full_state_dict(self.engine)
-        if self.rank == 0:
+        weights = (
+            adapter_state_dict(self.engine) if lora else full_state_dict(self.engine, keep=writer)
+        )
+        barrier()  # every rank has finished its update and its part of the gathers
+        if writer:
             state_out.begin(force=True)
             ckpt_out.begin(force=True)
             tmp = Path(tempfile.mkdtemp(prefix="rlvr-state-"))

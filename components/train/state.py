@@ -50,8 +50,12 @@ def _holds_directly(engine, p: torch.nn.Parameter) -> bool:
     return any(q is p for g in opt.param_groups for q in g["params"])
 
 
-def collect(engine, step: int, extra: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
-    """Tensors and JSON describing the optimizer state after `step` optimizer steps."""
+def collect(
+    engine, step: int, extra: dict[str, Any], *, keep: bool = True
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """Tensors and JSON describing the optimizer state after `step` optimizer steps. Every rank
+    calls it (gathering a partitioned moment is a collective); only a rank with `keep` (the one
+    that writes it) holds the tensors, one parameter's moments gathered at a time."""
     from deepspeed.utils import safe_get_full_optimizer_state
 
     model = engine.module
@@ -65,7 +69,7 @@ def collect(engine, step: int, extra: dict[str, Any]) -> tuple[dict[str, torch.T
                 value = state.get(p, {}).get(key)
             else:
                 value = safe_get_full_optimizer_state(p, key)
-            if value is not None:
+            if value is not None and keep:
                 tensors[f"{key}.{name}"] = value.detach().float().cpu().contiguous()
     tensors["rng.torch"] = torch.get_rng_state()
     meta = {

@@ -1,0 +1,125 @@
+"""The train stage on a CUDA GPU: DeepSpeed over NCCL, bf16, ZeRO-3, through the command a
+TrainJob's pods run. Skipped where torch sees no GPU (CI has none); on a GPU node run
+
+    python -m pytest -q tests/test_gpu.py
+
+1. fp32 on the GPU computes the update the CPU computes (the same rows, the same loss; only
+   kernels differ), to 1e-4 relative: fp32 matmuls with TF32 off (torch's default for matmul)
+   differ from CPU's by summation order alone, ~1e-6 per op, amplified a little through one
+   backward and Adam's first step (the moments are (1 - beta1) x the clipped gradient).
+2. bf16 at ZeRO-3, launched through the multi-node pod entry (components.train.node with the
+   variables Kubeflow Trainer sets, one node of one GPU, NCCL), equals the stage's own one-GPU
+   launch at ZeRO-1 bf16: both compute forward and backward in bf16 from fp32 masters, so the
+   update differs by how gradients are accumulated and reduced in each ZeRO stage, which the
+   bound 2e-2 relative (on the whole flattened moment vector, not per element: single bf16
+   roundings of a gradient are 2^-8 = 4e-3) allows; the saved checkpoint is the fp32 masters
+   (not bf16-rounded weights) in both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from components.core import run_setup
+from components.core.config import RunConfig, load_config
+from components.core.layout import RunLayout
+from components.generate.stage import run as generate
+from components.train import jobspec
+from components.verify.stage import run as verify
+from tests.conftest import write_config
+from tests.test_multinode import _free_port
+from tests.test_train import PLUGIN
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none); run on a GPU node"
+)
+
+
+@pytest.fixture
+def prepared(tmp_path, tiny_assets) -> RunConfig:
+    plugin = tmp_path / "reward_plugin.py"
+    plugin.write_text(PLUGIN)
+    cfg = load_config(write_config(
+        tmp_path, tiny_assets, verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
+        train={"lr": 1e-3, "micro_batch_tokens": 4096, "mini_batches": 1, "processes": 1},
+    ))  # fmt: skip
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    return cfg
+
+
+def _train(cfg: RunConfig, tmp_path: Path, *sets: str, env: dict | None = None) -> tuple:
+    config = tmp_path / "resolved.json"
+    config.write_text(cfg.to_json())
+    args = [sys.executable, "-m", "components.train", str(config), "-i", "0"]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return _update(cfg)
+
+
+def _update(cfg: RunConfig) -> tuple[dict, dict, dict]:
+    layout = RunLayout.of(cfg)
+    weights = load_file(f"{layout.checkpoint(1)}/model.safetensors")
+    state = load_file(f"{layout.train_state(1)}/optimizer.safetensors")
+    metrics = json.loads(Path(layout.train_state(1), "metrics.json").read_text())
+    shutil.rmtree(layout.checkpoint(1))
+    shutil.rmtree(layout.train_state(1))
+    return weights, state, metrics
+
+
+def _rel(a: dict, b: dict, keys: list[str]) -> float:
+    va = torch.cat([a[k].double().flatten() for k in keys])
+    vb = torch.cat([b[k].double().flatten() for k in keys])
+    return float((va - vb).norm() / vb.norm())
+
+
+def test_gpu_fp32_update_equals_the_cpu_update(prepared, tmp_path):
+    cpu = _train(prepared, tmp_path, "train.dtype=float32", env={"CUDA_VISIBLE_DEVICES": ""})
+    gpu = _train(prepared, tmp_path, "train.dtype=float32")
+    moments = sorted(k for k in cpu[1] if k.startswith("exp_avg."))
+    assert moments and gpu[1].keys() == cpu[1].keys()
+    assert _rel(gpu[1], cpu[1], moments) < 1e-4
+    assert _rel(gpu[0], cpu[0], sorted(cpu[0])) < 1e-4
+    assert gpu[2]["train/loss"] == pytest.approx(cpu[2]["train/loss"], rel=1e-4)
+
+
+def test_bf16_zero3_through_the_trainjob_pod_entry_equals_one_gpu_zero1(prepared, tmp_path):
+    cfg = prepared
+    base = load_file(f"{RunLayout.of(cfg).checkpoint(0)}/model.safetensors")
+    local = _train(cfg, tmp_path, "train.dtype=bfloat16", "train.zero_stage=1")
+
+    pod = RunConfig.model_validate_json(cfg.to_json())
+    pod.train.dtype, pod.train.zero_stage = "bfloat16", 3
+    job = jobspec.train_job(pod, ["--iteration", "0"], namespace="rlvr", iterations=1)
+    trainer = job["spec"]["trainer"]
+    env = {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
+    env.update(PET_NNODES="1", PET_NPROC_PER_NODE="1", PET_NODE_RANK="0",
+               PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(_free_port()))  # fmt: skip
+    ran = subprocess.run([sys.executable, *trainer["command"][1:]], capture_output=True,
+                         text=True, env={**os.environ, **env}, timeout=600)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    pod_update = _update(cfg)
+
+    for weights, _state, metrics in (local, pod_update):
+        assert metrics["train/world_size"] == 1
+        assert all(v.dtype == torch.float32 for v in weights.values())  # fp32 masters saved
+        assert any(not torch.equal(weights[k], base[k]) for k in base)
+    moments = sorted(k for k in local[1] if k.startswith("exp_avg."))
+    assert moments and pod_update[1].keys() == local[1].keys()
+    assert _rel(pod_update[1], local[1], moments) < 2e-2
+    delta = {k: pod_update[0][k] - base[k] for k in base}
+    ref = {k: local[0][k] - base[k] for k in base}
+    assert _rel(delta, ref, sorted(base)) < 2e-2  # the step itself, not the shared base
+    assert pod_update[2]["train/loss"] == pytest.approx(local[2]["train/loss"], rel=1e-2)

@@ -1,0 +1,235 @@
+"""Multi-node training (train.nodes > 1) without a cluster: the node entry's reading of each job
+controller's environment, and real two-"node" runs on this machine whose update equals one node
+of two processes.
+
+The two-node runs start the exact command a TrainJob's pods run (from the spec the train task
+would submit), twice, with the variables Kubeflow Trainer sets in each pod (PET_NNODES,
+PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT) and a loopback master: two
+torchrun agents, one rank each, static rendezvous. One node of two processes and two nodes of
+one have the same ranks holding the same rows and the same gloo all-reduce over two ranks, so
+the gradients (read back as Adam's first moment, exactly (1 - beta1) x the clipped gradient
+after the first step) and the checkpoint agree to float round-off; the bound is 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from components.core import run_setup
+from components.core.config import RunConfig, load_config
+from components.core.errors import StageError
+from components.core.layout import RunLayout
+from components.generate.stage import run as generate
+from components.train import jobspec
+from components.train.node import NodePlace, node_place, rank_env, torchrun_command
+from components.verify.stage import run as verify
+from tests.conftest import write_config
+from tests.test_train import PLUGIN
+
+
+def test_trainer_v2_environment_places_the_node():
+    env = {"PET_NNODES": "4", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "3",
+           "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"}  # fmt: skip
+    assert node_place(env, 4, 8) == NodePlace(3, "job-node-0-0.job", 29400)
+
+
+def test_pytorchjob_environment_places_the_node():
+    """The Training Operator's RANK is the pod's index (Master 0, Worker i is i + 1)."""
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}
+    assert node_place(env, 2, 8) == NodePlace(1, "job-master-0", 23456)
+    # newer operators add PET_NPROC_PER_NODE (and may leave the master as MASTER_*)
+    assert node_place({**env, "PET_NPROC_PER_NODE": "8"}, 2, 8).node_rank == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"PET_NNODES": "3", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "a",
+          "PET_MASTER_PORT": "1"}, "PET_NNODES=3 nodes but train.nodes is 2"),
+        ({"PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "a",
+          "PET_MASTER_PORT": "1"}, "PET_NPROC_PER_NODE=4 processes per node but this config runs 8"),
+        ({"PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1"}, "no node rank"),
+        ({"PET_NODE_RANK": "0", "PET_MASTER_PORT": "1"}, "PET_MASTER_ADDR"),
+        ({"PET_NODE_RANK": "2", "PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1"},
+         "PET_NODE_RANK=2 is outside the job's 2 nodes"),
+        ({"PET_NODE_RANK": "x", "PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1"},
+         "PET_NODE_RANK='x' is not an integer"),
+    ],
+)  # fmt: skip
+def test_a_job_that_disagrees_with_the_config_is_refused(env, match):
+    with pytest.raises(StageError, match=match):
+        node_place(env, 2, 8)
+
+
+def test_node_runs_torchrun_with_a_static_rendezvous_at_node_0():
+    cmd = torchrun_command(2, 8, NodePlace(1, "m", 29400), ["cfg", "--segment", "0"])
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8",
+                       "--node-rank=1", "--master-addr=m", "--master-port=29400",
+                       "--max-restarts=0", "-m", "components.train", "cfg", "--segment", "0"]  # fmt: skip
+    # a PyTorchJob worker's RANK=1 is the node's, never a rank's: it stays with the agent
+    env = rank_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "m", "PATH": "/bin"})
+    assert env == {"PATH": "/bin"}
+
+
+def test_nodes_enter_the_lineage_only_when_more_than_one():
+    """A one-node run keeps the lineage it had before train.nodes existed (its committed
+    outputs stay up to date); a multi-node one records its node count."""
+    from components.core.config import unused_keys
+
+    base = {"model": {"base": "b"}, "data": {"train": "t.parquet"}}
+    assert "nodes" in unused_keys(RunConfig.model_validate(base))["train"]
+    multi = RunConfig.model_validate({**base, "train": {"nodes": 2}})
+    assert "nodes" not in unused_keys(multi)["train"]
+
+
+def test_check_flags_a_multi_node_config_that_cannot_be_placed():
+    from components.core.preflight import Problems
+    from components.train.checks import check_train
+
+    base = {"model": {"base": "b"}, "data": {"train": "t.parquet"}}
+    cfg = RunConfig.model_validate({**base, "train": {"nodes": 2, "processes": 16},
+                                    "cluster": {"stages": {"train": {"accelerator_count": 8}}}})  # fmt: skip
+    problems = Problems()
+    check_train(cfg, problems)
+    (error,) = problems.errors
+    assert error.where == "config train.processes" and "a train node has 8 GPUs" in error.what
+    assert [p.where for p in problems.items if p.warning] == ["config train.zero_stage"]
+    fine = RunConfig.model_validate({**base, "train": {"nodes": 2, "zero_stage": 3}})
+    problems = Problems()
+    check_train(fine, problems)
+    assert not problems.items
+    one = RunConfig.model_validate({**base, "train": {"processes": 16}})  # one node: not judged
+    problems = Problems()
+    check_train(one, problems)
+    assert not problems.items
+
+
+# --- real runs on loopback --------------------------------------------------------------------
+
+
+@pytest.fixture
+def prepared(tmp_path, tiny_assets) -> RunConfig:
+    """Iteration 0's scored rollouts, ready for one update (one optimizer step)."""
+    plugin = tmp_path / "reward_plugin.py"
+    plugin.write_text(PLUGIN)
+    cfg = load_config(write_config(
+        tmp_path, tiny_assets, verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
+        train={"lr": 1e-3, "micro_batch_tokens": 4096, "mini_batches": 1},
+    ))  # fmt: skip
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    return cfg
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _update(cfg: RunConfig) -> tuple[dict, dict, dict]:
+    """Checkpoint 1's weights, train state 1's tensors and metrics; then both are removed, so
+    the next run computes the same update again."""
+    layout = RunLayout.of(cfg)
+    weights = load_file(f"{layout.checkpoint(1)}/model.safetensors")
+    state = load_file(f"{layout.train_state(1)}/optimizer.safetensors")
+    metrics = json.loads(Path(layout.train_state(1), "metrics.json").read_text())
+    shutil.rmtree(layout.checkpoint(1))
+    shutil.rmtree(layout.train_state(1))
+    return weights, state, metrics
+
+
+def _assert_same_update(a: tuple, b: tuple) -> None:
+    (wa, sa, ma), (wb, sb, mb) = a, b
+    assert wa.keys() == wb.keys()
+    moments = [k for k in sa if k.startswith("exp_avg.")]
+    assert moments and {k for k in sa if k != "rng.torch"} == {k for k in sb if k != "rng.torch"}
+    assert sum(float(sa[k].abs().sum()) for k in moments) > 0  # a real gradient to compare
+    for key in moments:  # exp_avg after one step = (1 - beta1) x the clipped gradient
+        assert torch.allclose(sb[key], sa[key], rtol=1e-5, atol=1e-12), key
+    for key in wa:
+        assert torch.allclose(wb[key], wa[key], rtol=1e-5, atol=1e-12), key
+    assert mb["train/world_size"] == ma["train/world_size"] == 2
+    for key in ("train/loss", "train/grad_norm"):
+        assert mb[key] == pytest.approx(ma[key], rel=1e-5), key
+
+
+@pytest.mark.slow
+def test_two_trainjob_pods_on_loopback_match_one_node_of_two_processes(prepared, tmp_path):
+    """Under ZeRO-3, where weights and Adam moments are partitioned across the nodes and
+    gathered one parameter at a time for rank 0 to write."""
+    cfg = prepared
+    cfg.train.zero_stage = 3
+    config = tmp_path / "resolved.yaml"
+    config.write_text(cfg.to_json())
+    one = subprocess.run(
+        [sys.executable, "-m", "components.train", str(config), "-i", "0",
+         "--set", "train.processes=2"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    single = _update(cfg)
+
+    # the TrainJob the train task would submit for this iteration, and what its pods run
+    multi = RunConfig.model_validate_json(cfg.to_json())
+    multi.train.nodes, multi.train.processes = 2, 1
+    job = jobspec.train_job(multi, ["--iteration", "0"], namespace="rlvr", iterations=1)
+    trainer = job["spec"]["trainer"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 1)
+    pod_env = {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
+    command = [sys.executable, *trainer["command"][1:]]  # the image's python is this one
+    port = _free_port()
+    agents = [
+        subprocess.Popen(command, env={**os.environ, **pod_env, "PET_NNODES": "2",
+                                       "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(node),
+                                       "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in range(2)
+    ]  # fmt: skip
+    outs = [a.communicate(timeout=600) for a in agents]
+    for a, (_, err) in zip(agents, outs, strict=True):
+        assert a.returncode == 0, err[-3000:]
+    assert "rlvr train node 1/2: 1 rank(s), rendezvous at 127.0.0.1" in outs[1][1]
+    two = _update(cfg)
+    _assert_same_update(single, two)
+    base = load_file(f"{RunLayout.of(cfg).checkpoint(0)}/model.safetensors")
+    assert {k: v.shape for k, v in two[0].items()} == {k: v.shape for k, v in base.items()}
+    assert any(not torch.equal(two[0][k], base[k]) for k in base)
+
+
+@pytest.mark.slow
+def test_stage_command_with_two_nodes_runs_loopback_agents(prepared, tmp_path):
+    """Off a cluster, `python -m components.train` with train.nodes=2 starts two node agents
+    itself (what `rlvr stage train` and the local runner do) and returns rank 0's result."""
+    cfg = prepared
+    cfg.train.processes = 1
+    config = tmp_path / "resolved.yaml"
+    config.write_text(cfg.to_json())
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    two = subprocess.run(
+        [sys.executable, "-m", "components.train", str(config), "-i", "0", "--set", "train.nodes=2"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    result = json.loads(two.stdout[two.stdout.rfind("\n{") + 1 :])
+    assert result["skipped"] is False and result["uri"].endswith("checkpoints/00001")
+    weights, state, metrics = _update(cfg)
+    assert metrics["train/world_size"] == 2
+    # a node that fails takes the step down with a message, not a hang
+    bad = subprocess.run(
+        [sys.executable, "-m", "components.train", str(config), "-i", "0", "--set",
+         "train.nodes=2", "--set", "train.advantage=nope"], capture_output=True, text=True,
+        env=env, timeout=300,
+    )  # fmt: skip
+    assert bad.returncode != 0
+    assert "train node" in bad.stderr and "failed" in bad.stderr

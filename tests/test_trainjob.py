@@ -1,0 +1,456 @@
+"""The multi-node train step on a cluster, without one: the TrainJob / PyTorchJob the train task
+submits (field by field, and strictly valid against the released Kubeflow API models), the
+compiled pipeline's train task, and the submit-follow-delete loop through the real `kubernetes`
+client against a loopback HTTP server that implements the few API endpoints involved and records
+every request."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+
+from components.core.commit import OutputDir
+from components.core.config import RunConfig
+from components.core.errors import StageError
+from components.core.layout import RunLayout, store_for
+from components.train import jobs, jobspec
+from tests.crd import assert_valid
+
+SEGMENT_ARGS = ["--segment", "1", "--attempt", "run-abc"]
+
+
+def cluster_cfg(tmp_path, api: str = "trainer", **train) -> RunConfig:
+    return RunConfig.model_validate({
+        "run": {"run_id": "Demo_Run.7", "store": str(tmp_path / "runs"), "iterations": 8,
+                "segment_iterations": 4},
+        "model": {"base": "s3://b/base"},
+        "data": {"train": "s3://b/train.parquet"},
+        "train": {"nodes": 2, **train},
+        "cluster": {"image_repo": "registry.example/rlvr", "image_tag": "1.2",
+                    "hf_token_secret": "hf-token",
+                    "stages": {"train": {"accelerator_count": 8, "cpu_limit": "96"}},
+                    "train_job": {"api": api, "env": {"NCCL_SOCKET_IFNAME": "eth0"},
+                                  "poll_s": 0.01}},
+    })  # fmt: skip
+
+
+OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "task-pod", "uid": "u-1",
+         "blockOwnerDeletion": False, "controller": False}  # fmt: skip
+
+ENV_REFS = [
+    {"name": "AWS_ACCESS_KEY_ID",
+     "valueFrom": {"secretKeyRef": {"name": "rlvr-object-store", "key": "AWS_ACCESS_KEY_ID"}}},
+    {"name": "AWS_SECRET_ACCESS_KEY",
+     "valueFrom": {"secretKeyRef": {"name": "rlvr-object-store", "key": "AWS_SECRET_ACCESS_KEY"}}},
+    {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}},
+    {"name": "AWS_ENDPOINT_URL", "valueFrom": {"configMapKeyRef": {
+        "name": "rlvr-defaults", "key": "AWS_ENDPOINT_URL", "optional": True}}},
+    {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+]  # fmt: skip
+LABELS = {"app.kubernetes.io/part-of": "rlvr", "app.kubernetes.io/component": "train",
+          "rlvr.dev/run-id": "Demo_Run.7"}  # fmt: skip
+POD_SPEC = {
+    "nodeSelector": {"rlvr.io/pool": "train"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
+    "securityContext": {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True},
+    "serviceAccountName": "rlvr-pipeline-runner",
+}
+RESOURCES = {"requests": {"cpu": "8", "memory": "128Gi"},
+             "limits": {"cpu": "96", "memory": "128Gi", "nvidia.com/gpu": "8"}}  # fmt: skip
+
+
+def test_trainjob_field_by_field(tmp_path):
+    cfg = cluster_cfg(tmp_path)
+    job = jobspec.train_job(cfg, SEGMENT_ARGS, namespace="team-a", iterations=4, owner=OWNER)
+    assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and job["kind"] == "TrainJob"
+    meta = job["metadata"]
+    assert meta["name"] == jobspec.job_name(cfg, SEGMENT_ARGS)
+    assert meta["namespace"] == "team-a"
+    assert meta["labels"] == LABELS
+    assert meta["ownerReferences"] == [OWNER]
+    spec = job["spec"]
+    assert spec["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
+                                  "kind": "ClusterTrainingRuntime", "name": "rlvr-train"}  # fmt: skip
+    assert spec["activeDeadlineSeconds"] == 12 * 3600 * 4  # train's timeout x the segment's
+    t = spec["trainer"]
+    assert t["image"] == "registry.example/rlvr/rlvr-train:1.2"
+    assert t["command"] == ["python", "-m", "components.train.node", "env:RLVR_CONFIG_JSON",
+                            "--run-id", "Demo_Run.7", *SEGMENT_ARGS]  # fmt: skip
+    assert (t["numNodes"], t["numProcPerNode"]) == (2, 8)
+    assert t["resourcesPerNode"] == RESOURCES
+    assert t["env"][0]["name"] == "RLVR_CONFIG_JSON"
+    assert RunConfig.from_json(t["env"][0]["value"]) == cfg  # every pod runs the resolved config
+    assert t["env"][1] == {"name": "PYTHONUNBUFFERED", "value": "1"}
+    assert t["env"][2:] == ENV_REFS
+    (patch,) = spec["runtimePatches"]
+    assert patch["manager"] == "rlvr.dev/train-launcher"
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == "node"
+    pod = node["template"]["spec"]["template"]
+    assert pod["metadata"] == {"labels": LABELS}
+    assert pod["spec"] == {**POD_SPEC, "containers": [
+        {"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]}  # fmt: skip
+    assert set(job) == {"apiVersion", "kind", "metadata", "spec"}
+    assert set(spec) == {"runtimeRef", "trainer", "runtimePatches", "activeDeadlineSeconds"}
+    assert_valid(job)
+
+
+def test_pytorchjob_field_by_field(tmp_path):
+    cfg = cluster_cfg(tmp_path, api="training-operator", nodes=3)
+    job = jobspec.pytorch_job(cfg, ["--iteration", "5"], namespace="team-a", iterations=1)
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    assert job["metadata"] == {"name": jobspec.job_name(cfg, ["--iteration", "5"]),
+                               "namespace": "team-a", "labels": LABELS}  # fmt: skip
+    spec = job["spec"]
+    assert spec["nprocPerNode"] == "8"
+    assert spec["runPolicy"] == {"backoffLimit": 0, "cleanPodPolicy": "None",
+                                 "activeDeadlineSeconds": 12 * 3600}  # fmt: skip
+    replicas = spec["pytorchReplicaSpecs"]
+    assert {k: (v["replicas"], v["restartPolicy"]) for k, v in replicas.items()} == {
+        "Master": (1, "Never"), "Worker": (2, "Never")}  # fmt: skip
+    assert replicas["Master"]["template"] == replicas["Worker"]["template"]
+    template = replicas["Master"]["template"]
+    assert template["metadata"] == {"labels": LABELS}
+    (container,) = template["spec"]["containers"]
+    assert {k: v for k, v in template["spec"].items() if k != "containers"} == POD_SPEC
+    assert container["name"] == "pytorch"
+    assert container["image"] == "registry.example/rlvr/rlvr-train:1.2"
+    assert container["command"] == ["python", "-m", "components.train.node",
+                                    "env:RLVR_CONFIG_JSON", "--run-id", "Demo_Run.7",
+                                    "--iteration", "5"]  # fmt: skip
+    assert container["env"][2:] == ENV_REFS
+    assert container["resources"] == RESOURCES
+    assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    assert_valid(job)
+
+
+def test_cpu_pool_and_bare_placement_give_minimal_valid_specs(tmp_path):
+    """No accelerator, no shm, no security context, no secrets: only what is configured."""
+    cfg = cluster_cfg(tmp_path, processes=2)
+    cfg.cluster.stages["train"] = cfg.cluster.stages["verify"].model_copy(
+        update={"node_selector": {}, "timeout_s": None})  # fmt: skip
+    cfg.cluster.run_as_user = cfg.cluster.service_account = None
+    cfg.cluster.object_store_secret = cfg.cluster.hf_token_secret = None
+    cfg.cluster.defaults_config_map = None
+    for build in (jobspec.train_job, jobspec.pytorch_job):
+        job = build(cfg, SEGMENT_ARGS, namespace="ns", iterations=4)
+        assert "activeDeadlineSeconds" not in json.dumps(job)
+        assert "secretKeyRef" not in json.dumps(job) and "dshm" not in json.dumps(job)
+        assert_valid(job)
+    t = jobspec.train_job(cfg, SEGMENT_ARGS, namespace="ns", iterations=4)["spec"]["trainer"]
+    assert t["numProcPerNode"] == 2  # train.processes wins
+    assert t["resourcesPerNode"] == {"requests": {"cpu": "8", "memory": "16Gi"},
+                                     "limits": {"cpu": "16", "memory": "32Gi"}}  # fmt: skip
+    pod = jobspec.train_job(cfg, SEGMENT_ARGS, namespace="ns", iterations=4)["spec"][
+        "runtimePatches"
+    ][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert pod["template"]["spec"]["template"]["spec"] == {}
+
+
+def test_a_misspelt_field_fails_validation(tmp_path):
+    job = jobspec.train_job(cluster_cfg(tmp_path), SEGMENT_ARGS, namespace="ns", iterations=4)
+    job["spec"]["trainer"]["numNode"] = job["spec"]["trainer"].pop("numNodes")
+    with pytest.raises(AssertionError, match=r"\.spec\.trainer\.numNode \(not in the schema\)"):
+        assert_valid(job)
+
+
+def test_job_names_are_dns_labels_stable_per_task(tmp_path):
+    cfg = cluster_cfg(tmp_path)
+    name = jobspec.job_name(cfg, SEGMENT_ARGS)
+    assert name == jobspec.job_name(cfg, list(SEGMENT_ARGS))  # a retried task: the same job
+    assert name.startswith("rlvr-train-demo-run-7-") and len(name) <= 40
+    assert name != jobspec.job_name(cfg, ["--segment", "2", "--attempt", "run-abc"])
+    assert name != jobspec.job_name(cfg, ["--segment", "1", "--attempt", "run-def"])
+    cfg.run.run_id = "X" * 200
+    assert len(jobspec.job_name(cfg, SEGMENT_ARGS)) <= 40
+    assert jobspec.labels(cfg)["rlvr.dev/run-id"] == "X" * 63
+
+
+def test_no_secret_value_enters_a_spec(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value")
+    monkeypatch.setenv("HF_TOKEN", "hf_s3cr3t")
+    cfg = cluster_cfg(tmp_path)
+    for build in (jobspec.train_job, jobspec.pytorch_job):
+        text = json.dumps(build(cfg, SEGMENT_ARGS, namespace="ns", iterations=4))
+        assert "s3cr3t" not in text
+
+
+def test_compiled_pipeline_train_task_submits_instead_of_training(tmp_path):
+    """With train.nodes 2 the compiled train task runs on the init pool (no GPU: its pod only
+    submits and follows the job) under the train stage's deadline; with 1 it is the GPU pod."""
+    from pipelines.train import compile_pipeline
+
+    def train_executor(nodes: int) -> tuple[dict, dict]:
+        cfg = cluster_cfg(tmp_path)
+        cfg.train.nodes = nodes
+        path = compile_pipeline(cfg, str(tmp_path / f"p{nodes}.yaml"))
+        docs = list(yaml.safe_load_all(open(path)))
+        spec, platform = docs[0], docs[1]
+        executor = spec["deploymentSpec"]["executors"]["exec-train-worker"]["container"]
+        k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
+            "exec-train-worker"]  # fmt: skip
+        return executor, k8s
+
+    multi, multi_k8s = train_executor(2)
+    single, single_k8s = train_executor(1)
+    assert multi["image"] == single["image"] == "registry.example/rlvr/rlvr-train:1.2"
+    assert "accelerator" not in multi["resources"] and "accelerator" in single["resources"]
+    assert multi_k8s["nodeSelector"] == {"labels": {"rlvr.io/pool": "verify"}}
+    assert "tolerations" not in multi_k8s and "emptyDirMounts" not in multi_k8s
+    deadline = str(12 * 3600 * 4)  # the IR carries it as a string
+    assert multi_k8s["activeDeadlineSeconds"] == single_k8s["activeDeadlineSeconds"] == deadline
+
+
+# --- the submit-follow-delete loop against a recording API server -------------------------------
+
+
+class FakeKube:
+    """The Kubernetes API endpoints the train task uses: create / get / delete of one custom
+    resource kind, pods by label selector, a pod, and a pod's log (followed). Each created job
+    answers GETs with `statuses` in turn (the last one repeats)."""
+
+    def __init__(self, statuses: list[dict], pods: list[dict], logs: dict[str, list[str]]):
+        self.statuses, self.pods, self.logs = statuses, pods, logs
+        self.jobs: dict[str, dict] = {}
+        self.gets: dict[str, int] = {}
+        self.requests: list[tuple[str, str, dict, dict]] = []
+        self.existing: dict[str, dict] = {}  # jobs present before the test (a leftover)
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _body(self) -> dict:
+                n = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(n)) if n else {}
+
+            def _send(self, code: int, obj: dict) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _route(self) -> None:
+                url = urlparse(self.path)
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                body = self._body() if self.command == "POST" else {}
+                outer.requests.append((self.command, url.path, query, body))
+                parts = url.path.strip("/").split("/")
+                if parts[:2] == ["api", "v1"]:
+                    return self._core(parts[4:], query)
+                name = parts[6] if len(parts) > 6 else None
+                if self.command == "POST":
+                    name = body["metadata"]["name"]
+                    if name in outer.jobs or name in outer.existing:
+                        return self._send(409, {"kind": "Status", "reason": "AlreadyExists",
+                                                "message": f"{name} already exists"})  # fmt: skip
+                    outer.jobs[name] = body
+                    return self._send(201, body)
+                if self.command == "DELETE":
+                    found = outer.jobs.pop(name, None) or outer.existing.pop(name, None)
+                    return self._send(200 if found else 404, {"kind": "Status"})
+                if name in outer.existing:
+                    return self._send(200, outer.existing[name])
+                if name not in outer.jobs:
+                    return self._send(404, {"kind": "Status", "reason": "NotFound"})
+                n = outer.gets[name] = outer.gets.get(name, 0) + 1
+                status = outer.statuses[min(n, len(outer.statuses)) - 1]
+                return self._send(200, {**outer.jobs[name], "status": status})
+
+            def _core(self, parts: list[str], query: dict) -> None:
+                if parts == ["pods"]:
+                    return self._send(200, {"kind": "PodList", "items": outer.pods})
+                if len(parts) == 2:  # the task's own pod
+                    return self._send(200, {"kind": "Pod", "metadata": {
+                        "name": parts[1], "uid": "uid-of-" + parts[1]}})  # fmt: skip
+                data = "".join(line + "\n" for line in outer.logs.get(parts[1], [])).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = _route
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def client(self):
+        from kubernetes import client
+
+        conf = client.Configuration(host=f"http://127.0.0.1:{self.server.server_port}")
+        return client.ApiClient(conf)
+
+    def calls(self, method: str) -> list[tuple[str, dict, dict]]:
+        return [(p, q, b) for m, p, q, b in self.requests if m == method]
+
+
+def _pod(name: str, phase: str, terminated: dict | None = None) -> dict:
+    state = {"terminated": terminated} if terminated else {"running": {}}
+    return {"metadata": {"name": name}, "status": {"phase": phase, "containerStatuses": [
+        {"name": "node", "state": state}]}}  # fmt: skip
+
+
+def _commit_checkpoints(cfg: RunConfig, iterations) -> None:
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    for i in iterations:
+        out = OutputDir(store, layout.checkpoint(i + 1), "train")
+        out.begin()
+        out.put_bytes(b"{}", "config.json")
+        out.commit({"train/loss": 0.5 + i})
+
+
+RUNNING = {"conditions": [{"type": "Created", "status": "True"}]}
+COMPLETE = {"conditions": [{"type": "Created", "status": "True"},
+                           {"type": "Complete", "status": "True", "reason": "JobSetCompleted",
+                            "message": "jobset completed successfully"}]}  # fmt: skip
+FAILED = {"conditions": [{"type": "Failed", "status": "True", "reason": "JobSetFailed",
+                          "message": "jobset failed: job node-1 has failed"}]}  # fmt: skip
+
+
+@pytest.fixture
+def in_pod(monkeypatch):
+    monkeypatch.setenv("HOSTNAME", "task-pod-7")
+
+
+def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
+    cfg = cluster_cfg(tmp_path)
+    cfg.cluster.train_job.namespace = "team-a"
+    _commit_checkpoints(cfg, range(4, 8))  # what rank 0 commits while the job runs
+    pods = [_pod("j-node-0-0", "Running"), _pod("j-node-0-1", "Running")]
+    kube = FakeKube([RUNNING, RUNNING, COMPLETE], pods,
+                    {"j-node-0-0": ["rank 0 up", "train 00004: loss 0.5"], "j-node-0-1": ["rank 1 up"]})  # fmt: skip
+    out = io.StringIO()
+    result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
+
+    name = jobspec.job_name(cfg, SEGMENT_ARGS)
+    assert result == {"task": "train", "segment": 1, "steps": 4, "job": name, "nodes": 2,
+                      "processes_per_node": 8}  # fmt: skip
+    ((path, query, body),) = kube.calls("POST")
+    assert path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"
+    assert query == {"fieldManager": "rlvr", "fieldValidation": "Strict"}
+    expected = jobspec.train_job(cfg, SEGMENT_ARGS, namespace="team-a", iterations=4, owner={
+        "apiVersion": "v1", "kind": "Pod", "name": "task-pod-7", "uid": "uid-of-task-pod-7",
+        "blockOwnerDeletion": False, "controller": False})  # fmt: skip
+    assert body == json.loads(json.dumps(expected))
+    assert len(kube.calls("GET")) >= 3
+    pod_lists = [q for p, q, _ in kube.calls("GET") if p.endswith("/pods")]
+    assert pod_lists[0] == {"labelSelector": f"jobset.sigs.k8s.io/jobset-name={name}"}
+    logs = [(p, q) for p, q, _ in kube.calls("GET") if p.endswith("/log")]
+    assert sorted(p.split("/")[-2] for p, _ in logs) == ["j-node-0-0", "j-node-0-1"]  # once each
+    # (the client sends "True"; the API server parses it with Go's strconv.ParseBool)
+    assert all((q["container"], q["follow"].lower()) == ("node", "true") for _, q in logs), logs
+    ((deleted, _, _),) = kube.calls("DELETE")
+    assert deleted.endswith(f"/namespaces/team-a/trainjobs/{name}")
+    text = out.getvalue()
+    for line in ("[j-node-0-0] rank 0 up", "[j-node-0-0] train 00004: loss 0.5",
+                 "[j-node-0-1] rank 1 up", f"submitted TrainJob team-a/{name}: 2 nodes x 8",
+                 "completed: JobSetCompleted: jobset completed successfully"):  # fmt: skip
+        assert line in text, line
+
+
+def test_a_failed_job_raises_its_own_message_and_is_deleted(tmp_path, in_pod):
+    cfg = cluster_cfg(tmp_path)
+    pods = [_pod("j-node-0-0", "Running"),
+            _pod("j-node-0-1", "Failed", {"exitCode": 137, "reason": "OOMKilled"}),
+            {"metadata": {"name": "j-node-0-2"}, "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False",
+                 "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu"}]}}]  # fmt: skip
+    kube = FakeKube([RUNNING, FAILED], pods, {"j-node-0-1": ["CUDA out of memory"]})
+    out = io.StringIO()
+    with pytest.raises(StageError) as err:
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
+    msg = str(err.value)
+    assert msg.startswith(f"TrainJob default/{jobspec.job_name(cfg, SEGMENT_ARGS)} failed: "
+                          "JobSetFailed: jobset failed: job node-1 has failed")  # fmt: skip
+    assert "j-node-0-1/node: OOMKilled (exit 137)" in msg
+    assert "j-node-0-2: pending (0/3 nodes are available: 3 Insufficient nvidia.com/gpu)" in msg
+    assert "[j-node-0-1] CUDA out of memory" in out.getvalue()
+    assert len(kube.calls("DELETE")) == 1 and not kube.jobs
+
+
+def test_a_leftover_job_of_the_same_name_is_replaced(tmp_path, in_pod):
+    """A task retried after its pod died finds its own job still there: it is deleted and the
+    step submitted again (committed iterations are skipped by the stage itself)."""
+    cfg = cluster_cfg(tmp_path)
+    _commit_checkpoints(cfg, range(4, 8))
+    kube = FakeKube([COMPLETE], [], {})
+    name = jobspec.job_name(cfg, SEGMENT_ARGS)
+    kube.existing[name] = {"metadata": {"name": name}}
+    jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
+    methods = [(m, p.rsplit("/", 1)[-1]) for m, p, _, _ in kube.requests
+               if "/pods" not in p]  # fmt: skip
+    assert methods[:4] == [("POST", "trainjobs"), ("DELETE", name), ("GET", name),
+                           ("POST", "trainjobs")]  # fmt: skip
+    assert methods[-1] == ("DELETE", name)
+
+
+def test_a_job_that_completes_without_committing_fails(tmp_path, in_pod):
+    cfg = cluster_cfg(tmp_path)
+    _commit_checkpoints(cfg, range(4, 7))  # the last checkpoint of the segment is missing
+    kube = FakeKube([COMPLETE], [], {})
+    with pytest.raises(StageError, match=r"completed but .*checkpoints/00008 is not committed"):
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
+    assert len(kube.calls("DELETE")) == 1
+
+
+def test_pytorchjob_path_one_iteration(tmp_path, in_pod):
+    cfg = cluster_cfg(tmp_path, api="training-operator")
+    _commit_checkpoints(cfg, [5])
+    done = {"conditions": [{"type": "Running", "status": "False"},
+                           {"type": "Succeeded", "status": "True", "reason": "PyTorchJobSucceeded",
+                            "message": "PyTorchJob is successfully completed."}]}  # fmt: skip
+    pods = [_pod("j-master-0", "Succeeded"), _pod("j-worker-0", "Succeeded")]
+    kube = FakeKube([RUNNING, done], pods, {"j-master-0": ["ok"]})
+    result = jobs.run_job(cfg, ["--iteration", "5"], api_client=kube.client(), out=io.StringIO())
+    name = jobspec.job_name(cfg, ["--iteration", "5"])
+    assert result["uri"].endswith("checkpoints/00006")
+    assert result["stats"] == {"train/loss": 5.5} and result["job"] == name
+    ((path, _, body),) = kube.calls("POST")
+    assert path == "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs"
+    assert body["spec"]["runPolicy"]["activeDeadlineSeconds"] == 12 * 3600
+    pod_lists = [q for p, q, _ in kube.calls("GET") if p.endswith("/pods")]
+    assert pod_lists[0] == {"labelSelector": f"training.kubeflow.org/job-name={name}"}
+    logs = [q for p, q, _ in kube.calls("GET") if p.endswith("/log")]
+    assert logs and all(q["container"] == "pytorch" for q in logs)
+    assert kube.calls("DELETE")[0][0].endswith(f"/pytorchjobs/{name}")
+
+
+def test_sigterm_deletes_the_job(tmp_path, in_pod):
+    """A cancelled pipeline run stops the task with SIGTERM: the wait ends and the job (and so
+    its GPU pods) is deleted rather than left running."""
+    cfg = cluster_cfg(tmp_path)
+    kube = FakeKube([RUNNING], [], {})
+
+    def sleep(_):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(), sleep=sleep)
+    assert stop.value.code == 143
+    assert len(kube.calls("DELETE")) == 1 and not kube.jobs
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_job_state_reads_only_true_terminal_conditions():
+    kind = jobs.KINDS["trainer"]
+    assert jobs.job_state(kind, {}) == ("running", "")
+    assert jobs.job_state(kind, {"status": {"conditions": [
+        {"type": "Failed", "status": "False"}]}}) == ("running", "")  # fmt: skip
+    assert jobs.job_state(kind, {"status": FAILED})[0] == "failed"
+    assert jobs.job_state(jobs.KINDS["training-operator"], {"status": COMPLETE})[0] == "running"
