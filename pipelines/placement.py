@@ -16,6 +16,10 @@ from components.core.config import OBJECT_STORE_SECRET_KEYS, ClusterSection, Run
 # label, which the code-sandbox overlay matches (the seccomp profile that lets the sandbox build
 # itself, narrow egress)
 RUNS_CODE_LABEL = ("rlvr.dev/runs-code", "true")
+#: what a task that submits a multi-node job gets on top of the job's own deadline: the time to
+#: clear an earlier submission's leftovers (components/train/jobs.py waits up to 600 s), create
+#: the job, and read its end
+JOB_DEADLINE_MARGIN_S = 900
 
 
 def submits_job(cfg: RunConfig, stage: str) -> bool:
@@ -36,10 +40,14 @@ def place(
     """Placement of one task; `iterations` is how many iterations it serves (a segment's
     worker: `run.segment_iterations`), which scales its pod deadline; `runs_code`: the stage
     runs model-written code (`code_stages`); `submits_job`: the task only submits and follows a
-    multi-node job, which carries the stage's own placement, so its pod gets init's (no GPU)
-    under the stage's deadline."""
+    multi-node job, which carries the stage's own placement, so its pod gets init's resources
+    and pool (no GPU), but keeps the stage's retries (its peers wait for them:
+    components.core.warm.retry_grace_s) and the stage's deadline plus a margin, so the job's own
+    deadline (the same) fires first and its reason reaches the task's log."""
     p = cluster.stages["init" if submits_job else stage]
-    timeout_s = cluster.stages[stage].timeout_s
+    own = cluster.stages[stage]
+    timeout_s = own.timeout_s
+    margin_s = JOB_DEADLINE_MARGIN_S if submits_job else 0
     task.set_caching_options(False)
     if runs_code:
         kubernetes.add_pod_label(task, *RUNS_CODE_LABEL)
@@ -64,15 +72,15 @@ def place(
         kubernetes.empty_dir_mount(
             task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=p.shm_size
         )
-    if p.retries:
+    if own.retries:
         task.set_retry(
-            num_retries=p.retries,
-            backoff_duration=p.backoff_duration,
-            backoff_factor=p.backoff_factor,
-            backoff_max_duration=p.backoff_max_duration,
+            num_retries=own.retries,
+            backoff_duration=own.backoff_duration,
+            backoff_factor=own.backoff_factor,
+            backoff_max_duration=own.backoff_max_duration,
         )
     if timeout_s:
-        kubernetes.set_timeout(task, timeout_s * iterations)
+        kubernetes.set_timeout(task, timeout_s * iterations + margin_s)
     if cluster.object_store_secret:
         kubernetes.use_secret_as_env(
             task,

@@ -260,6 +260,12 @@ CASES: list[tuple[str, Callable[[Ctx], object], list[str], str]] = [
                     {**json.loads((d / "config.json").read_text()), "attention_dropout": 0.1})))(
                     base_copy(c))), CHECK,
      "train.gradient_checkpointing: the base's config sets attention_dropout=0.1"),
+    ("config/train-node-ranks-past-its-gpus",
+     lambda c: (set_key("train", nodes=2, processes=16)(c),
+                set_key("cluster", stages={"train": {"accelerator_count": 8}})(c)), CHECK,
+     "config train.processes: 16 ranks per node, but a train node has 8 GPUs"),
+    ("config/unknown-train-job-api", set_key("cluster", train_job={"api": "mpi-operator"}),
+     CHECK, "cluster.train_job.api"),
     ("config/k-above-n", set_key("evaluate", ks=[64]), CHECK, "evaluate.ks"),
     ("config/eval-filter-matches-nothing",
      lambda c: c.set("data", eval=[{**c.cfg()["data"]["eval"][0], "data_sources": ["nope"]}]),

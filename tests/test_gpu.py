@@ -102,7 +102,7 @@ def test_bf16_zero3_through_the_trainjob_pod_entry_equals_one_gpu_zero1(prepared
 
     pod = RunConfig.model_validate_json(cfg.to_json())
     pod.train.dtype, pod.train.zero_stage = "bfloat16", 3
-    job = jobspec.train_job(pod, ["--iteration", "0"], namespace="rlvr", iterations=1)
+    job = jobspec.train_job(pod, ["--iteration", "0"], name="j", namespace="rlvr", iterations=1)
     trainer = job["spec"]["trainer"]
     env = {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
     env.update(PET_NNODES="1", PET_NPROC_PER_NODE="1", PET_NODE_RANK="0",

@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,10 +73,11 @@ def test_a_job_that_disagrees_with_the_config_is_refused(env, match):
 
 
 def test_node_runs_torchrun_with_a_static_rendezvous_at_node_0():
-    cmd = torchrun_command(2, 8, NodePlace(1, "m", 29400), ["cfg", "--segment", "0"])
+    cmd = torchrun_command(2, 8, NodePlace(1, "m", 29400), ["cfg", "--segment", "0"], 1800)
     assert cmd[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8",
                        "--node-rank=1", "--master-addr=m", "--master-port=29400",
-                       "--max-restarts=0", "-m", "components.train", "cfg", "--segment", "0"]  # fmt: skip
+                       "--rdzv-conf=timeout=1800", "--max-restarts=0", "-m", "components.train",
+                       "cfg", "--segment", "0"]  # fmt: skip
     # a PyTorchJob worker's RANK=1 is the node's, never a rank's: it stays with the agent
     env = rank_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "m", "PATH": "/bin"})
     assert env == {"PATH": "/bin"}
@@ -112,6 +114,51 @@ def test_check_flags_a_multi_node_config_that_cannot_be_placed():
     problems = Problems()
     check_train(one, problems)
     assert not problems.items
+
+
+def test_loopback_nodes_get_gpus_of_their_own(monkeypatch):
+    """Two ranks on one GPU is an NCCL error: loopback nodes share the visible GPUs out."""
+    from components.train import launch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert launch._loopback_gpus(2, None) == (4, ["0,1,2,3", "4,5,6,7"])
+    assert launch._loopback_gpus(2, 2) == (2, ["0,1", "2,3"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    assert launch._loopback_gpus(3, None) == (1, ["3", "5", "6"])
+    with pytest.raises(StageError, match="needs 4 GPUs, and 3 are visible"):
+        launch._loopback_gpus(2, 2)
+    with pytest.raises(StageError, match="needs 4 GPUs, and 3 are visible"):
+        launch._loopback_gpus(4, None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert launch._loopback_gpus(2, None) == (1, [None, None])
+
+
+def test_stopping_an_agent_stops_what_it_started():
+    """A loopback agent is stopped with its whole process group (torchrun and its ranks),
+    never the agent alone, whose ranks would wait in a collective until a timeout."""
+    from components.train import launch
+
+    agent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True); "
+                              "time.sleep(300)"], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)  # fmt: skip
+    child = int(agent.stdout.readline())
+    launch._stop([agent], grace_s=10)
+    assert agent.returncode is not None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead, unreaped
+    except FileNotFoundError:
+        return False
 
 
 # --- real runs on loopback --------------------------------------------------------------------
@@ -183,7 +230,7 @@ def test_two_trainjob_pods_on_loopback_match_one_node_of_two_processes(prepared,
     # the TrainJob the train task would submit for this iteration, and what its pods run
     multi = RunConfig.model_validate_json(cfg.to_json())
     multi.train.nodes, multi.train.processes = 2, 1
-    job = jobspec.train_job(multi, ["--iteration", "0"], namespace="rlvr", iterations=1)
+    job = jobspec.train_job(multi, ["--iteration", "0"], name="j", namespace="rlvr", iterations=1)
     trainer = job["spec"]["trainer"]
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 1)
     pod_env = {e["name"]: e["value"] for e in trainer["env"] if "value" in e}

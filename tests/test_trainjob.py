@@ -9,8 +9,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -57,6 +59,11 @@ ENV_REFS = [
 ]  # fmt: skip
 LABELS = {"app.kubernetes.io/part-of": "rlvr", "app.kubernetes.io/component": "train",
           "rlvr.dev/run-id": "Demo_Run.7"}  # fmt: skip
+
+
+def labels(cfg: RunConfig, args: list[str]) -> dict[str, str]:
+    """LABELS and the step's own label (one value per run, segment or iteration, attempt)."""
+    return {**LABELS, "rlvr.dev/train-step": jobspec.step_key(cfg, args)}
 POD_SPEC = {
     "nodeSelector": {"rlvr.io/pool": "train"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -70,12 +77,13 @@ RESOURCES = {"requests": {"cpu": "8", "memory": "128Gi"},
 
 def test_trainjob_field_by_field(tmp_path):
     cfg = cluster_cfg(tmp_path)
-    job = jobspec.train_job(cfg, SEGMENT_ARGS, namespace="team-a", iterations=4, owner=OWNER)
+    job = jobspec.train_job(cfg, SEGMENT_ARGS, name="rlvr-train-x", namespace="team-a",
+                            iterations=4, owner=OWNER)  # fmt: skip
     assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and job["kind"] == "TrainJob"
     meta = job["metadata"]
-    assert meta["name"] == jobspec.job_name(cfg, SEGMENT_ARGS)
+    assert meta["name"] == "rlvr-train-x"
     assert meta["namespace"] == "team-a"
-    assert meta["labels"] == LABELS
+    assert meta["labels"] == labels(cfg, SEGMENT_ARGS)
     assert meta["ownerReferences"] == [OWNER]
     spec = job["spec"]
     assert spec["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
@@ -96,7 +104,7 @@ def test_trainjob_field_by_field(tmp_path):
     (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     assert node["name"] == "node"
     pod = node["template"]["spec"]["template"]
-    assert pod["metadata"] == {"labels": LABELS}
+    assert pod["metadata"] == {"labels": labels(cfg, SEGMENT_ARGS)}  # leftovers are found by it
     assert pod["spec"] == {**POD_SPEC, "containers": [
         {"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]}  # fmt: skip
     assert set(job) == {"apiVersion", "kind", "metadata", "spec"}
@@ -106,10 +114,10 @@ def test_trainjob_field_by_field(tmp_path):
 
 def test_pytorchjob_field_by_field(tmp_path):
     cfg = cluster_cfg(tmp_path, api="training-operator", nodes=3)
-    job = jobspec.pytorch_job(cfg, ["--iteration", "5"], namespace="team-a", iterations=1)
+    args = ["--iteration", "5"]
+    job = jobspec.pytorch_job(cfg, args, name="j", namespace="team-a", iterations=1)
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
-    assert job["metadata"] == {"name": jobspec.job_name(cfg, ["--iteration", "5"]),
-                               "namespace": "team-a", "labels": LABELS}  # fmt: skip
+    assert job["metadata"] == {"name": "j", "namespace": "team-a", "labels": labels(cfg, args)}
     spec = job["spec"]
     assert spec["nprocPerNode"] == "8"
     assert spec["runPolicy"] == {"backoffLimit": 0, "cleanPodPolicy": "None",
@@ -119,7 +127,7 @@ def test_pytorchjob_field_by_field(tmp_path):
         "Master": (1, "Never"), "Worker": (2, "Never")}  # fmt: skip
     assert replicas["Master"]["template"] == replicas["Worker"]["template"]
     template = replicas["Master"]["template"]
-    assert template["metadata"] == {"labels": LABELS}
+    assert template["metadata"] == {"labels": labels(cfg, args)}
     (container,) = template["spec"]["containers"]
     assert {k: v for k, v in template["spec"].items() if k != "containers"} == POD_SPEC
     assert container["name"] == "pytorch"
@@ -142,37 +150,41 @@ def test_cpu_pool_and_bare_placement_give_minimal_valid_specs(tmp_path):
     cfg.cluster.object_store_secret = cfg.cluster.hf_token_secret = None
     cfg.cluster.defaults_config_map = None
     for build in (jobspec.train_job, jobspec.pytorch_job):
-        job = build(cfg, SEGMENT_ARGS, namespace="ns", iterations=4)
+        job = build(cfg, SEGMENT_ARGS, name="j", namespace="ns", iterations=4)
         assert "activeDeadlineSeconds" not in json.dumps(job)
         assert "secretKeyRef" not in json.dumps(job) and "dshm" not in json.dumps(job)
         assert_valid(job)
-    t = jobspec.train_job(cfg, SEGMENT_ARGS, namespace="ns", iterations=4)["spec"]["trainer"]
+    t = jobspec.train_job(cfg, SEGMENT_ARGS, name="j", namespace="ns", iterations=4)["spec"][
+        "trainer"
+    ]
     assert t["numProcPerNode"] == 2  # train.processes wins
     assert t["resourcesPerNode"] == {"requests": {"cpu": "8", "memory": "16Gi"},
                                      "limits": {"cpu": "16", "memory": "32Gi"}}  # fmt: skip
-    pod = jobspec.train_job(cfg, SEGMENT_ARGS, namespace="ns", iterations=4)["spec"][
+    pod = jobspec.train_job(cfg, SEGMENT_ARGS, name="j", namespace="ns", iterations=4)["spec"][
         "runtimePatches"
     ][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert pod["template"]["spec"]["template"]["spec"] == {}
 
 
 def test_a_misspelt_field_fails_validation(tmp_path):
-    job = jobspec.train_job(cluster_cfg(tmp_path), SEGMENT_ARGS, namespace="ns", iterations=4)
+    job = jobspec.train_job(cluster_cfg(tmp_path), SEGMENT_ARGS, name="j", namespace="ns",
+                            iterations=4)  # fmt: skip
     job["spec"]["trainer"]["numNode"] = job["spec"]["trainer"].pop("numNodes")
     with pytest.raises(AssertionError, match=r"\.spec\.trainer\.numNode \(not in the schema\)"):
         assert_valid(job)
 
 
-def test_job_names_are_dns_labels_stable_per_task(tmp_path):
+def test_job_names_are_dns_labels_new_per_submission_with_a_stable_step_label(tmp_path):
     cfg = cluster_cfg(tmp_path)
-    name = jobspec.job_name(cfg, SEGMENT_ARGS)
-    assert name == jobspec.job_name(cfg, list(SEGMENT_ARGS))  # a retried task: the same job
-    assert name.startswith("rlvr-train-demo-run-7-") and len(name) <= 40
-    assert name != jobspec.job_name(cfg, ["--segment", "2", "--attempt", "run-abc"])
-    assert name != jobspec.job_name(cfg, ["--segment", "1", "--attempt", "run-def"])
+    name = jobspec.job_name(cfg, SEGMENT_ARGS, "a1b2c")
+    assert re.fullmatch(r"rlvr-train-demo-run-7-[0-9a-f]{8}-a1b2c", name) and len(name) <= 40
+    key = jobspec.step_key(cfg, SEGMENT_ARGS)
+    assert key == jobspec.step_key(cfg, list(SEGMENT_ARGS))  # a retried task: the same step
+    assert key != jobspec.step_key(cfg, ["--segment", "2", "--attempt", "run-abc"])
+    assert key != jobspec.step_key(cfg, ["--segment", "1", "--attempt", "run-def"])
     cfg.run.run_id = "X" * 200
-    assert len(jobspec.job_name(cfg, SEGMENT_ARGS)) <= 40
-    assert jobspec.labels(cfg)["rlvr.dev/run-id"] == "X" * 63
+    assert len(jobspec.job_name(cfg, SEGMENT_ARGS, "a1b2c")) <= 40
+    assert jobspec.labels(cfg, SEGMENT_ARGS)["rlvr.dev/run-id"] == "X" * 63
 
 
 def test_no_secret_value_enters_a_spec(tmp_path, monkeypatch):
@@ -180,7 +192,7 @@ def test_no_secret_value_enters_a_spec(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_s3cr3t")
     cfg = cluster_cfg(tmp_path)
     for build in (jobspec.train_job, jobspec.pytorch_job):
-        text = json.dumps(build(cfg, SEGMENT_ARGS, namespace="ns", iterations=4))
+        text = json.dumps(build(cfg, SEGMENT_ARGS, name="j", namespace="ns", iterations=4))
         assert "s3cr3t" not in text
 
 
@@ -192,10 +204,14 @@ def test_compiled_pipeline_train_task_submits_instead_of_training(tmp_path):
     def train_executor(nodes: int) -> tuple[dict, dict]:
         cfg = cluster_cfg(tmp_path)
         cfg.train.nodes = nodes
+        cfg.cluster.stages["init"].retries = 0  # init's pool, but not init's retries
         path = compile_pipeline(cfg, str(tmp_path / f"p{nodes}.yaml"))
         docs = list(yaml.safe_load_all(open(path)))
         spec, platform = docs[0], docs[1]
         executor = spec["deploymentSpec"]["executors"]["exec-train-worker"]["container"]
+        (task,) = [t for t in spec["root"]["dag"]["tasks"].values()
+                   if t["componentRef"]["name"] == "comp-train-worker"]  # fmt: skip
+        executor["retryPolicy"] = task.get("retryPolicy")
         k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
             "exec-train-worker"]  # fmt: skip
         return executor, k8s
@@ -206,24 +222,39 @@ def test_compiled_pipeline_train_task_submits_instead_of_training(tmp_path):
     assert "accelerator" not in multi["resources"] and "accelerator" in single["resources"]
     assert multi_k8s["nodeSelector"] == {"labels": {"rlvr.io/pool": "verify"}}
     assert "tolerations" not in multi_k8s and "emptyDirMounts" not in multi_k8s
-    deadline = str(12 * 3600 * 4)  # the IR carries it as a string
-    assert multi_k8s["activeDeadlineSeconds"] == single_k8s["activeDeadlineSeconds"] == deadline
+    deadline = 12 * 3600 * 4  # the IR carries it as a string
+    assert single_k8s["activeDeadlineSeconds"] == str(deadline)
+    # the job's own deadline (the same) fires first, so the task reads and reports why
+    assert multi_k8s["activeDeadlineSeconds"] == str(deadline + 900)
+    # the train stage's retry policy, not init's (the peers' grace is computed from it)
+    assert multi["retryPolicy"] == single["retryPolicy"] and multi["retryPolicy"]["maxRetryCount"] == 2
 
 
 # --- the submit-follow-delete loop against a recording API server -------------------------------
 
 
 class FakeKube:
-    """The Kubernetes API endpoints the train task uses: create / get / delete of one custom
-    resource kind, pods by label selector, a pod, and a pod's log (followed). Each created job
-    answers GETs with `statuses` in turn (the last one repeats)."""
+    """The Kubernetes API endpoints the train task uses: create / get / list (by label) /
+    delete (with a uid precondition) of one custom resource kind, pods by label selector, a pod,
+    and a pod's log (followed). Each created job answers GETs with `statuses` in turn (the last
+    one repeats); an int there is an error answer of that HTTP status instead (404 also removes
+    the job). `existing` holds jobs present before the test (leftovers), whose pods
+    (`leftover_pods`) outlive their deletion by `pod_lag` pod lists."""
 
-    def __init__(self, statuses: list[dict], pods: list[dict], logs: dict[str, list[str]]):
+    def __init__(
+        self, statuses: list[dict | int], pods: list[dict], logs: dict[str, list[str]]
+    ):
         self.statuses, self.pods, self.logs = statuses, pods, logs
         self.jobs: dict[str, dict] = {}
         self.gets: dict[str, int] = {}
         self.requests: list[tuple[str, str, dict, dict]] = []
-        self.existing: dict[str, dict] = {}  # jobs present before the test (a leftover)
+        self.existing: dict[str, dict] = {}
+        self.leftover_pods: list[dict] = []
+        self.pod_lag = 0
+        self.log_cut: dict[str, int] = {}  # pod -> how many times its log stream ends early
+        self.served: dict[str, int] = {}  # pod -> log lines served so far
+        self.uids = 0
+        self.create_error: tuple[int, dict] | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -241,40 +272,80 @@ class FakeKube:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _status(self, code: int, message: str) -> None:
+                self._send(code, {"kind": "Status", "code": code, "message": message})
+
             def _route(self) -> None:
                 url = urlparse(self.path)
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
-                body = self._body() if self.command == "POST" else {}
+                body = self._body() if self.command in ("POST", "DELETE") else {}
                 outer.requests.append((self.command, url.path, query, body))
                 parts = url.path.strip("/").split("/")
                 if parts[:2] == ["api", "v1"]:
                     return self._core(parts[4:], query)
                 name = parts[6] if len(parts) > 6 else None
+                everything = {**outer.existing, **outer.jobs}
                 if self.command == "POST":
+                    if outer.create_error:
+                        return self._send(outer.create_error[0], outer.create_error[1])
                     name = body["metadata"]["name"]
-                    if name in outer.jobs or name in outer.existing:
-                        return self._send(409, {"kind": "Status", "reason": "AlreadyExists",
-                                                "message": f"{name} already exists"})  # fmt: skip
+                    if name in everything:
+                        return self._status(409, f"{name} already exists")
+                    outer.uids += 1
+                    body["metadata"]["uid"] = f"uid-{outer.uids}"
                     outer.jobs[name] = body
                     return self._send(201, body)
                 if self.command == "DELETE":
-                    found = outer.jobs.pop(name, None) or outer.existing.pop(name, None)
-                    return self._send(200 if found else 404, {"kind": "Status"})
+                    if name not in everything:
+                        return self._status(404, f"{name} not found")
+                    want = (body.get("preconditions") or {}).get("uid")
+                    if want and want != everything[name]["metadata"].get("uid"):
+                        return self._status(409, "Precondition failed: UID in precondition")
+                    outer.jobs.pop(name, None) or outer.existing.pop(name, None)
+                    return self._send(200, {"kind": "Status", "status": "Success"})
+                if name is None:  # a list, by label
+                    key, _, value = query.get("labelSelector", "").partition("=")
+                    items = [j for j in everything.values()
+                             if j["metadata"].get("labels", {}).get(key) == value]  # fmt: skip
+                    return self._send(200, {"kind": "List", "items": items})
                 if name in outer.existing:
                     return self._send(200, outer.existing[name])
                 if name not in outer.jobs:
-                    return self._send(404, {"kind": "Status", "reason": "NotFound"})
+                    return self._status(404, f"{name} not found")
                 n = outer.gets[name] = outer.gets.get(name, 0) + 1
                 status = outer.statuses[min(n, len(outer.statuses)) - 1]
+                if isinstance(status, int):  # an error answer (404: the job is gone)
+                    if status == 404:
+                        outer.jobs.pop(name)
+                    return self._status(status, f"answer {status}")
                 return self._send(200, {**outer.jobs[name], "status": status})
 
             def _core(self, parts: list[str], query: dict) -> None:
                 if parts == ["pods"]:
+                    selector = query.get("labelSelector", "")
+                    if selector.startswith(jobspec.STEP_LABEL):  # a step's pods: leftovers'
+                        key, _, value = selector.partition("=")
+                        if any(j["metadata"].get("labels", {}).get(key) == value
+                               for j in outer.existing.values()):  # fmt: skip
+                            return self._send(200, {"kind": "PodList", "items": outer.leftover_pods})
+                        outer.pod_lag -= 1
+                        items = outer.leftover_pods if outer.pod_lag >= 0 else []
+                        return self._send(200, {"kind": "PodList", "items": items})
                     return self._send(200, {"kind": "PodList", "items": outer.pods})
                 if len(parts) == 2:  # the task's own pod
                     return self._send(200, {"kind": "Pod", "metadata": {
                         "name": parts[1], "uid": "uid-of-" + parts[1]}})  # fmt: skip
-                data = "".join(line + "\n" for line in outer.logs.get(parts[1], [])).encode()
+                pod = parts[1]
+                lines = outer.logs.get(pod, [])
+                # a stream from the start, or (sinceSeconds) from where the last one stopped
+                start = outer.served.get(pod, 0) if "sinceSeconds" in query else 0
+                stop = len(lines)
+                if outer.log_cut.get(pod):  # this stream drops after one line
+                    outer.log_cut[pod] -= 1
+                    stop = start + 1
+                lines = lines[start:stop]
+                outer.served[pod] = start + len(lines)
+                data = "".join(line + "\n" for line in lines).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain")
                 self.send_header("Content-Length", str(len(data)))
@@ -297,6 +368,11 @@ class FakeKube:
 
     def calls(self, method: str) -> list[tuple[str, dict, dict]]:
         return [(p, q, b) for m, p, q, b in self.requests if m == method]
+
+    def created(self) -> str:
+        """The name of the one job the task created."""
+        ((_, _, body),) = self.calls("POST")
+        return body["metadata"]["name"]
 
 
 def _pod(name: str, phase: str, terminated: dict | None = None) -> dict:
@@ -337,30 +413,57 @@ def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
     out = io.StringIO()
     result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
 
-    name = jobspec.job_name(cfg, SEGMENT_ARGS)
+    name = kube.created()
+    assert re.fullmatch(rf"rlvr-train-demo-run-7-{jobspec.step_key(cfg, SEGMENT_ARGS)[:8]}-"
+                        r"[0-9a-f]{5}", name)  # fmt: skip
     assert result == {"task": "train", "segment": 1, "steps": 4, "job": name, "nodes": 2,
                       "processes_per_node": 8}  # fmt: skip
+    # first: are there leftovers of this step? (none)
+    assert kube.requests[0][:3] == ("GET", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/"
+                                    "team-a/trainjobs", {"labelSelector": "rlvr.dev/train-step="
+                                    + jobspec.step_key(cfg, SEGMENT_ARGS)})  # fmt: skip
     ((path, query, body),) = kube.calls("POST")
     assert path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"
     assert query == {"fieldManager": "rlvr", "fieldValidation": "Strict"}
-    expected = jobspec.train_job(cfg, SEGMENT_ARGS, namespace="team-a", iterations=4, owner={
-        "apiVersion": "v1", "kind": "Pod", "name": "task-pod-7", "uid": "uid-of-task-pod-7",
-        "blockOwnerDeletion": False, "controller": False})  # fmt: skip
-    assert body == json.loads(json.dumps(expected))
+    expected = jobspec.train_job(cfg, SEGMENT_ARGS, name=name, namespace="team-a", iterations=4,
+                                 owner={"apiVersion": "v1", "kind": "Pod", "name": "task-pod-7",
+                                        "uid": "uid-of-task-pod-7", "blockOwnerDeletion": False,
+                                        "controller": False})  # fmt: skip
+    assert {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "uid"}} == (
+        json.loads(json.dumps(expected)))
     assert len(kube.calls("GET")) >= 3
     pod_lists = [q for p, q, _ in kube.calls("GET") if p.endswith("/pods")]
     assert pod_lists[0] == {"labelSelector": f"jobset.sigs.k8s.io/jobset-name={name}"}
     logs = [(p, q) for p, q, _ in kube.calls("GET") if p.endswith("/log")]
-    assert sorted(p.split("/")[-2] for p, _ in logs) == ["j-node-0-0", "j-node-0-1"]  # once each
+    firsts = {}
+    for p, q in logs:
+        firsts.setdefault(p.split("/")[-2], q)
+    assert sorted(firsts) == ["j-node-0-0", "j-node-0-1"]
+    assert not any("sinceSeconds" in q for q in firsts.values())  # each from its start
     # (the client sends "True"; the API server parses it with Go's strconv.ParseBool)
     assert all((q["container"], q["follow"].lower()) == ("node", "true") for _, q in logs), logs
-    ((deleted, _, _),) = kube.calls("DELETE")
+    ((deleted, _, options),) = kube.calls("DELETE")
     assert deleted.endswith(f"/namespaces/team-a/trainjobs/{name}")
+    assert options["preconditions"] == {"uid": "uid-1"}  # this job, never a namesake
+    assert options["propagationPolicy"] == "Background"
     text = out.getvalue()
     for line in ("[j-node-0-0] rank 0 up", "[j-node-0-0] train 00004: loss 0.5",
                  "[j-node-0-1] rank 1 up", f"submitted TrainJob team-a/{name}: 2 nodes x 8",
                  "completed: JobSetCompleted: jobset completed successfully"):  # fmt: skip
-        assert line in text, line
+        assert text.count(line) == 1, line
+
+
+def test_a_dropped_log_stream_is_taken_up_where_it_stopped(tmp_path, in_pod):
+    cfg = cluster_cfg(tmp_path)
+    _commit_checkpoints(cfg, range(4, 8))
+    lines = [f"step {i}" for i in range(4)]
+    kube = FakeKube([RUNNING] * 6 + [COMPLETE], [_pod("j-node-0-0", "Running")],
+                    {"j-node-0-0": lines})  # fmt: skip
+    kube.log_cut["j-node-0-0"] = 2  # the first two streams drop after a line each
+    out = io.StringIO()
+    jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out, sleep=lambda _: time.sleep(0.05))
+    got = [x for x in out.getvalue().splitlines() if x.startswith("[j-node-0-0]")]
+    assert got == [f"[j-node-0-0] {x}" for x in lines]
 
 
 def test_a_failed_job_raises_its_own_message_and_is_deleted(tmp_path, in_pod):
@@ -375,7 +478,7 @@ def test_a_failed_job_raises_its_own_message_and_is_deleted(tmp_path, in_pod):
     with pytest.raises(StageError) as err:
         jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
     msg = str(err.value)
-    assert msg.startswith(f"TrainJob default/{jobspec.job_name(cfg, SEGMENT_ARGS)} failed: "
+    assert msg.startswith(f"TrainJob default/{kube.created()} failed: "
                           "JobSetFailed: jobset failed: job node-1 has failed")  # fmt: skip
     assert "j-node-0-1/node: OOMKilled (exit 137)" in msg
     assert "j-node-0-2: pending (0/3 nodes are available: 3 Insufficient nvidia.com/gpu)" in msg
@@ -383,20 +486,50 @@ def test_a_failed_job_raises_its_own_message_and_is_deleted(tmp_path, in_pod):
     assert len(kube.calls("DELETE")) == 1 and not kube.jobs
 
 
-def test_a_leftover_job_of_the_same_name_is_replaced(tmp_path, in_pod):
-    """A task retried after its pod died finds its own job still there: it is deleted and the
-    step submitted again (committed iterations are skipped by the stage itself)."""
+def test_leftover_jobs_of_the_step_go_first_pods_and_all(tmp_path, in_pod):
+    """A task retried after its pod died finds the job its earlier submission left: that job is
+    deleted in the foreground (by its uid) and the new one is created, under a new name, only
+    once neither the old job nor its pods remain, so no old rank can still write and the new
+    job cannot take the old JobSet's status."""
     cfg = cluster_cfg(tmp_path)
     _commit_checkpoints(cfg, range(4, 8))
     kube = FakeKube([COMPLETE], [], {})
-    name = jobspec.job_name(cfg, SEGMENT_ARGS)
-    kube.existing[name] = {"metadata": {"name": name}}
-    jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
-    methods = [(m, p.rsplit("/", 1)[-1]) for m, p, _, _ in kube.requests
-               if "/pods" not in p]  # fmt: skip
-    assert methods[:4] == [("POST", "trainjobs"), ("DELETE", name), ("GET", name),
-                           ("POST", "trainjobs")]  # fmt: skip
-    assert methods[-1] == ("DELETE", name)
+    step = {jobspec.STEP_LABEL: jobspec.step_key(cfg, SEGMENT_ARGS)}
+    kube.existing = {
+        "old-1": {"metadata": {"name": "old-1", "uid": "u-old", "labels": step}},
+        "other": {"metadata": {"name": "other", "uid": "u-x", "labels": {  # another step's
+            jobspec.STEP_LABEL: jobspec.step_key(cfg, ["--segment", "2"])}}},
+    }  # fmt: skip
+    kube.leftover_pods, kube.pod_lag = [_pod("old-1-node-0-0", "Running")], 2
+    sleeps = []
+    out = io.StringIO()
+    jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out, sleep=sleeps.append)
+    deletes = kube.calls("DELETE")
+    assert deletes[0][0].endswith("/trainjobs/old-1")
+    assert deletes[0][2]["preconditions"] == {"uid": "u-old"}
+    assert deletes[0][2]["propagationPolicy"] == "Foreground"
+    assert "other" in kube.existing  # another step's job is left alone
+    post = next(i for i, r in enumerate(kube.requests) if r[0] == "POST")
+    step_pod_lists = [r for r in kube.requests[:post]
+                      if r[1].endswith("/pods") and "train-step" in r[2]["labelSelector"]]  # fmt: skip
+    assert len(step_pod_lists) == 3  # waited while the old pods lingered
+    assert kube.created() != "old-1" and deletes[-1][0].endswith(f"/trainjobs/{kube.created()}")
+    assert "TrainJob old-1 of this step exists" in out.getvalue()
+
+
+def test_a_cancel_before_the_job_exists_leaks_nothing(tmp_path, in_pod):
+    """SIGTERM is armed before the job is created: a cancel during the leftovers' wait ends
+    the task without creating anything."""
+    cfg = cluster_cfg(tmp_path)
+    kube = FakeKube([RUNNING], [], {})
+    step = {jobspec.STEP_LABEL: jobspec.step_key(cfg, SEGMENT_ARGS)}
+    kube.existing = {"old": {"metadata": {"name": "old", "uid": "u", "labels": step}}}
+    kube.leftover_pods, kube.pod_lag = [_pod("old-node-0-0", "Running")], 100
+
+    with pytest.raises(SystemExit):
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
+                     sleep=lambda _: os.kill(os.getpid(), signal.SIGTERM))  # fmt: skip
+    assert not kube.calls("POST")
 
 
 def test_a_job_that_completes_without_committing_fails(tmp_path, in_pod):
@@ -417,7 +550,7 @@ def test_pytorchjob_path_one_iteration(tmp_path, in_pod):
     pods = [_pod("j-master-0", "Succeeded"), _pod("j-worker-0", "Succeeded")]
     kube = FakeKube([RUNNING, done], pods, {"j-master-0": ["ok"]})
     result = jobs.run_job(cfg, ["--iteration", "5"], api_client=kube.client(), out=io.StringIO())
-    name = jobspec.job_name(cfg, ["--iteration", "5"])
+    name = kube.created()
     assert result["uri"].endswith("checkpoints/00006")
     assert result["stats"] == {"train/loss": 5.5} and result["job"] == name
     ((path, _, body),) = kube.calls("POST")
@@ -454,3 +587,131 @@ def test_job_state_reads_only_true_terminal_conditions():
         {"type": "Failed", "status": "False"}]}}) == ("running", "")  # fmt: skip
     assert jobs.job_state(kind, {"status": FAILED})[0] == "failed"
     assert jobs.job_state(jobs.KINDS["training-operator"], {"status": COMPLETE})[0] == "running"
+
+
+def test_an_api_server_that_fails_for_a_while_is_ridden_out(tmp_path, in_pod):
+    """A restarting or throttling API server (503, 429, 500) costs a few polls, not the step."""
+    cfg = cluster_cfg(tmp_path)
+    _commit_checkpoints(cfg, range(4, 8))
+    kube = FakeKube([RUNNING, 503, 429, 500, RUNNING, COMPLETE], [], {})
+    out = io.StringIO()
+    result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
+    assert result["steps"] == 4 and len(kube.calls("DELETE")) == 1
+    assert out.getvalue().count("failed (answer 5") == 2 and "(answer 429); trying again" in out.getvalue()
+
+
+def test_an_api_server_that_stays_down_fails_the_step_after_the_grace(tmp_path, in_pod):
+    cfg = cluster_cfg(tmp_path)
+    kube = FakeKube([RUNNING, 503], [], {})
+    clock = iter(range(0, 10_000, 100))  # each poll 100 s later
+
+    with pytest.raises(StageError, match=r"did not answer for 300 s while following TrainJob "
+                       r"default/rlvr-train-.*: answer 503"):  # fmt: skip
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
+                     sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+    assert len(kube.calls("DELETE")) == 1
+
+
+def test_a_job_deleted_by_someone_else_fails_the_step_clearly(tmp_path, in_pod):
+    cfg = cluster_cfg(tmp_path)
+    kube = FakeKube([RUNNING, 404], [], {})
+    with pytest.raises(StageError, match="was deleted while it ran"):
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
+
+
+def test_a_forbidden_answer_is_not_retried(tmp_path, in_pod):
+    """403 (the RBAC of manifests/overlays/multi-node not applied) fails at once, named."""
+    cfg = cluster_cfg(tmp_path)
+    kube = FakeKube([403], [], {})
+    with pytest.raises(StageError, match=r"reading TrainJob .* failed: answer 403"):
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
+    assert len(kube.calls("DELETE")) == 1
+
+
+def test_pods_that_cannot_start_are_reported_while_waiting(tmp_path, in_pod):
+    cfg = cluster_cfg(tmp_path)
+    _commit_checkpoints(cfg, range(4, 8))
+    pending = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu"}]}}  # fmt: skip
+    kube = FakeKube([RUNNING, RUNNING, RUNNING, COMPLETE], [_pod("j-node-0-0", "Running"), pending],
+                    {})  # fmt: skip
+    out = io.StringIO()
+    jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
+    lines = [x for x in out.getvalue().splitlines() if x.startswith("not running: ")]
+    assert lines == ["not running: j-node-0-1: pending (0/3 nodes are available: 3 Insufficient "
+                     "nvidia.com/gpu)"]  # said once, not at every poll  # fmt: skip
+
+
+def test_a_failed_job_tells_the_other_workers(tmp_path, in_pod):
+    """The job's failure becomes the train task's failure marker of the attempt: generate,
+    verify and evaluate stop waiting at once, or, when KFP retries the task, for its grace."""
+    from components.core.warm import RunStatus, retry_grace_s
+
+    cfg = cluster_cfg(tmp_path)
+    for retried in (False, True):
+        kube = FakeKube([FAILED], [], {})
+        with pytest.raises(StageError):
+            jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", retried=retried,
+                         api_client=kube.client(), out=io.StringIO())  # fmt: skip
+        marker = RunStatus.of(cfg, "run-abc").failures()["train"]
+        assert "failed: JobSetFailed: jobset failed: job node-1 has failed" in marker["error"]
+        assert marker["retry_grace_s"] == (retry_grace_s(cfg, "train") if retried else 0.0)
+        RunStatus.of(cfg, "run-abc").clear("train")
+    assert retry_grace_s(cfg, "train") > 0  # the retried case above differs from the other
+
+
+def test_a_ranks_own_failure_marker_is_kept(tmp_path, in_pod):
+    """A rank that failed recorded why (a peer stage failed, say): the job's coarser failure
+    does not overwrite it."""
+    from components.core.warm import RunStatus
+
+    cfg = cluster_cfg(tmp_path)
+    RunStatus.of(cfg, "run-abc").mark_failed("train", "PeerFailed: verify failed")
+    kube = FakeKube([FAILED], [], {})
+    with pytest.raises(StageError):
+        jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", api_client=kube.client(),
+                     out=io.StringIO())  # fmt: skip
+    assert RunStatus.of(cfg, "run-abc").failures()["train"]["error"] == "PeerFailed: verify failed"
+
+
+def test_the_train_task_passes_retried_and_attempt_to_the_job(tmp_path, monkeypatch):
+    """On a cluster the worker's serve() submits the job with the ranks' own --retried flag,
+    so their failure markers carry KFP's retry grace as a one-node train pod's do."""
+    from components.train import launch
+
+    seen = {}
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setattr(jobs, "run_job", lambda cfg, args, **kw: seen.update(args=args, **kw))
+    launch.serve(cluster_cfg(tmp_path), 1, attempt="run-abc", retried=True)
+    assert seen == {"args": ["--segment", "1", "--attempt", "run-abc", "--retried"],
+                    "attempt": "run-abc", "retried": True}  # fmt: skip
+
+
+def test_pods_that_never_schedule_fail_the_step_after_the_schedule_timeout(tmp_path, in_pod):
+    cfg = cluster_cfg(tmp_path)
+    cfg.cluster.train_job.schedule_timeout_s = 600
+    pending = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu"}]}}  # fmt: skip
+    kube = FakeKube([RUNNING], [_pod("j-node-0-0", "Running"), pending], {})
+    clock = iter(range(0, 100_000, 100))
+    with pytest.raises(StageError, match=r"pods still Pending after 600 s \(cluster.train_job."
+                       r"schedule_timeout_s\)\n  j-node-0-1: pending \(0/3 nodes"):  # fmt: skip
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
+                     sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+    assert len(kube.calls("DELETE")) == 1
+
+
+def test_an_old_trainer_gets_a_hint(tmp_path, in_pod):
+    """Trainer v2.0 / v2.1 do not know runtimePatches: Strict validation refuses the job."""
+    cfg = cluster_cfg(tmp_path)
+    kube = FakeKube([RUNNING], [], {})
+    kube.create_error = (400, {"kind": "Status", "code": 400, "message": 'TrainJob in version '
+                               '"v1alpha1" cannot be handled as a TrainJob: strict decoding '
+                               'error: unknown field "spec.runtimePatches"'})  # fmt: skip
+    with pytest.raises(StageError, match=r"(?s)creating TrainJob .* failed: .*unknown field.*"
+                       r"need Kubeflow Trainer v2.2 or later"):  # fmt: skip
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
+    assert not kube.calls("DELETE")[0][2].get("preconditions")  # nothing was created: no uid

@@ -458,6 +458,13 @@ class TrainJobSection(_Strict):
     """Where the job is created; None: the namespace of the pipeline pod that submits it."""
     poll_s: float = Field(5.0, gt=0)
     """How often the submitting task reads the job's status."""
+    schedule_timeout_s: float | None = Field(3600.0, gt=0)
+    """How long a pod of the job may stay Pending (no node with free GPUs, its image still
+    pulling) before the step fails with the scheduler's reason; None: until the job's deadline.
+    A job a queue (Kueue) holds suspended has no pods yet and is not counted."""
+    rendezvous_timeout_s: int = Field(1800, ge=60)
+    """How long node 0's rendezvous waits for every node to join (torchrun's static rendezvous
+    waits 600 s by default, less than a fresh node's pull of a CUDA image can take)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment of the node pods: the interconnect's NCCL settings, e.g.
     NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG (docs/deploy.md). Never a secret."""

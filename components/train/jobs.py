@@ -1,15 +1,26 @@
 """Submit a multi-node train job, follow it to its end, and delete it: what the pipeline's train
 task does on a cluster when `train.nodes` > 1.
 
-    create TrainJob / PyTorchJob (fieldValidation=Strict; a leftover of the same name, from a
-    task that died before cleaning up, is deleted first)
-    poll its status every cluster.train_job.poll_s; stream each node pod's log as it starts,
-    prefixed with the pod's name
+    leftovers             -> jobs of the same step (label rlvr.dev/train-step), left by a task
+                             that died before cleaning up, are deleted in the foreground and
+                             waited out, pods and all
+    create                -> a TrainJob / PyTorchJob of a name never used before
+                             (fieldValidation=Strict); SIGTERM is armed before it
+    follow                -> poll its status every cluster.train_job.poll_s; stream each node
+                             pod's log as it starts, prefixed with the pod's name (resumed if
+                             the stream drops); say why pods wait (unschedulable, image pull)
+                             when that changes; ride out an API server that fails to answer
+                             for up to API_GRACE_S
     Complete / Succeeded  -> check that rank 0 committed the outputs, return the result
     Failed                -> StageError with the job's own condition message and every node
                              container that terminated abnormally (reason, exit code, message)
-    always                -> delete the job (its JobSet / pods go with it); SIGTERM (the
-                             pipeline run cancelled) ends the wait and still deletes it
+    Pending too long      -> StageError with the scheduler's reason
+                             (cluster.train_job.schedule_timeout_s)
+    gone (404)            -> StageError: the job was deleted by someone else
+    always                -> delete the job by its uid (its JobSet / pods go with it); SIGTERM
+                             (the pipeline run cancelled) ends the wait and still deletes it;
+                             a failure is recorded as the train task's failure marker, so the
+                             other stages' workers stop waiting (or wait for KFP's retry)
 
 It talks to the Kubernetes API directly (the `kubernetes` client the images already carry, as
 kfp does), one loop for both job kinds; the specs are components/train/jobspec.py. The job is
@@ -19,6 +30,7 @@ a job whose task pod is deleted.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -33,6 +45,13 @@ from components.core.errors import StageError
 from components.train import jobspec
 
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: How long the API server may fail to answer a poll (restarts, upgrades, throttling) before the
+#: task gives up on a step that may run for hours; the job is deleted then, as on any failure.
+API_GRACE_S = 300.0
+#: (connect, read) seconds of one API call; a hung connection must not hang the follow loop
+REQUEST_TIMEOUT = (10, 60)
+#: statuses of an API answer worth asking again (throttled, or the server or its proxy failing)
+TRANSIENT_STATUSES = {0, 429, 500, 502, 503, 504}
 
 
 @dataclass(frozen=True)
@@ -104,27 +123,41 @@ def pod_failures(pods: list[dict[str, Any]]) -> list[str]:
 
 class LogFollower:
     """Streams each job pod's container log, one daemon thread per pod, from the moment the pod
-    has started; every line goes out prefixed with `[pod]`."""
+    has started; every line goes out prefixed with `[pod]`. A stream that ends while its pod
+    still runs (the API server's or kubelet's idle timeout, a restart) is taken up again from
+    where it stopped, to the second (a line may repeat), up to MAX_RESUMES times a pod."""
+
+    MAX_RESUMES = 20
 
     def __init__(self, core, namespace: str, container: str, out: TextIO) -> None:
         self.core, self.namespace, self.container, self.out = core, namespace, container, out
         self.threads: dict[str, threading.Thread] = {}
+        self.ended: dict[str, float] = {}  # pod -> when its last stream ended (epoch seconds)
+        self.resumes: dict[str, int] = {}
         self.lock = threading.Lock()
 
     def update(self, pods: list[dict[str, Any]]) -> None:
         for pod in pods:
             name = pod["metadata"]["name"]
-            if name in self.threads or (pod.get("status") or {}).get("phase") == "Pending":
+            phase = (pod.get("status") or {}).get("phase")
+            if phase == "Pending" or (name in self.threads and self.threads[name].is_alive()):
                 continue
-            t = threading.Thread(target=self._follow, args=(name,), daemon=True)
+            since = None
+            if name in self.threads:  # its stream ended: resume while the pod runs
+                if phase != "Running" or self.resumes.get(name, 0) >= self.MAX_RESUMES:
+                    continue
+                self.resumes[name] = self.resumes.get(name, 0) + 1
+                since = max(1, math.ceil(time.time() - self.ended.get(name, time.time())) + 1)
+            t = threading.Thread(target=self._follow, args=(name, since), daemon=True)
             self.threads[name] = t
             t.start()
 
-    def _follow(self, pod: str) -> None:
+    def _follow(self, pod: str, since_s: int | None) -> None:
         try:
+            kwargs = {"since_seconds": since_s} if since_s else {}
             resp = self.core.read_namespaced_pod_log(
                 pod, self.namespace, container=self.container, follow=True,
-                _preload_content=False,
+                _preload_content=False, **kwargs,
             )  # fmt: skip
             pending = b""
             for chunk in resp.stream(64 * 1024):
@@ -134,6 +167,8 @@ class LogFollower:
             self._write(pod, [pending] if pending else [])
         except Exception as e:  # noqa: BLE001 - a lost log stream must not fail the job
             self._write(pod, [f"(log stream ended: {e})".encode()])
+        finally:
+            self.ended[pod] = time.time()
 
     def _write(self, pod: str, lines: list[bytes]) -> None:
         with self.lock:
@@ -143,7 +178,7 @@ class LogFollower:
 
     def join(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        for t in self.threads.values():
+        for t in list(self.threads.values()):
             t.join(max(0.0, deadline - time.monotonic()))
 
 
@@ -221,66 +256,143 @@ def run_job(
     cfg: RunConfig,
     stage_args: list[str],
     *,
+    attempt: str | None = None,
+    retried: bool = False,
     api_client=None,
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+    api_grace_s: float = API_GRACE_S,
 ) -> dict[str, Any]:
-    """Submit the job for `stage_args` (the train stage's `--segment S [--attempt A]` or
-    `--iteration I`), wait for it, delete it; the committed result (see the module docstring)."""
+    """Submit the job for `stage_args` (the train stage's `--segment S [--attempt A]
+    [--retried]` or `--iteration I`), wait for it, delete it; the committed result (see the
+    module docstring). A failure is also recorded as the train task's failure marker of
+    `attempt` (so the generate, verify and evaluate workers stop waiting, or, when KFP retries
+    the task (`retried`), wait for the retry), unless the ranks recorded their own."""
+    previous = _on_sigterm()  # before anything is created: a cancel must never leak a job
+    try:
+        return _run_job(cfg, stage_args, api_client=api_client, out=out or sys.stdout,
+                        sleep=sleep, monotonic=monotonic, api_grace_s=api_grace_s)  # fmt: skip
+    except (StageError, _Cancelled) as e:
+        if attempt is not None:
+            _mark_failed(cfg, attempt, retried, e)
+        if isinstance(e, _Cancelled):
+            raise SystemExit(143) from None
+        raise
+    finally:
+        _restore_sigterm(previous)
+
+
+def _mark_failed(cfg: RunConfig, attempt: str, retried: bool, e: BaseException) -> None:
+    from components.core.warm import RunStatus, retry_grace_s
+
+    status = RunStatus.of(cfg, attempt)
+    if "train" in status.failures():  # a rank's own marker says more (and whether a peer failed)
+        return
+    message = "the train task was stopped" if isinstance(e, _Cancelled) else str(e)
+    status.mark_failed("train", message, grace_s=retry_grace_s(cfg, "train") if retried else 0.0)
+
+
+def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s):
+    import secrets
+
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 
     api = api_client or _default_client()
-    out = out or sys.stdout
     custom, core = k8s.CustomObjectsApi(api), k8s.CoreV1Api(api)
     kind = KINDS[cfg.cluster.train_job.api]
-    namespace = cfg.cluster.train_job.namespace or _own_namespace()
-    body = jobspec.job_spec(cfg, stage_args, namespace=namespace,
+    tj = cfg.cluster.train_job
+    namespace = tj.namespace or _own_namespace()
+    ref = dict(group=kind.group, version=kind.version, namespace=namespace, plural=kind.plural)
+    step = f"{jobspec.STEP_LABEL}={jobspec.step_key(cfg, stage_args)}"
+
+    # What an earlier submission of this step left (its task died before cleaning up) goes
+    # first, pods and all: committed iterations are skipped by the stage itself, so nothing is
+    # trained twice, and no old rank can still write.
+    _clear_leftovers(custom, core, ref, kind, step, out, sleep, monotonic)
+
+    name = jobspec.job_name(cfg, stage_args, secrets.token_hex(3)[:5])
+    body = jobspec.job_spec(cfg, stage_args, name=name, namespace=namespace,
                             iterations=len(iterations_served(cfg, stage_args)),
                             owner=_owner(core, namespace))  # fmt: skip
-    name = body["metadata"]["name"]
-    ref = dict(group=kind.group, version=kind.version, namespace=namespace, plural=kind.plural)
     what = f"{kind.kind} {namespace}/{name}"
-
-    def create() -> None:
-        custom.create_namespaced_custom_object(
-            **ref, body=body, field_manager="rlvr", field_validation="Strict"
-        )
+    uid: list[str] = []  # the created job's uid: only this job is ever deleted
 
     def delete() -> None:
+        options = k8s.V1DeleteOptions(propagation_policy="Background",
+                                      preconditions=k8s.V1Preconditions(uid=uid[0]) if uid else None)  # fmt: skip
         try:
-            custom.delete_namespaced_custom_object(**ref, name=name,
-                                                   propagation_policy="Background")  # fmt: skip
+            custom.delete_namespaced_custom_object(**ref, name=name, body=options,
+                                                   _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
         except ApiException as e:
-            if e.status != 404:
-                raise
+            if e.status not in (404, 409):  # gone already, or another object of that name
+                print(f"could not delete {what} ({_api_message(e)}): delete it by hand "
+                      f"(kubectl -n {namespace} delete {kind.plural} {name})", file=out,
+                      flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - never mask the step's own error
+            print(f"could not delete {what} ({_api_message(e)}): delete it by hand", file=out,
+                  flush=True)  # fmt: skip
 
-    try:
-        create()
-    except ApiException as e:
-        if e.status != 409:
-            raise StageError(f"creating {what} failed: {_api_message(e)}") from None
-        # A task that died before its cleanup left this job: start over (committed iterations
-        # are skipped by the stage itself, so nothing is trained twice).
-        print(f"{what} exists (left by an earlier attempt); deleting it", file=out, flush=True)
-        delete()
-        _wait_gone(custom, ref, name, cfg.cluster.train_job.poll_s, sleep)
-        create()
-    print(f"submitted {what}: {cfg.train.nodes} nodes x {jobspec.processes_per_node(cfg)} "
-          f"rank(s)", file=out, flush=True)  # fmt: skip
-
-    previous = _on_sigterm()
     followers = LogFollower(core, namespace, kind.container, out)
-    selector = f"{kind.pod_label}={name}"
+    pods: list[dict[str, Any]] = []
     try:
-        state, message, pods = "running", "", []
+        try:
+            created = custom.create_namespaced_custom_object(
+                **ref, body=body, field_manager="rlvr", field_validation="Strict",
+                _request_timeout=REQUEST_TIMEOUT,
+            )  # fmt: skip
+        except ApiException as e:
+            raise StageError(f"creating {what} failed: {_api_message(e)}"
+                             + _version_hint(kind, e)) from None  # fmt: skip
+        uid.extend(filter(None, [((created or {}).get("metadata") or {}).get("uid")]))
+        print(f"submitted {what}: {cfg.train.nodes} nodes x {jobspec.processes_per_node(cfg)} "
+              f"rank(s)", file=out, flush=True)  # fmt: skip
+        state, message = "running", ""
+        failing_since: float | None = None
+        pending_since: float | None = None
+        waits: list[str] = []
         while state == "running":
-            obj = custom.get_namespaced_custom_object(**ref, name=name)
+            try:
+                obj = custom.get_namespaced_custom_object(**ref, name=name,
+                                                          _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
+                pods = _list_pods(core, namespace, f"{kind.pod_label}={name}")
+            except Exception as e:  # noqa: BLE001 - sorted below: transient, gone, or fatal
+                if isinstance(e, ApiException) and e.status == 404:
+                    raise StageError(f"{what} was deleted while it ran (by someone else: this "
+                                     "task deletes it only when it ends); rerun the step") from None  # fmt: skip
+                if not _transient(e):
+                    raise StageError(f"reading {what} failed: {_api_message(e)}") from None
+                now = monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since > api_grace_s:
+                    raise StageError(f"the Kubernetes API did not answer for {api_grace_s:.0f} s "
+                                     f"while following {what}: {_api_message(e)}") from None  # fmt: skip
+                print(f"reading {what} failed ({_api_message(e)}); trying again", file=out,
+                      flush=True)  # fmt: skip
+                sleep(tj.poll_s)
+                continue
+            failing_since = None
             state, message = job_state(kind, obj)
-            pods = _list_pods(core, namespace, selector)
             followers.update(pods)
-            if state == "running":
-                sleep(cfg.cluster.train_job.poll_s)
+            if state != "running":
+                break
+            now_waiting = pod_failures(pods)  # pods that wait: unschedulable, image pull
+            if now_waiting != waits and now_waiting:
+                print("not running: " + "; ".join(now_waiting), file=out, flush=True)
+            waits = now_waiting
+            pending = any((p.get("status") or {}).get("phase") == "Pending" for p in pods)
+            now = monotonic()
+            pending_since = (pending_since or now) if pending else None
+            if (
+                tj.schedule_timeout_s
+                and pending_since
+                and now - pending_since > tj.schedule_timeout_s
+            ):
+                raise StageError(f"{what}: pods still Pending after {tj.schedule_timeout_s:.0f} s "
+                                 "(cluster.train_job.schedule_timeout_s)"
+                                 + "".join(f"\n  {d}" for d in now_waiting))  # fmt: skip
+            sleep(tj.poll_s)
         followers.join(timeout_s=30.0)
         if state == "failed":
             details = pod_failures(pods)
@@ -290,39 +402,86 @@ def run_job(
               flush=True)  # fmt: skip
     except _Cancelled:
         print(f"stopped: deleting {what}", file=out, flush=True)
-        raise SystemExit(143) from None
+        for d in pod_failures(pods):  # why it had not finished, if a pod says
+            print(f"  {d}", file=out, flush=True)
+        raise
     finally:
-        _restore_sigterm(previous)
         delete()
     return committed_result(cfg, stage_args, name)
+
+
+def _clear_leftovers(custom, core, ref, kind: JobKind, step: str, out, sleep, monotonic,
+                     timeout_s: float = 600.0) -> None:  # fmt: skip
+    """Delete every job of this step (label `step`) in the foreground, each by its uid, and wait
+    until neither the jobs nor their pods remain."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    found = custom.list_namespaced_custom_object(**ref, label_selector=step,
+                                                 _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
+    items = found.get("items") or []
+    if not items:
+        return
+    for job in items:
+        meta = job["metadata"]
+        print(f"{kind.kind} {meta['name']} of this step exists (left by an earlier attempt); "
+              "deleting it and its pods", file=out, flush=True)  # fmt: skip
+        try:
+            custom.delete_namespaced_custom_object(
+                **ref, name=meta["name"], _request_timeout=REQUEST_TIMEOUT,
+                body=k8s.V1DeleteOptions(propagation_policy="Foreground",
+                                         preconditions=k8s.V1Preconditions(uid=meta.get("uid"))),
+            )  # fmt: skip
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone, or replaced (uid changed) meanwhile
+                raise StageError(f"deleting the leftover {meta['name']} failed: "
+                                 f"{_api_message(e)}") from None  # fmt: skip
+    deadline = monotonic() + timeout_s
+    while monotonic() < deadline:
+        jobs = custom.list_namespaced_custom_object(**ref, label_selector=step,
+                                                    _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
+        if not jobs.get("items") and not _list_pods(core, ref["namespace"], step):
+            return
+        sleep(5.0)
+    raise StageError(f"the leftover {kind.plural} of this step ({step}) and their pods were not "
+                     f"gone within {timeout_s:.0f} s; delete them by hand")  # fmt: skip
+
+
+def _version_hint(kind: JobKind, e) -> str:
+    """A hint when the cluster's Trainer predates the TrainJob fields rlvr writes."""
+    text = f"{getattr(e, 'body', '')}"
+    if kind.kind == "TrainJob" and "unknown field" in text:
+        return ("\n  (rlvr's TrainJobs need Kubeflow Trainer v2.2 or later: runtimePatches and "
+                "activeDeadlineSeconds came in v2.2; or set cluster.train_job.api: "
+                "training-operator on a Training Operator cluster)")  # fmt: skip
+    return ""
 
 
 def _list_pods(core, namespace: str, selector: str) -> list[dict[str, Any]]:
     """The job's pods as plain JSON (the API's own field names)."""
     import json
 
-    resp = core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+    resp = core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False,
+                                    _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
     return json.loads(resp.data).get("items", [])
 
 
-def _wait_gone(custom, ref: dict, name: str, poll_s: float, sleep, timeout_s: float = 600) -> None:
+def _transient(e: Exception) -> bool:
+    """An API answer worth asking again: throttling, a failing server or proxy, or no answer at
+    all (a connection refused, reset or timed out while the API server restarts)."""
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            custom.get_namespaced_custom_object(**ref, name=name)
-        except ApiException as e:
-            if e.status == 404:
-                return
-            raise
-        sleep(poll_s)
-    raise StageError(f"{ref['plural']} {name} was not deleted within {timeout_s:.0f} s")
+    if isinstance(e, ApiException):
+        return (e.status or 0) in TRANSIENT_STATUSES
+    return isinstance(e, HTTPError | OSError)
 
 
 def _api_message(e) -> str:
     import json
 
+    if not hasattr(e, "status"):  # no answer at all: the connection's own error
+        return f"{type(e).__name__}: {e}"
     try:
         return json.loads(e.body).get("message") or str(e.reason)
     except (TypeError, ValueError):

@@ -30,6 +30,8 @@ TRAINING_OPERATOR = ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 #: Operator requires the container "pytorch"
 NODE_CONTAINER = {"trainer": "node", "training-operator": "pytorch"}
 SHM_VOLUME = "dshm"
+#: label of a job and its pods naming the step they serve (step_key)
+STEP_LABEL = "rlvr.dev/train-step"
 
 
 def job_kind(cfg: RunConfig) -> tuple[str, str, str, str]:
@@ -43,18 +45,26 @@ def processes_per_node(cfg: RunConfig) -> int:
     return cfg.train.processes or p.accelerator_count or 1
 
 
-def job_name(cfg: RunConfig, stage_args: list[str]) -> str:
-    """A DNS-1035 name (JobSet and pod names derive from it, so it stays short) that is the same
-    for the same run, segment or iteration, and attempt: a retried task finds its own job."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", cfg.run_id.lower()).strip("-")[:20].strip("-") or "run"
-    digest = hashlib.sha256("\0".join([cfg.run_id, *stage_args]).encode()).hexdigest()[:8]
-    return f"rlvr-train-{slug}-{digest}"
+def step_key(cfg: RunConfig, stage_args: list[str]) -> str:
+    """The same for every submission of one step (run, segment or iteration, attempt): the
+    STEP_LABEL value by which a retried task finds what an earlier submission left."""
+    return hashlib.sha256("\0".join([cfg.run_id, *stage_args]).encode()).hexdigest()[:16]
 
 
-def labels(cfg: RunConfig) -> dict[str, str]:
+def job_name(cfg: RunConfig, stage_args: list[str], suffix: str) -> str:
+    """A DNS-1035 name of at most 40 characters (JobSet, service and pod names derive from it)
+    for one submission: the run, the step and a `suffix` of its own. Never reused: the Trainer
+    finds a TrainJob's JobSet by name alone, so a new job of an old name could take the old
+    JobSet's status and pods while they are being deleted."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", cfg.run_id.lower()).strip("-")[:14].strip("-") or "run"
+    return f"rlvr-train-{slug}-{step_key(cfg, stage_args)[:8]}-{suffix}"
+
+
+def labels(cfg: RunConfig, stage_args: list[str]) -> dict[str, str]:
+    """The job's and its pods' labels: the run, and the step (STEP_LABEL)."""
     run = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.run_id)[:63].strip("-_.") or "run"
     return {"app.kubernetes.io/part-of": "rlvr", "app.kubernetes.io/component": "train",
-            "rlvr.dev/run-id": run}  # fmt: skip
+            "rlvr.dev/run-id": run, STEP_LABEL: step_key(cfg, stage_args)}  # fmt: skip
 
 
 def deadline_s(cfg: RunConfig, iterations: int) -> int | None:
@@ -117,8 +127,11 @@ def _shm_mounts(cfg: RunConfig) -> list[dict[str, str]]:
             if cfg.cluster.stages["train"].shm_size else [])  # fmt: skip
 
 
-def _metadata(cfg: RunConfig, name: str, namespace: str, owner: dict | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels(cfg)}
+def _metadata(
+    cfg: RunConfig, stage_args: list[str], name: str, namespace: str, owner: dict | None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace,
+                            "labels": labels(cfg, stage_args)}  # fmt: skip
     if owner:
         meta["ownerReferences"] = [owner]
     return meta
@@ -128,6 +141,7 @@ def train_job(
     cfg: RunConfig,
     stage_args: list[str],
     *,
+    name: str,
     namespace: str,
     iterations: int,
     owner: dict[str, Any] | None = None,
@@ -151,7 +165,7 @@ def train_job(
     pod_spec = _pod_spec_fields(cfg)
     if _shm_mounts(cfg):
         pod_spec["containers"] = [{"name": container, "volumeMounts": _shm_mounts(cfg)}]
-    pod = {"metadata": {"labels": labels(cfg)}, "spec": pod_spec}
+    pod = {"metadata": {"labels": labels(cfg, stage_args)}, "spec": pod_spec}
     spec: dict[str, Any] = {
         "runtimeRef": {
             "apiGroup": group,
@@ -178,7 +192,7 @@ def train_job(
     if deadline:
         spec["activeDeadlineSeconds"] = deadline
     return {"apiVersion": f"{group}/{version}", "kind": kind,
-            "metadata": _metadata(cfg, job_name(cfg, stage_args), namespace, owner),
+            "metadata": _metadata(cfg, stage_args, name, namespace, owner),
             "spec": spec}  # fmt: skip
 
 
@@ -186,6 +200,7 @@ def pytorch_job(
     cfg: RunConfig,
     stage_args: list[str],
     *,
+    name: str,
     namespace: str,
     iterations: int,
     owner: dict[str, Any] | None = None,
@@ -206,7 +221,7 @@ def pytorch_job(
         container["resources"] = res
     if _shm_mounts(cfg):
         container["volumeMounts"] = _shm_mounts(cfg)
-    template = {"metadata": {"labels": labels(cfg)},
+    template = {"metadata": {"labels": labels(cfg, stage_args)},
                 "spec": {"containers": [container], **_pod_spec_fields(cfg)}}  # fmt: skip
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if cfg.train.nodes > 1:
@@ -219,7 +234,7 @@ def pytorch_job(
     spec = {"nprocPerNode": str(per_node), "runPolicy": run_policy,
             "pytorchReplicaSpecs": replicas}  # fmt: skip
     return {"apiVersion": f"{group}/{version}", "kind": kind,
-            "metadata": _metadata(cfg, job_name(cfg, stage_args), namespace, owner),
+            "metadata": _metadata(cfg, stage_args, name, namespace, owner),
             "spec": spec}  # fmt: skip
 
 

@@ -16,6 +16,7 @@ entry meet over a loopback rendezvous on this machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -85,13 +86,53 @@ def _relaunch(cfg: RunConfig, n: int, stage_args: list[str]) -> dict[str, Any]:
     return _result(proc.stdout, {"skipped": False, "processes": n})
 
 
+def _loopback_gpus(nodes: int, per_node: int | None) -> tuple[int, list[str | None]]:
+    """Ranks per node and each node's CUDA_VISIBLE_DEVICES for `nodes` agents on this machine:
+    disjoint slices of its visible GPUs (two ranks on one GPU is an NCCL error), or None each
+    on a machine without one. `per_node` None: the visible GPUs shared out evenly."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return per_node or 1, [None] * nodes
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    per_node = per_node or len(ids) // nodes
+    if per_node < 1 or nodes * per_node > len(ids):
+        raise StageError(f"train.nodes={nodes} x {per_node or 1} rank(s) per node on this machine "
+                         f"needs {nodes * max(per_node, 1)} GPUs, and {len(ids)} are visible; "
+                         "lower train.processes or train.nodes (each rank needs a GPU of its own)")  # fmt: skip
+    return per_node, [",".join(ids[n * per_node : (n + 1) * per_node]) for n in range(nodes)]
+
+
+def _stop(agents: list[subprocess.Popen], grace_s: float = 30.0) -> None:
+    """End every agent still running, with its torchrun and ranks (each agent leads a process
+    group of its own): SIGTERM, then SIGKILL after `grace_s`."""
+    import signal
+    import time
+
+    live = [a for a in agents if a.poll() is None]
+    for a in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(a.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for a in live:
+        try:
+            a.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(a.pid, signal.SIGKILL)
+            a.wait()
+
+
 def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
     """`train.nodes` agents on this machine, each started as a job controller starts a pod
     (components/train/node.py with Kubeflow Trainer's PET_* variables), meeting over a loopback
-    rendezvous: a multi-node config runs, and is tested, without a cluster."""
+    rendezvous: a multi-node config runs, and is tested, without a cluster. On a GPU machine
+    each node gets its own GPUs."""
     import time
 
-    nodes, per_node = cfg.train.nodes, processes(cfg)
+    nodes = cfg.train.nodes
+    per_node, gpus = _loopback_gpus(nodes, cfg.train.processes)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="rlvr-nodes-") as tmp:
         config = Path(tmp) / "config.yaml"
@@ -99,25 +140,24 @@ def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
         args = [sys.executable, "-m", "components.train.node", str(config),
                 "--run-id", cfg.run_id, *stage_args]  # fmt: skip
         out = (Path(tmp) / "node-0.out").open("w+")
-        agents = []
-        for node in range(nodes):
-            env = {**os.environ, "PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(per_node),
-                   "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "127.0.0.1",
-                   "PET_MASTER_PORT": str(port)}  # fmt: skip
-            stdout = out if node == 0 else subprocess.DEVNULL  # rank 0's result is node 0's
-            agents.append(subprocess.Popen(args, env=env, stdout=stdout))
+        agents: list[subprocess.Popen] = []
         try:
+            for node in range(nodes):
+                env = {**os.environ, "PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(per_node),
+                       "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "127.0.0.1",
+                       "PET_MASTER_PORT": str(port)}  # fmt: skip
+                if gpus[node] is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = gpus[node]
+                stdout = out if node == 0 else subprocess.DEVNULL  # rank 0's result is node 0's
+                agents.append(subprocess.Popen(args, env=env, stdout=stdout,
+                                               start_new_session=True))  # fmt: skip
             failed = None
             while failed is None and any(a.poll() is None for a in agents):
                 failed = next((i for i, a in enumerate(agents) if a.poll()), None)
                 time.sleep(0.2)
             failed = next((i for i, a in enumerate(agents) if a.poll()), failed)
         finally:
-            for a in agents:  # a failed node leaves its peers waiting in a collective
-                if a.poll() is None:
-                    a.terminate()
-            for a in agents:
-                a.wait()
+            _stop(agents)  # a failed node leaves its peers waiting in a collective
         out.seek(0)
         stdout_text = out.read()
         out.close()
@@ -127,15 +167,16 @@ def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
     return _result(stdout_text, {"skipped": False, "nodes": nodes, "processes": per_node})
 
 
-def _dispatch(cfg: RunConfig, stage_args: list[str], here) -> dict[str, Any]:
-    """Run the stage here (`here()`), as local ranks, as loopback nodes, or as a cluster job."""
+def _dispatch(cfg: RunConfig, stage_args: list[str], here, **job: Any) -> dict[str, Any]:
+    """Run the stage here (`here()`), as local ranks, as loopback nodes, or as a cluster job
+    (`job`: the attempt and whether KFP retries the task, for the failure marker)."""
     if _launched():  # already a launched rank
         return here()
     if cfg.train.nodes > 1:
         if on_cluster():
             from components.train.jobs import run_job
 
-            return run_job(cfg, stage_args)
+            return run_job(cfg, stage_args, **job)
         return _loopback_nodes(cfg, stage_args)
     n = processes(cfg)
     return here() if n <= 1 else _relaunch(cfg, n, stage_args)
@@ -156,5 +197,9 @@ def serve(
     rank serves the segment's iterations with its engine kept in memory."""
     from components.train import stage
 
-    args = ["--segment", str(segment), *(["--attempt", attempt] if attempt else [])]
-    return _dispatch(cfg, args, lambda: stage.serve(cfg, segment, attempt=attempt, retried=retried))
+    args = ["--segment", str(segment), *(["--attempt", attempt] if attempt else []),
+            *(["--retried"] if retried else [])]  # fmt: skip
+    return _dispatch(
+        cfg, args, lambda: stage.serve(cfg, segment, attempt=attempt, retried=retried),
+        attempt=attempt, retried=retried,
+    )  # fmt: skip

@@ -23,10 +23,10 @@ Node count and processes per node come from the config; a job whose controller s
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 
 from components.core.config import RunConfig
 from components.core.errors import StageError
@@ -80,14 +80,16 @@ def node_place(env: Mapping[str, str], nodes: int, per_node: int) -> NodePlace:
 
 
 def torchrun_command(
-    nodes: int, per_node: int, place: NodePlace, stage_args: list[str]
+    nodes: int, per_node: int, place: NodePlace, stage_args: list[str], rdzv_timeout_s: int
 ) -> list[str]:
-    """This node's torchrun: a static rendezvous at node 0, then the train stage as each rank."""
+    """This node's torchrun: a static rendezvous at node 0 that waits `rdzv_timeout_s` for every
+    node to join, then the train stage as each rank."""
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={nodes}", f"--nproc-per-node={per_node}", f"--node-rank={place.node_rank}",
         f"--master-addr={place.master_addr}", f"--master-port={place.master_port}",
-        "--max-restarts=0", "-m", "components.train", *stage_args,
+        f"--rdzv-conf=timeout={rdzv_timeout_s}", "--max-restarts=0",
+        "-m", "components.train", *stage_args,
     ]  # fmt: skip
 
 
@@ -96,17 +98,20 @@ def rank_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in AGENT_ONLY}
 
 
-def run_node(cfg: RunConfig, stage_args: list[str], env: Mapping[str, str] | None = None) -> int:
-    """Run this node's ranks; their exit status."""
+def run_node(cfg: RunConfig, stage_args: list[str]) -> NoReturn:
+    """Become this node's torchrun (exec: in a pod this process is PID 1, and the kubelet's
+    SIGTERM must reach torchrun, which passes it to the ranks; a wrapper would swallow it, and
+    a wrapper killed alone would orphan the ranks)."""
     from components.train.launch import processes
 
-    env = os.environ if env is None else env
     per_node = processes(cfg)
-    place = node_place(env, cfg.train.nodes, per_node)
-    cmd = torchrun_command(cfg.train.nodes, per_node, place, stage_args)
+    place = node_place(os.environ, cfg.train.nodes, per_node)
+    cmd = torchrun_command(cfg.train.nodes, per_node, place, stage_args,
+                           cfg.cluster.train_job.rendezvous_timeout_s)  # fmt: skip
     print(f"rlvr train node {place.node_rank}/{cfg.train.nodes}: {per_node} rank(s), rendezvous "
           f"at {place.master_addr}:{place.master_port}", file=sys.stderr, flush=True)  # fmt: skip
-    return subprocess.run(cmd, env=rank_env(env)).returncode
+    sys.stdout.flush()
+    os.execve(cmd[0], cmd, rank_env(os.environ))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,11 +129,10 @@ def main(argv: list[str] | None = None) -> None:
     run_id = args[args.index("--run-id") + 1] if "--run-id" in args[:-1] else None
     try:
         cfg = config_from_arg(args[0], [], run_id=run_id)
-        code = run_node(cfg, args)
+        run_node(cfg, args)
     except (ConfigError, StageError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
-    sys.exit(code)
 
 
 if __name__ == "__main__":
