@@ -18,9 +18,12 @@ What it does, printing each step's time:
    scored rollouts, eval samples, datasets) must be equal byte for byte, and each manifest must
    list the same files with the same digests; what differs (wall-clock times in manifests,
    metrics and reports) is listed. Then the same for four iterations with `model.lora`, which
-   checks the images' peft (adapter checkpoints, base + adapter sampling), and for two
-   iterations of the tool demo (examples/tool_arithmetic), whose python tool runs the policy's
-   code in the sandbox inside the generate and evaluate containers;
+   checks the images' peft (adapter checkpoints, base + adapter sampling), for two iterations
+   with `train.nodes: 2` at ZeRO-3, where the train image runs two node agents (the entry every
+   pod of a multi-node TrainJob runs: components.train.node, torchrun, a rendezvous over
+   loopback) inside its container, and for two iterations of the tool demo
+   (examples/tool_arithmetic), whose python tool runs the policy's code in the sandbox inside
+   the generate and evaluate containers;
 6. shows that the verify image runs code rewards in a container with no capabilities: refused,
    with the reason, under the runtime's default seccomp profile, available under the profile the
    cluster overlay ships; then runs the code demo (examples/arithmetic_code) under both runners
@@ -57,7 +60,7 @@ DEBIAN_BASE = "rlvr-base/python:3.11-bookworm"
 DATA = re.compile(r"\.(parquet|safetensors|jinja)$|(^|/)(tokenizer\.json|tokenizer_config\.json|"
                   r"config\.json|generation_config\.json|plan\.json|state\.json|run\.yaml)$")  # fmt: skip
 #: The runs compared across the runners (each as <name>-subprocess and <name>-docker).
-RUNS = ("demo", "lora", "tools", "code")
+RUNS = ("demo", "lora", "nodes", "tools", "code")
 #: Written by the host process, not by the tasks: not compared.
 HOST_ONLY = ("kfp/", "logs/", "status/")
 
@@ -416,6 +419,12 @@ def main() -> int:
                  "--set", "train.lr=5e-3"]  # fmt: skip
     lora_sub_s, lora_s = both_runners(rlvr, "examples/arithmetic/config.yaml", store, "lora",
                                       lora_sets, failures)  # fmt: skip
+    print("the demo on two train nodes (train.nodes=2: two node agents, ZeRO-3), 2 iterations:")
+    nodes_sets = [*image_sets, "--iterations", "2", "--set", "train.nodes=2", "--set",
+                  "train.processes=1", "--set", "train.zero_stage=3", "--set",
+                  "data.eval.0.max_prompts=50"]  # fmt: skip
+    nodes_sub_s, nodes_s = both_runners(rlvr, "examples/arithmetic/config.yaml", store, "nodes",
+                                        nodes_sets, failures)  # fmt: skip
     print("the tool demo (the python tool's sandbox in the generate container), 2 iterations:")
     tool_sub_s, tool_s = both_runners(rlvr, "examples/tool_arithmetic/config.yaml", store,
                                       "tools", [*image_sets, "--iterations", "2", "--set",
@@ -451,6 +460,7 @@ def main() -> int:
         print(f"build {build_s:.0f} s")
     print(f"demo: subprocess {sub_s:.1f} s, docker {dock_s:.1f} s, ratio {dock_s / sub_s:.2f}")
     print(f"LoRA demo (4 iterations): subprocess {lora_sub_s:.1f} s, docker {lora_s:.1f} s")
+    print(f"two train nodes (2 iterations): subprocess {nodes_sub_s:.1f} s, docker {nodes_s:.1f} s")
     print(f"tool demo (2 iterations): subprocess {tool_sub_s:.1f} s, docker {tool_s:.1f} s")
     if code_s is not None and code_sub_s is not None:
         print(f"code demo: subprocess {code_sub_s:.1f} s, docker {code_s:.1f} s, ratio "
