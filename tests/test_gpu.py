@@ -18,9 +18,7 @@ TrainJob's pods run. Skipped where torch sees no GPU (CI has none); on a GPU nod
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +34,7 @@ from components.generate.stage import run as generate
 from components.train import jobspec
 from components.verify.stage import run as verify
 from tests.conftest import write_config
-from tests.test_multinode import _free_port
+from tests.test_multinode import _free_port, _update
 from tests.test_train import PLUGIN
 
 pytestmark = pytest.mark.skipif(
@@ -67,16 +65,6 @@ def _train(cfg: RunConfig, tmp_path: Path, *sets: str, env: dict | None = None) 
     out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr[-3000:]
     return _update(cfg)
-
-
-def _update(cfg: RunConfig) -> tuple[dict, dict, dict]:
-    layout = RunLayout.of(cfg)
-    weights = load_file(f"{layout.checkpoint(1)}/model.safetensors")
-    state = load_file(f"{layout.train_state(1)}/optimizer.safetensors")
-    metrics = json.loads(Path(layout.train_state(1), "metrics.json").read_text())
-    shutil.rmtree(layout.checkpoint(1))
-    shutil.rmtree(layout.train_state(1))
-    return weights, state, metrics
 
 
 def _rel(a: dict, b: dict, keys: list[str]) -> float:

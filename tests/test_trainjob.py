@@ -398,6 +398,12 @@ FAILED = {"conditions": [{"type": "Failed", "status": "True", "reason": "JobSetF
                           "message": "jobset failed: job node-1 has failed"}]}  # fmt: skip
 
 
+#: a node pod the scheduler cannot place
+PENDING = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending", "conditions": [
+    {"type": "PodScheduled", "status": "False",
+     "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu"}]}}  # fmt: skip
+
+
 @pytest.fixture
 def in_pod(monkeypatch):
     monkeypatch.setenv("HOSTNAME", "task-pod-7")
@@ -470,9 +476,7 @@ def test_a_failed_job_raises_its_own_message_and_is_deleted(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     pods = [_pod("j-node-0-0", "Running"),
             _pod("j-node-0-1", "Failed", {"exitCode": 137, "reason": "OOMKilled"}),
-            {"metadata": {"name": "j-node-0-2"}, "status": {"phase": "Pending", "conditions": [
-                {"type": "PodScheduled", "status": "False",
-                 "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu"}]}}]  # fmt: skip
+            {**PENDING, "metadata": {"name": "j-node-0-2"}}]
     kube = FakeKube([RUNNING, FAILED], pods, {"j-node-0-1": ["CUDA out of memory"]})
     out = io.StringIO()
     with pytest.raises(StageError) as err:
@@ -631,9 +635,7 @@ def test_a_forbidden_answer_is_not_retried(tmp_path, in_pod):
 def test_pods_that_cannot_start_are_reported_while_waiting(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     _commit_checkpoints(cfg, range(4, 8))
-    pending = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False",
-         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu"}]}}  # fmt: skip
+    pending = PENDING
     kube = FakeKube([RUNNING, RUNNING, RUNNING, COMPLETE], [_pod("j-node-0-0", "Running"), pending],
                     {})  # fmt: skip
     out = io.StringIO()
@@ -692,9 +694,7 @@ def test_the_train_task_passes_retried_and_attempt_to_the_job(tmp_path, monkeypa
 def test_pods_that_never_schedule_fail_the_step_after_the_schedule_timeout(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     cfg.cluster.train_job.schedule_timeout_s = 600
-    pending = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False",
-         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu"}]}}  # fmt: skip
+    pending = PENDING
     kube = FakeKube([RUNNING], [_pod("j-node-0-0", "Running"), pending], {})
     clock = iter(range(0, 100_000, 100))
     with pytest.raises(StageError, match=r"pods still Pending after 600 s \(cluster.train_job."
