@@ -106,6 +106,11 @@ def test_check_flags_a_multi_node_config_that_cannot_be_placed():
     (error,) = problems.errors
     assert error.where == "config train.processes" and "a train node has 8 GPUs" in error.what
     assert [p.where for p in problems.items if p.warning] == ["config train.zero_stage"]
+    late = RunConfig.model_validate({**base, "train": {"nodes": 2, "zero_stage": 3}, "cluster": {
+        "train_job": {"schedule_timeout_s": 7200, "rendezvous_timeout_s": 1800}}})  # fmt: skip
+    problems = Problems()
+    check_train(late, problems)
+    assert [p.where for p in problems.items] == ["config cluster.train_job.schedule_timeout_s"]
     fine = RunConfig.model_validate({**base, "train": {"nodes": 2, "zero_stage": 3}})
     problems = Problems()
     check_train(fine, problems)
@@ -135,22 +140,63 @@ def test_loopback_nodes_get_gpus_of_their_own(monkeypatch):
     assert launch._loopback_gpus(2, None) == (1, [None, None])
 
 
-def test_stopping_an_agent_stops_what_it_started():
-    """A loopback agent is stopped with its whole process group (torchrun and its ranks),
-    never the agent alone, whose ranks would wait in a collective until a timeout."""
+RANK_SCRIPT = """
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(300)
+"""
+
+#: what a loopback agent becomes (node.py execs torchrun), with one rank that only sleeps
+AGENT = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+         "--max-restarts=0"]  # fmt: skip
+
+
+def _rank_pid(path: Path, timeout_s: float = 60) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError("the rank did not start")
+
+
+def _gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_stopping_an_agent_stops_its_ranks(tmp_path):
+    """A failed node's peers are stopped with SIGTERM, which torchrun passes on to its ranks
+    (torch starts each rank in a session of its own, so no process-group kill reaches them)."""
     from components.train import launch
 
-    agent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                              "p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True); "
-                              "time.sleep(300)"], stdout=subprocess.PIPE, text=True,
-                             start_new_session=True)  # fmt: skip
-    child = int(agent.stdout.readline())
-    launch._stop([agent], grace_s=10)
-    assert agent.returncode is not None
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(child):
-        time.sleep(0.05)
-    assert not _alive(child)
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    agent = subprocess.Popen([*AGENT, str(script), str(tmp_path / "pid")])
+    rank = _rank_pid(tmp_path / "pid")
+    launch._stop([agent])
+    assert agent.returncode is not None and _gone(rank, 10)
+
+
+def test_the_local_runner_stopping_a_train_task_stops_its_loopback_ranks(tmp_path):
+    """The local runner stops a task by signalling its process group (pipelines/local_runner.py);
+    the loopback agents are in that group, so their ranks end even when the task itself dies
+    at once (it has no SIGTERM handler)."""
+    import signal
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    task = subprocess.Popen(  # the task, as the runner starts it; its agent as launch does
+        [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); "
+         "time.sleep(300)", *AGENT, str(script), str(tmp_path / "pid")],
+        start_new_session=True,
+    )  # fmt: skip
+    rank = _rank_pid(tmp_path / "pid")
+    os.killpg(task.pid, signal.SIGTERM)
+    task.wait(10)
+    assert _gone(rank, 45)  # torchrun gives its ranks up to 30 s
 
 
 def _alive(pid: int) -> bool:

@@ -255,6 +255,8 @@ class FakeKube:
         self.served: dict[str, int] = {}  # pod -> log lines served so far
         self.uids = 0
         self.create_error: tuple[int, dict] | None = None
+        self.no_crd = False  # the job kind's CRD is not installed
+        self.on_poll = lambda: None  # what happens in the job while the task polls it
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -303,6 +305,8 @@ class FakeKube:
                         return self._status(409, "Precondition failed: UID in precondition")
                     outer.jobs.pop(name, None) or outer.existing.pop(name, None)
                     return self._send(200, {"kind": "Status", "status": "Success"})
+                if outer.no_crd:
+                    return self._status(404, "the server could not find the requested resource")
                 if name is None:  # a list, by label
                     key, _, value = query.get("labelSelector", "").partition("=")
                     items = [j for j in everything.values()
@@ -312,6 +316,7 @@ class FakeKube:
                     return self._send(200, outer.existing[name])
                 if name not in outer.jobs:
                     return self._status(404, f"{name} not found")
+                outer.on_poll()
                 n = outer.gets[name] = outer.gets.get(name, 0) + 1
                 status = outer.statuses[min(n, len(outer.statuses)) - 1]
                 if isinstance(status, int):  # an error answer (404: the job is gone)
@@ -463,9 +468,10 @@ def test_a_dropped_log_stream_is_taken_up_where_it_stopped(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     _commit_checkpoints(cfg, range(4, 8))
     lines = [f"step {i}" for i in range(4)]
-    kube = FakeKube([RUNNING] * 6 + [COMPLETE], [_pod("j-node-0-0", "Running")],
+    kube = FakeKube([RUNNING] * 40 + [COMPLETE], [_pod("j-node-0-0", "Running")],
                     {"j-node-0-0": lines})  # fmt: skip
     kube.log_cut["j-node-0-0"] = 2  # the first two streams drop after a line each
+    # (the fake resumes at the exact line; the real API resumes by seconds, so a line may repeat)
     out = io.StringIO()
     jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out, sleep=lambda _: time.sleep(0.05))
     got = [x for x in out.getvalue().splitlines() if x.startswith("[j-node-0-0]")]
@@ -609,7 +615,7 @@ def test_an_api_server_that_stays_down_fails_the_step_after_the_grace(tmp_path, 
     kube = FakeKube([RUNNING, 503], [], {})
     clock = iter(range(0, 10_000, 100))  # each poll 100 s later
 
-    with pytest.raises(StageError, match=r"did not answer for 300 s while following TrainJob "
+    with pytest.raises(StageError, match=r"did not answer for 300 s while reading TrainJob "
                        r"default/rlvr-train-.*: answer 503"):  # fmt: skip
         jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
                      sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
@@ -669,8 +675,9 @@ def test_a_ranks_own_failure_marker_is_kept(tmp_path, in_pod):
     from components.core.warm import RunStatus
 
     cfg = cluster_cfg(tmp_path)
-    RunStatus.of(cfg, "run-abc").mark_failed("train", "PeerFailed: verify failed")
-    kube = FakeKube([FAILED], [], {})
+    kube = FakeKube([RUNNING, FAILED], [], {})
+    kube.on_poll = lambda: RunStatus.of(cfg, "run-abc").mark_failed(  # a rank, during the job
+        "train", "PeerFailed: verify failed")  # fmt: skip
     with pytest.raises(StageError):
         jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", api_client=kube.client(),
                      out=io.StringIO())  # fmt: skip
@@ -715,3 +722,65 @@ def test_an_old_trainer_gets_a_hint(tmp_path, in_pod):
                        r"need Kubeflow Trainer v2.2 or later"):  # fmt: skip
         jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
     assert not kube.calls("DELETE")[0][2].get("preconditions")  # nothing was created: no uid
+
+
+def test_a_cluster_without_the_crd_says_what_to_install(tmp_path, in_pod):
+    """The commonest first mistake: Kubeflow Trainer not installed. The first call (the search
+    for leftovers) says so, the marker tells the peers, and nothing is created."""
+    from components.core.warm import RunStatus
+
+    cfg = cluster_cfg(tmp_path)
+    kube = FakeKube([RUNNING], [], {})
+    kube.no_crd = True
+    with pytest.raises(StageError, match=r"listing the trainjobs of this step: the cluster has no "
+                       r"trainjobs.trainer.kubeflow.org \(install Kubeflow Trainer v2.2 or later"):  # fmt: skip
+        jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", api_client=kube.client(),
+                     out=io.StringIO())  # fmt: skip
+    assert not kube.calls("POST") and not kube.calls("DELETE")
+    assert "the cluster has no trainjobs" in RunStatus.of(cfg, "run-abc").failures()["train"]["error"]
+
+
+def test_an_earlier_tries_marker_is_cleared_then_replaced(tmp_path, in_pod):
+    """KFP retries the task under the same attempt id: the marker its first try left must not
+    stand for this try (peers would count their grace from the first failure)."""
+    from components.core.warm import RunStatus
+
+    cfg = cluster_cfg(tmp_path)
+    RunStatus.of(cfg, "run-abc").mark_failed("train", "old try: OOM")
+    kube = FakeKube([FAILED], [], {})
+    with pytest.raises(StageError):
+        jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", retried=True,
+                     api_client=kube.client(), out=io.StringIO())  # fmt: skip
+    assert "job node-1 has failed" in RunStatus.of(cfg, "run-abc").failures()["train"]["error"]
+    _commit_checkpoints(cfg, range(4, 8))  # and a try that succeeds leaves no marker
+    RunStatus.of(cfg, "run-abc").mark_failed("train", "old try: OOM")
+    jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", api_client=FakeKube([COMPLETE], [], {}).client(),
+                 out=io.StringIO())  # fmt: skip
+    assert "train" not in RunStatus.of(cfg, "run-abc").failures()
+
+
+def test_a_node_that_cannot_start_fails_the_step_after_five_minutes(tmp_path, in_pod):
+    """A missing Secret or a bad image name does not cure itself: the step fails with it long
+    before the scheduling timeout (an hour)."""
+    cfg = cluster_cfg(tmp_path)
+    broken = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending",
+              "containerStatuses": [{"name": "node", "state": {"waiting": {
+                  "reason": "CreateContainerConfigError",
+                  "message": 'secret "rlvr-object-store" not found'}}}]}}  # fmt: skip
+    kube = FakeKube([RUNNING], [_pod("j-node-0-0", "Running"), broken], {})
+    clock = iter(range(0, 100_000, 100))
+    with pytest.raises(StageError, match=r"a node cannot start, and waiting will not help .*\n  "
+                       r"j-node-0-1/node: waiting \(CreateContainerConfigError: secret "
+                       r'"rlvr-object-store" not found\)'):  # fmt: skip
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
+                     sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+    assert 4 <= len([p for p, _, _ in kube.calls("GET") if "/trainjobs/" in p]) <= 5  # ~300 s
+
+
+def test_every_pending_pod_is_named_even_while_its_image_pulls():
+    pulling = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending",
+               "containerStatuses": [{"name": "node", "state": {"waiting": {
+                   "reason": "ContainerCreating"}}}]}}  # fmt: skip
+    assert jobs.pod_failures([pulling]) == ["j-node-0-1: pending (ContainerCreating)"]
+    assert jobs.pod_failures([_pod("j-node-0-0", "Running")]) == []
+    assert jobs.fatal_waits([pulling]) == []

@@ -458,10 +458,12 @@ class TrainJobSection(_Strict):
     """Where the job is created; None: the namespace of the pipeline pod that submits it."""
     poll_s: float = Field(5.0, gt=0)
     """How often the submitting task reads the job's status."""
-    schedule_timeout_s: float | None = Field(3600.0, gt=0)
+    schedule_timeout_s: float | None = Field(1800.0, gt=0)
     """How long a pod of the job may stay Pending (no node with free GPUs, its image still
-    pulling) before the step fails with the scheduler's reason; None: until the job's deadline.
-    A job a queue (Kueue) holds suspended has no pods yet and is not counted."""
+    pulling) before the step fails naming the pods and the scheduler's reason; at most
+    rendezvous_timeout_s, so that this, not node 0's rendezvous, reports a node that never came.
+    None: no limit (with a pod-level gang scheduler, Volcano or coscheduling, whose queued pods
+    stay Pending). A job a queue (Kueue) holds suspended has no pods yet and is not counted."""
     rendezvous_timeout_s: int = Field(1800, ge=60)
     """How long node 0's rendezvous waits for every node to join (torchrun's static rendezvous
     waits 600 s by default, less than a fresh node's pull of a CUDA image can take)."""

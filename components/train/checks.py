@@ -131,6 +131,14 @@ def check_nodes(cfg: RunConfig, problems: Problems) -> None:
             f"{pool.accelerator_count} GPUs (cluster.stages.train.accelerator_count)",
             "leave train.processes unset (one rank per GPU) or raise accelerator_count",
         )  # fmt: skip
+    tj = cfg.cluster.train_job
+    if tj.schedule_timeout_s and tj.schedule_timeout_s > tj.rendezvous_timeout_s:
+        problems.warn(
+            "config cluster.train_job.schedule_timeout_s", f"{tj.schedule_timeout_s:.0f} s is "
+            f"longer than node 0 waits for the others ({tj.rendezvous_timeout_s} s): a node that "
+            "never schedules fails the step at the rendezvous, without the scheduler's reason",
+            "keep it at most cluster.train_job.rendezvous_timeout_s",
+        )  # fmt: skip
     if t.zero_stage < 2:
         problems.warn(
             "config train.zero_stage", f"ZeRO-{t.zero_stage} on {t.nodes} nodes: every rank "

@@ -10,12 +10,14 @@ task does on a cluster when `train.nodes` > 1.
                              pod's log as it starts, prefixed with the pod's name (resumed if
                              the stream drops); say why pods wait (unschedulable, image pull)
                              when that changes; ride out an API server that fails to answer
-                             for up to API_GRACE_S
+                             for up to API_GRACE_S at every call
     Complete / Succeeded  -> check that rank 0 committed the outputs, return the result
     Failed                -> StageError with the job's own condition message and every node
                              container that terminated abnormally (reason, exit code, message)
     Pending too long      -> StageError with the scheduler's reason
-                             (cluster.train_job.schedule_timeout_s)
+                             (cluster.train_job.schedule_timeout_s); a node that cannot start
+                             at all (FATAL_WAITS: a bad image name, a missing Secret) after
+                             FATAL_WAIT_S
     gone (404)            -> StageError: the job was deleted by someone else
     always                -> delete the job by its uid (its JobSet / pods go with it); SIGTERM
                              (the pipeline run cancelled) ends the wait and still deletes it;
@@ -30,6 +32,7 @@ a job whose task pod is deleted.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -97,13 +100,23 @@ def job_state(kind: JobKind, obj: dict[str, Any]) -> tuple[str, str]:
     return "running", ""
 
 
+#: waiting reasons that do not cure themselves: the image name or the pod's spec is wrong, or
+#: what it refers to is missing (a Secret, a ConfigMap key); the step fails FATAL_WAIT_S after
+FATAL_WAITS = {"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+               "CreateContainerError"}  # fmt: skip
+FATAL_WAIT_S = 300.0
+
+
 def pod_failures(pods: list[dict[str, Any]]) -> list[str]:
     """Each container of the job's pods that ended abnormally, as `pod/container: reason (exit
-    N): message`; a pod that never started says why it waits."""
+    N): message`, or waits for a reason (an image that will not pull); and every pod still
+    Pending, with the scheduler's reason if it gave one."""
     out = []
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         name = pod["metadata"]["name"]
         status = pod.get("status") or {}
+        said = len(out)
+        waiting = []
         for cs in status.get("containerStatuses") or []:
             term = (cs.get("state") or {}).get("terminated") or {}
             wait = (cs.get("state") or {}).get("waiting") or {}
@@ -114,20 +127,31 @@ def pod_failures(pods: list[dict[str, Any]]) -> list[str]:
             elif wait.get("reason") and wait["reason"] != "ContainerCreating":
                 out.append(f"{name}/{cs['name']}: waiting ({wait['reason']}: "
                            f"{wait.get('message', '')})")  # fmt: skip
-        if status.get("phase") == "Pending" and not status.get("containerStatuses"):
+            elif wait.get("reason"):
+                waiting.append(wait["reason"])
+        if status.get("phase") == "Pending" and len(out) == said:
             why = [c.get("message", "") for c in status.get("conditions") or []
-                   if c.get("status") == "False" and c.get("message")]  # fmt: skip
+                   if c.get("status") == "False" and c.get("message")] or waiting  # fmt: skip
             out.append(f"{name}: pending" + (f" ({why[0]})" if why else ""))
     return out
 
 
+def fatal_waits(pods: list[dict[str, Any]]) -> list[str]:
+    """The containers that wait for a reason no wait will cure (FATAL_WAITS)."""
+    return [line for line in pod_failures(pods)
+            if any(f"waiting ({r}:" in line for r in FATAL_WAITS)]  # fmt: skip
+
+
 class LogFollower:
     """Streams each job pod's container log, one daemon thread per pod, from the moment the pod
-    has started; every line goes out prefixed with `[pod]`. A stream that ends while its pod
-    still runs (the API server's or kubelet's idle timeout, a restart) is taken up again from
-    where it stopped, to the second (a line may repeat), up to MAX_RESUMES times a pod."""
+    has started; every line goes out prefixed with `[pod]`. A stream that ends while its
+    container still runs (the API server's or kubelet's idle timeout, LOG_READ_TIMEOUT_S of
+    silence, a restart) is taken up again from about the second it stopped (a line may repeat:
+    the API resumes by seconds, on the kubelet's clock), up to MAX_RESUMES times a pod.
+    `say` writes the task's own lines, under the same lock, so lines never interleave."""
 
     MAX_RESUMES = 20
+    LOG_READ_TIMEOUT_S = 300
 
     def __init__(self, core, namespace: str, container: str, out: TextIO) -> None:
         self.core, self.namespace, self.container, self.out = core, namespace, container, out
@@ -136,6 +160,16 @@ class LogFollower:
         self.resumes: dict[str, int] = {}
         self.lock = threading.Lock()
 
+    def say(self, text: str) -> None:
+        with self.lock:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def _running(self, pod: dict[str, Any]) -> bool:
+        """Whether the node container itself still runs (the pod's phase lags behind it)."""
+        return any(cs.get("name") == self.container and "running" in (cs.get("state") or {})
+                   for cs in (pod.get("status") or {}).get("containerStatuses") or [])  # fmt: skip
+
     def update(self, pods: list[dict[str, Any]]) -> None:
         for pod in pods:
             name = pod["metadata"]["name"]
@@ -143,8 +177,8 @@ class LogFollower:
             if phase == "Pending" or (name in self.threads and self.threads[name].is_alive()):
                 continue
             since = None
-            if name in self.threads:  # its stream ended: resume while the pod runs
-                if phase != "Running" or self.resumes.get(name, 0) >= self.MAX_RESUMES:
+            if name in self.threads:  # its stream ended: resume while the container runs
+                if not self._running(pod) or self.resumes.get(name, 0) >= self.MAX_RESUMES:
                     continue
                 self.resumes[name] = self.resumes.get(name, 0) + 1
                 since = max(1, math.ceil(time.time() - self.ended.get(name, time.time())) + 1)
@@ -157,7 +191,7 @@ class LogFollower:
             kwargs = {"since_seconds": since_s} if since_s else {}
             resp = self.core.read_namespaced_pod_log(
                 pod, self.namespace, container=self.container, follow=True,
-                _preload_content=False, **kwargs,
+                _preload_content=False, _request_timeout=(10, self.LOG_READ_TIMEOUT_S), **kwargs,
             )  # fmt: skip
             pending = b""
             for chunk in resp.stream(64 * 1024):
@@ -203,14 +237,12 @@ def _default_client():
 def _owner(core, namespace: str) -> dict[str, Any] | None:
     """An owner reference to the pod this task runs in (its name is the hostname), so deleting
     the task's pod deletes the job too; None when the pod cannot be read."""
-    from kubernetes.client.exceptions import ApiException
-
     name = os.environ.get("HOSTNAME")
     if not name:
         return None
     try:
-        pod = core.read_namespaced_pod(name, namespace)
-    except ApiException:
+        pod = core.read_namespaced_pod(name, namespace, _request_timeout=REQUEST_TIMEOUT)
+    except Exception:  # noqa: BLE001 - no owner: the job is still deleted by this task
         return None
     return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid,
             "blockOwnerDeletion": False, "controller": False}  # fmt: skip
@@ -266,14 +298,21 @@ def run_job(
 ) -> dict[str, Any]:
     """Submit the job for `stage_args` (the train stage's `--segment S [--attempt A]
     [--retried]` or `--iteration I`), wait for it, delete it; the committed result (see the
-    module docstring). A failure is also recorded as the train task's failure marker of
+    module docstring). Any failure is also recorded as the train task's failure marker of
     `attempt` (so the generate, verify and evaluate workers stop waiting, or, when KFP retries
-    the task (`retried`), wait for the retry), unless the ranks recorded their own."""
+    the task (`retried`), wait for the retry), unless the job's ranks recorded their own; a
+    marker an earlier try of the task left is cleared first."""
+    from components.core.store import StoreError
+    from components.core.warm import RunStatus
+
     previous = _on_sigterm()  # before anything is created: a cancel must never leak a job
     try:
+        if attempt is not None:
+            with contextlib.suppress(StoreError):
+                RunStatus.of(cfg, attempt).clear("train")
         return _run_job(cfg, stage_args, api_client=api_client, out=out or sys.stdout,
                         sleep=sleep, monotonic=monotonic, api_grace_s=api_grace_s)  # fmt: skip
-    except (StageError, _Cancelled) as e:
+    except BaseException as e:
         if attempt is not None:
             _mark_failed(cfg, attempt, retried, e)
         if isinstance(e, _Cancelled):
@@ -284,13 +323,49 @@ def run_job(
 
 
 def _mark_failed(cfg: RunConfig, attempt: str, retried: bool, e: BaseException) -> None:
+    from components.core.store import StoreError
     from components.core.warm import RunStatus, retry_grace_s
 
-    status = RunStatus.of(cfg, attempt)
-    if "train" in status.failures():  # a rank's own marker says more (and whether a peer failed)
-        return
-    message = "the train task was stopped" if isinstance(e, _Cancelled) else str(e)
-    status.mark_failed("train", message, grace_s=retry_grace_s(cfg, "train") if retried else 0.0)
+    try:
+        status = RunStatus.of(cfg, attempt)
+        if "train" in status.failures():  # a rank's own marker (this try's) says more
+            return
+        error = "the train task was stopped (SIGTERM)" if isinstance(e, _Cancelled) else e
+        status.mark_failed("train", error,
+                           grace_s=retry_grace_s(cfg, "train") if retried else 0.0)  # fmt: skip
+    except StoreError:  # the store may be why the step failed; the task's exit still tells
+        pass
+
+
+class _Api:
+    """Every call to the Kubernetes API: a request timeout; throttling, a failing server and
+    no answer at all ridden out for `grace_s`; any other error a StageError saying what was
+    being done (`errors` maps an HTTP status to what it means there)."""
+
+    def __init__(self, sleep, monotonic, grace_s: float, poll_s: float, say) -> None:
+        self.sleep, self.monotonic, self.grace_s, self.poll_s, self.say = (
+            sleep, monotonic, grace_s, poll_s, say)  # fmt: skip
+
+    def __call__(self, doing: str, fn, *args, errors: dict[int, str] | None = None,
+                 hint=None, **kwargs):  # fmt: skip
+        failing_since = None
+        while True:
+            try:
+                return fn(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+            except Exception as e:  # noqa: BLE001 - sorted below
+                status = getattr(e, "status", None)
+                if errors and status in errors:
+                    raise StageError(f"{doing}: {errors[status]}") from None
+                if not _transient(e):
+                    raise StageError(f"{doing} failed: {_api_message(e)}"
+                                     + (hint(e) if hint else "")) from None  # fmt: skip
+                now = self.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since > self.grace_s:
+                    raise StageError(f"the Kubernetes API did not answer for {self.grace_s:.0f} s "
+                                     f"while {doing}: {_api_message(e)}") from None  # fmt: skip
+                self.say(f"{doing} failed ({_api_message(e)}); trying again")
+                self.sleep(self.poll_s)
 
 
 def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s):
@@ -299,18 +374,29 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 
-    api = api_client or _default_client()
-    custom, core = k8s.CustomObjectsApi(api), k8s.CoreV1Api(api)
     kind = KINDS[cfg.cluster.train_job.api]
     tj = cfg.cluster.train_job
     namespace = tj.namespace or _own_namespace()
+    try:
+        api_client = api_client or _default_client()
+    except Exception as e:  # noqa: BLE001 - no in-cluster config and no kubeconfig
+        raise StageError(
+            f"cannot reach the Kubernetes API to submit the {kind.kind}: {e}"
+        ) from None
+    custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
+    followers = LogFollower(core, namespace, kind.container, out)
+    say = followers.say
+    api = _Api(sleep, monotonic, api_grace_s, tj.poll_s, say)
     ref = dict(group=kind.group, version=kind.version, namespace=namespace, plural=kind.plural)
     step = f"{jobspec.STEP_LABEL}={jobspec.step_key(cfg, stage_args)}"
+    no_crd = {404: f"the cluster has no {kind.plural}.{kind.group} (install Kubeflow "
+                   + ("Trainer v2.2 or later" if kind.kind == "TrainJob" else "Training Operator")
+                   + "; docs/deploy.md, Multi-node training)"}  # fmt: skip
 
     # What an earlier submission of this step left (its task died before cleaning up) goes
     # first, pods and all: committed iterations are skipped by the stage itself, so nothing is
     # trained twice, and no old rank can still write.
-    _clear_leftovers(custom, core, ref, kind, step, out, sleep, monotonic)
+    _clear_leftovers(api, custom, core, ref, kind, step, say, sleep, monotonic, no_crd)
 
     name = jobspec.job_name(cfg, stage_args, secrets.token_hex(3)[:5])
     body = jobspec.job_spec(cfg, stage_args, name=name, namespace=namespace,
@@ -318,133 +404,138 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
                             owner=_owner(core, namespace))  # fmt: skip
     what = f"{kind.kind} {namespace}/{name}"
     uid: list[str] = []  # the created job's uid: only this job is ever deleted
+    sent: list[bool] = []  # a create was sent (its outcome may be unknown)
+
+    def create() -> dict[str, Any]:
+        sent.append(True)
+        try:
+            return custom.create_namespaced_custom_object(
+                **ref, body=body, field_manager="rlvr", field_validation="Strict",
+                _request_timeout=REQUEST_TIMEOUT,
+            )  # fmt: skip
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            # the name is this submission's own: an earlier create of it landed after all
+            return custom.get_namespaced_custom_object(**ref, name=name,
+                                                       _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
 
     def delete() -> None:
         options = k8s.V1DeleteOptions(propagation_policy="Background",
                                       preconditions=k8s.V1Preconditions(uid=uid[0]) if uid else None)  # fmt: skip
         try:
-            custom.delete_namespaced_custom_object(**ref, name=name, body=options,
-                                                   _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
-        except ApiException as e:
-            if e.status not in (404, 409):  # gone already, or another object of that name
-                print(f"could not delete {what} ({_api_message(e)}): delete it by hand "
-                      f"(kubectl -n {namespace} delete {kind.plural} {name})", file=out,
-                      flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - never mask the step's own error
-            print(f"could not delete {what} ({_api_message(e)}): delete it by hand", file=out,
-                  flush=True)  # fmt: skip
+            with _sigterm_deferred():  # a second SIGTERM must not leave the job behind
+                api(f"deleting {what}", custom.delete_namespaced_custom_object, **ref,
+                    name=name, body=options, errors={404: "gone", 409: "replaced"})  # fmt: skip
+        except StageError as e:
+            if not str(e).endswith((": gone", ": replaced")):
+                say(f"could not delete {what} ({e}): delete it by hand (kubectl -n {namespace} "
+                    f"delete {kind.plural} {name})")  # fmt: skip
 
-    followers = LogFollower(core, namespace, kind.container, out)
     pods: list[dict[str, Any]] = []
     try:
-        try:
-            created = custom.create_namespaced_custom_object(
-                **ref, body=body, field_manager="rlvr", field_validation="Strict",
-                _request_timeout=REQUEST_TIMEOUT,
-            )  # fmt: skip
-        except ApiException as e:
-            raise StageError(f"creating {what} failed: {_api_message(e)}"
-                             + _version_hint(kind, e)) from None  # fmt: skip
+        created = api(f"creating {what}", lambda **kw: create(), errors=no_crd,
+                      hint=lambda e: _version_hint(kind, e))  # fmt: skip
         uid.extend(filter(None, [((created or {}).get("metadata") or {}).get("uid")]))
-        print(f"submitted {what}: {cfg.train.nodes} nodes x {jobspec.processes_per_node(cfg)} "
-              f"rank(s)", file=out, flush=True)  # fmt: skip
+        say(f"submitted {what}: {cfg.train.nodes} nodes x {jobspec.processes_per_node(cfg)} "
+            f"rank(s)")  # fmt: skip
         state, message = "running", ""
-        failing_since: float | None = None
         pending_since: float | None = None
+        fatal_since: float | None = None
         waits: list[str] = []
-        while state == "running":
-            try:
-                obj = custom.get_namespaced_custom_object(**ref, name=name,
-                                                          _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
-                pods = _list_pods(core, namespace, f"{kind.pod_label}={name}")
-            except Exception as e:  # noqa: BLE001 - sorted below: transient, gone, or fatal
-                if isinstance(e, ApiException) and e.status == 404:
-                    raise StageError(f"{what} was deleted while it ran (by someone else: this "
-                                     "task deletes it only when it ends); rerun the step") from None  # fmt: skip
-                if not _transient(e):
-                    raise StageError(f"reading {what} failed: {_api_message(e)}") from None
-                now = monotonic()
-                failing_since = now if failing_since is None else failing_since
-                if now - failing_since > api_grace_s:
-                    raise StageError(f"the Kubernetes API did not answer for {api_grace_s:.0f} s "
-                                     f"while following {what}: {_api_message(e)}") from None  # fmt: skip
-                print(f"reading {what} failed ({_api_message(e)}); trying again", file=out,
-                      flush=True)  # fmt: skip
-                sleep(tj.poll_s)
-                continue
-            failing_since = None
+        gone = {404: "it was deleted while it ran (by someone else: this task deletes it only "
+                     "when it ends); rerun the step"}  # fmt: skip
+        while True:
+            obj = api(f"reading {what}", custom.get_namespaced_custom_object, **ref, name=name,
+                      errors=gone)  # fmt: skip
+            pods = api(f"listing the pods of {what}", _list_pods, core, namespace,
+                       f"{kind.pod_label}={name}")  # fmt: skip
             state, message = job_state(kind, obj)
             followers.update(pods)
             if state != "running":
                 break
             now_waiting = pod_failures(pods)  # pods that wait: unschedulable, image pull
             if now_waiting != waits and now_waiting:
-                print("not running: " + "; ".join(now_waiting), file=out, flush=True)
+                say("not running: " + "; ".join(now_waiting))
             waits = now_waiting
-            pending = any((p.get("status") or {}).get("phase") == "Pending" for p in pods)
             now = monotonic()
-            pending_since = (pending_since or now) if pending else None
-            if (
-                tj.schedule_timeout_s
-                and pending_since
-                and now - pending_since > tj.schedule_timeout_s
-            ):
+            pending = any((p.get("status") or {}).get("phase") == "Pending" for p in pods)
+            pending_since = (now if pending_since is None else pending_since) if pending else None
+            if (tj.schedule_timeout_s and pending_since is not None
+                    and now - pending_since > tj.schedule_timeout_s):  # fmt: skip
                 raise StageError(f"{what}: pods still Pending after {tj.schedule_timeout_s:.0f} s "
                                  "(cluster.train_job.schedule_timeout_s)"
                                  + "".join(f"\n  {d}" for d in now_waiting))  # fmt: skip
+            fatal = fatal_waits(pods)
+            fatal_since = (now if fatal_since is None else fatal_since) if fatal else None
+            if fatal_since is not None and now - fatal_since > FATAL_WAIT_S:
+                raise StageError(f"{what}: a node cannot start, and waiting will not help "
+                                 "(fix the image or what the pod refers to, then rerun)"
+                                 + "".join(f"\n  {d}" for d in fatal))  # fmt: skip
             sleep(tj.poll_s)
         followers.join(timeout_s=30.0)
         if state == "failed":
             details = pod_failures(pods)
             raise StageError(f"{what} failed: {message or 'no reason given'}"
                              + "".join(f"\n  {d}" for d in details))  # fmt: skip
-        print(f"{what} completed: {message}" if message else f"{what} completed", file=out,
-              flush=True)  # fmt: skip
+        say(f"{what} completed: {message}" if message else f"{what} completed")
     except _Cancelled:
-        print(f"stopped: deleting {what}", file=out, flush=True)
+        say(f"stopped: deleting {what}")
         for d in pod_failures(pods):  # why it had not finished, if a pod says
-            print(f"  {d}", file=out, flush=True)
+            say(f"  {d}")
         raise
     finally:
-        delete()
+        if sent:  # nothing was created when no create was sent
+            delete()
     return committed_result(cfg, stage_args, name)
 
 
-def _clear_leftovers(custom, core, ref, kind: JobKind, step: str, out, sleep, monotonic,
-                     timeout_s: float = 600.0) -> None:  # fmt: skip
+def _clear_leftovers(api: _Api, custom, core, ref, kind: JobKind, step: str, say, sleep,
+                     monotonic, no_crd: dict[int, str], timeout_s: float = 600.0) -> None:  # fmt: skip
     """Delete every job of this step (label `step`) in the foreground, each by its uid, and wait
     until neither the jobs nor their pods remain."""
     from kubernetes import client as k8s
-    from kubernetes.client.exceptions import ApiException
 
-    found = custom.list_namespaced_custom_object(**ref, label_selector=step,
-                                                 _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
-    items = found.get("items") or []
+    def listed() -> list[dict[str, Any]]:
+        found = api(f"listing the {kind.plural} of this step", custom.list_namespaced_custom_object,
+                    **ref, label_selector=step, errors=no_crd)  # fmt: skip
+        return found.get("items") or []
+
+    items = listed()
     if not items:
         return
     for job in items:
         meta = job["metadata"]
-        print(f"{kind.kind} {meta['name']} of this step exists (left by an earlier attempt); "
-              "deleting it and its pods", file=out, flush=True)  # fmt: skip
-        try:
-            custom.delete_namespaced_custom_object(
-                **ref, name=meta["name"], _request_timeout=REQUEST_TIMEOUT,
-                body=k8s.V1DeleteOptions(propagation_policy="Foreground",
-                                         preconditions=k8s.V1Preconditions(uid=meta.get("uid"))),
-            )  # fmt: skip
-        except ApiException as e:
-            if e.status not in (404, 409):  # gone, or replaced (uid changed) meanwhile
-                raise StageError(f"deleting the leftover {meta['name']} failed: "
-                                 f"{_api_message(e)}") from None  # fmt: skip
+        say(f"{kind.kind} {meta['name']} of this step exists (left by an earlier attempt); "
+            "deleting it and its pods")  # fmt: skip
+        options = k8s.V1DeleteOptions(propagation_policy="Foreground",
+                                      preconditions=k8s.V1Preconditions(uid=meta.get("uid")))  # fmt: skip
+        api(f"deleting the leftover {meta['name']}", _tolerant_delete(custom), **ref,
+            name=meta["name"], body=options)  # fmt: skip
     deadline = monotonic() + timeout_s
     while monotonic() < deadline:
-        jobs = custom.list_namespaced_custom_object(**ref, label_selector=step,
-                                                    _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
-        if not jobs.get("items") and not _list_pods(core, ref["namespace"], step):
+        pods = api("listing the leftovers' pods", _list_pods, core, ref["namespace"], step)
+        if not listed() and not pods:
             return
         sleep(5.0)
     raise StageError(f"the leftover {kind.plural} of this step ({step}) and their pods were not "
                      f"gone within {timeout_s:.0f} s; delete them by hand")  # fmt: skip
+
+
+def _tolerant_delete(custom):
+    """delete_namespaced_custom_object for which gone (404) and replaced meanwhile (409: the uid
+    changed) are done too."""
+    from kubernetes.client.exceptions import ApiException
+
+    def delete(**kwargs):
+        try:
+            return custom.delete_namespaced_custom_object(**kwargs)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+            return None
+
+    return delete
 
 
 def _version_hint(kind: JobKind, e) -> str:
@@ -457,12 +548,14 @@ def _version_hint(kind: JobKind, e) -> str:
     return ""
 
 
-def _list_pods(core, namespace: str, selector: str) -> list[dict[str, Any]]:
+def _list_pods(
+    core, namespace: str, selector: str, _request_timeout=REQUEST_TIMEOUT
+) -> list[dict[str, Any]]:
     """The job's pods as plain JSON (the API's own field names)."""
     import json
 
     resp = core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False,
-                                    _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
+                                    _request_timeout=_request_timeout)  # fmt: skip
     return json.loads(resp.data).get("items", [])
 
 
@@ -496,6 +589,19 @@ def _on_sigterm():
         raise _Cancelled()
 
     return signal.signal(signal.SIGTERM, cancel)
+
+
+@contextlib.contextmanager
+def _sigterm_deferred():
+    """SIGTERM held back (delivered on leaving) while the block runs, in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _restore_sigterm(previous) -> None:

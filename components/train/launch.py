@@ -16,12 +16,12 @@ entry meet over a loopback rendezvous on this machine.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,23 +104,20 @@ def _loopback_gpus(nodes: int, per_node: int | None) -> tuple[int, list[str | No
     return per_node, [",".join(ids[n * per_node : (n + 1) * per_node]) for n in range(nodes)]
 
 
-def _stop(agents: list[subprocess.Popen], grace_s: float = 30.0) -> None:
-    """End every agent still running, with its torchrun and ranks (each agent leads a process
-    group of its own): SIGTERM, then SIGKILL after `grace_s`."""
-    import signal
-    import time
-
+def _stop(agents: list[subprocess.Popen], grace_s: float = 60.0) -> None:
+    """End every agent still running: SIGTERM, which torchrun (each agent execs it) passes on to
+    its ranks, waiting up to its own 30 s for them; SIGKILL only after `grace_s`. The agents
+    stay in this task's process group, so a runner that stops the task's group (the local
+    runner on a peer's failure or Ctrl-C) reaches them even if this process dies first."""
     live = [a for a in agents if a.poll() is None]
     for a in live:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(a.pid, signal.SIGTERM)
+        a.terminate()
     deadline = time.monotonic() + grace_s
     for a in live:
         try:
             a.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(a.pid, signal.SIGKILL)
+            a.kill()
             a.wait()
 
 
@@ -129,8 +126,6 @@ def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
     (components/train/node.py with Kubeflow Trainer's PET_* variables), meeting over a loopback
     rendezvous: a multi-node config runs, and is tested, without a cluster. On a GPU machine
     each node gets its own GPUs."""
-    import time
-
     nodes = cfg.train.nodes
     per_node, gpus = _loopback_gpus(nodes, cfg.train.processes)
     port = _free_port()
@@ -149,8 +144,7 @@ def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
                 if gpus[node] is not None:
                     env["CUDA_VISIBLE_DEVICES"] = gpus[node]
                 stdout = out if node == 0 else subprocess.DEVNULL  # rank 0's result is node 0's
-                agents.append(subprocess.Popen(args, env=env, stdout=stdout,
-                                               start_new_session=True))  # fmt: skip
+                agents.append(subprocess.Popen(args, env=env, stdout=stdout))
             failed = None
             while failed is None and any(a.poll() is None for a in agents):
                 failed = next((i for i, a in enumerate(agents) if a.poll()), None)
