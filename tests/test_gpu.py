@@ -27,15 +27,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.core import run_setup
-from components.core.config import RunConfig, load_config
+from components.core.config import RunConfig
 from components.core.layout import RunLayout
-from components.generate.stage import run as generate
 from components.train import jobspec
-from components.verify.stage import run as verify
-from tests.conftest import write_config
-from tests.test_multinode import _free_port, _update
-from tests.test_train import PLUGIN
+from tests.test_multinode import _free_port, _update, prepare_update
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none); run on a GPU node"
@@ -44,16 +39,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def prepared(tmp_path, tiny_assets) -> RunConfig:
-    plugin = tmp_path / "reward_plugin.py"
-    plugin.write_text(PLUGIN)
-    cfg = load_config(write_config(
-        tmp_path, tiny_assets, verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
-        train={"lr": 1e-3, "micro_batch_tokens": 4096, "mini_batches": 1, "processes": 1},
-    ))  # fmt: skip
-    run_setup.run(cfg)
-    generate(cfg, 0)
-    verify(cfg, 0)
-    return cfg
+    return prepare_update(tmp_path, tiny_assets, processes=1)
 
 
 def _train(cfg: RunConfig, tmp_path: Path, *sets: str, env: dict | None = None) -> tuple:

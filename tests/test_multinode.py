@@ -210,19 +210,23 @@ def _alive(pid: int) -> bool:
 # --- real runs on loopback --------------------------------------------------------------------
 
 
-@pytest.fixture
-def prepared(tmp_path, tiny_assets) -> RunConfig:
+def prepare_update(tmp_path, tiny_assets, **train) -> RunConfig:
     """Iteration 0's scored rollouts, ready for one update (one optimizer step)."""
     plugin = tmp_path / "reward_plugin.py"
     plugin.write_text(PLUGIN)
     cfg = load_config(write_config(
         tmp_path, tiny_assets, verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
-        train={"lr": 1e-3, "micro_batch_tokens": 4096, "mini_batches": 1},
+        train={"lr": 1e-3, "micro_batch_tokens": 4096, "mini_batches": 1, **train},
     ))  # fmt: skip
     run_setup.run(cfg)
     generate(cfg, 0)
     verify(cfg, 0)
     return cfg
+
+
+@pytest.fixture
+def prepared(tmp_path, tiny_assets) -> RunConfig:
+    return prepare_update(tmp_path, tiny_assets)
 
 
 def _free_port() -> int:
@@ -298,6 +302,25 @@ def test_two_trainjob_pods_on_loopback_match_one_node_of_two_processes(prepared,
     base = load_file(f"{RunLayout.of(cfg).checkpoint(0)}/model.safetensors")
     assert {k: v.shape for k, v in two[0].items()} == {k: v.shape for k, v in base.items()}
     assert any(not torch.equal(two[0][k], base[k]) for k in base)
+
+
+@pytest.mark.slow
+def test_a_pod_entry_of_one_rank_trains(prepared, tmp_path):
+    """torchrun with a world of one (one node, one rank): the rank meets the agent's store at
+    the launcher's port, as every rank does (it once took a fresh port of its own, as a bare
+    single process does, and waited there forever)."""
+    job = jobspec.train_job(prepared, ["--iteration", "0"], name="j", namespace="rlvr",
+                            iterations=1)  # fmt: skip
+    trainer = job["spec"]["trainer"]
+    env = {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
+    env.update(PET_NNODES="1", PET_NPROC_PER_NODE="1", PET_NODE_RANK="0",
+               PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(_free_port()))  # fmt: skip
+    prepared.train.processes = 1
+    env["RLVR_CONFIG_JSON"] = prepared.to_json()
+    ran = subprocess.run([sys.executable, *trainer["command"][1:]], capture_output=True,
+                         text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert _update(prepared)[2]["train/world_size"] == 1
 
 
 @pytest.mark.slow

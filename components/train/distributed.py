@@ -19,10 +19,14 @@ def init_distributed(device: str) -> tuple[int, int]:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        # Trust a launcher's variables only for a real multi-process group. A single process
-        # gets a fresh loopback rendezvous: RANK/MASTER_PORT inherited from a parent that is
-        # itself a rank (a notebook, a test run, a KFP local task) would point at a taken port.
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        # Trust a launcher's variables for a real multi-process group, and always under
+        # torchrun (TORCHELASTIC_RUN_ID): even a world of one must meet the agent's store at
+        # MASTER_PORT there (TORCHELASTIC_USE_AGENT_STORE), or it waits forever. Any other
+        # single process gets a fresh loopback rendezvous: RANK/MASTER_PORT inherited from a
+        # parent that is itself a rank (a notebook, a test run, a KFP local task) would point at
+        # a taken port.
+        launched = "TORCHELASTIC_RUN_ID" in os.environ
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and not launched:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
