@@ -274,12 +274,10 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
                                       preconditions=k8s.V1Preconditions(uid=uid[0]) if uid else None)  # fmt: skip
         try:
             with _sigterm_deferred():  # a second SIGTERM must not leave the job behind
-                api(f"deleting {what}", custom.delete_namespaced_custom_object, **ref,
-                    name=name, body=options, errors={404: "gone", 409: "replaced"})  # fmt: skip
+                api(f"deleting {what}", _tolerant_delete(custom), **ref, name=name, body=options)
         except StageError as e:
-            if not str(e).endswith((": gone", ": replaced")):
-                say(f"could not delete {what} ({e}): delete it by hand (kubectl -n {namespace} "
-                    f"delete {kind.plural} {name})")  # fmt: skip
+            say(f"could not delete {what} ({e}): delete it by hand (kubectl -n {namespace} "
+                f"delete {kind.plural} {name})")  # fmt: skip
 
     pods: list[dict[str, Any]] = []
     try:
