@@ -307,14 +307,14 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
             waits = now_waiting
             now = monotonic()
             pending = any((p.get("status") or {}).get("phase") == "Pending" for p in pods)
-            pending_since = (now if pending_since is None else pending_since) if pending else None
+            pending_since = _since(pending_since, pending, now)
             if (tj.schedule_timeout_s and pending_since is not None
                     and now - pending_since > tj.schedule_timeout_s):  # fmt: skip
                 raise StageError(f"{what}: pods still Pending after {tj.schedule_timeout_s:.0f} s "
                                  "(cluster.train_job.schedule_timeout_s)"
                                  + "".join(f"\n  {d}" for d in now_waiting))  # fmt: skip
             fatal = fatal_waits(pods)
-            fatal_since = (now if fatal_since is None else fatal_since) if fatal else None
+            fatal_since = _since(fatal_since, bool(fatal), now)
             if fatal_since is not None and now - fatal_since > FATAL_WAIT_S:
                 raise StageError(f"{what}: a node cannot start, and waiting will not help "
                                  "(fix the image or what the pod refers to, then rerun)"
@@ -335,6 +335,13 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
         if sent:  # nothing was created when no create was sent
             delete()
     return committed_result(cfg, stage_args, name)
+
+
+def _since(start: float | None, holds: bool, now: float) -> float | None:
+    """When a condition seen at every poll began to hold without a break (None: it does not)."""
+    if not holds:
+        return None
+    return now if start is None else start
 
 
 def _clear_leftovers(api: _Api, custom, core, ref, kind: JobKind, step: str, say, sleep,
