@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from components.generate.stage import run as generate
 from components.train import jobspec
 from components.train.node import NodePlace, node_place, rank_env, torchrun_command
 from components.verify.stage import run as verify
-from tests.conftest import write_config
+from tests.conftest import _free_port, write_config
 from tests.test_train import PLUGIN
 
 
@@ -227,12 +226,6 @@ def prepare_update(tmp_path, tiny_assets, **train) -> RunConfig:
 @pytest.fixture
 def prepared(tmp_path, tiny_assets) -> RunConfig:
     return prepare_update(tmp_path, tiny_assets)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _update(cfg: RunConfig) -> tuple[dict, dict, dict]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
 from typing import Any
 
 import torch
 
 from components.core.config import TrainSection
+from components.train.launch import free_port, launched
 
 
 def init_distributed(device: str) -> tuple[int, int]:
@@ -25,11 +25,8 @@ def init_distributed(device: str) -> tuple[int, int]:
         # single process gets a fresh loopback rendezvous: RANK/MASTER_PORT inherited from a
         # parent that is itself a rank (a notebook, a test run, a KFP local task) would point at
         # a taken port.
-        launched = "TORCHELASTIC_RUN_ID" in os.environ
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and not launched:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and not launched():
+            port = free_port()
             os.environ.update(
                 RANK="0",
                 LOCAL_RANK="0",

@@ -37,21 +37,23 @@ def processes(cfg: RunConfig) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
-def _launched() -> bool:
+def launched() -> bool:
+    """A rank torchrun started (it sets TORCHELASTIC_RUN_ID for its workers)."""
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
-def on_cluster() -> bool:
-    """Inside a Kubernetes pod (the variable every pod gets for the API server's service)."""
-    return "KUBERNETES_SERVICE_HOST" in os.environ
-
-
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port no one listens on now (for a rendezvous about to start)."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def on_cluster() -> bool:
+    """Inside a Kubernetes pod (the variable every pod gets for the API server's service)."""
+    return "KUBERNETES_SERVICE_HOST" in os.environ
 
 
 def _result(stdout: str, fallback: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +130,7 @@ def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
     each node gets its own GPUs."""
     nodes = cfg.train.nodes
     per_node, gpus = _loopback_gpus(nodes, cfg.train.processes)
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="rlvr-nodes-") as tmp:
         config = Path(tmp) / "config.yaml"
         config.write_text(cfg.to_json())
@@ -164,7 +166,7 @@ def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
 def _dispatch(cfg: RunConfig, stage_args: list[str], here, **job: Any) -> dict[str, Any]:
     """Run the stage here (`here()`), as local ranks, as loopback nodes, or as a cluster job
     (`job`: the attempt and whether KFP retries the task, for the failure marker)."""
-    if _launched():  # already a launched rank
+    if launched():  # already a launched rank
         return here()
     if cfg.train.nodes > 1:
         if on_cluster():
