@@ -71,6 +71,29 @@ def test_a_job_that_disagrees_with_the_config_is_refused(env, match):
         node_place(env, 2, 8)
 
 
+def test_a_pod_without_its_resolved_config_is_refused_clearly(monkeypatch):
+    """`env:NAME` (every pod's config) names the variable and the fix; the pod entry exits 2
+    with that message, no traceback, and starts nothing."""
+    from components.core.config import ConfigError
+    from components.core.stage_cli import config_from_arg
+
+    monkeypatch.delenv("RLVR_CONFIG_JSON", raising=False)
+    with pytest.raises(ConfigError, match="environment variable RLVR_CONFIG_JSON is not set"):
+        config_from_arg("env:RLVR_CONFIG_JSON", [])
+    monkeypatch.setenv("RLVR_CONFIG_JSON", '{"train": {"nodes": "two"}}')
+    with pytest.raises(ConfigError, match="env:RLVR_CONFIG_JSON: not a valid resolved config"):
+        config_from_arg("env:RLVR_CONFIG_JSON", [])
+    with pytest.raises(ConfigError, match="--set applies to config files only"):
+        config_from_arg("env:RLVR_CONFIG_JSON", ["train.lr=1"])
+    env = {k: v for k, v in os.environ.items() if k != "RLVR_CONFIG_JSON"}
+    ran = subprocess.run([sys.executable, "-m", "components.train.node", "env:RLVR_CONFIG_JSON",
+                          "--run-id", "r", "--iteration", "0"], capture_output=True, text=True,
+                         env=env, timeout=120)  # fmt: skip
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr
+    assert "error: env:RLVR_CONFIG_JSON: environment variable RLVR_CONFIG_JSON is not set" in (
+        ran.stderr)
+
+
 def test_node_runs_torchrun_with_a_static_rendezvous_at_node_0():
     cmd = torchrun_command(2, 8, NodePlace(1, "m", 29400), ["cfg", "--segment", "0"], 1800)
     assert cmd[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8",
