@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from components.core.config import TrainSection  # noqa: E402
 from components.train import stage as train  # noqa: E402
+from components.train import update  # noqa: E402
 from components.train.batching import Rollouts, collate  # noqa: E402
 from examples.arithmetic.model import build_model, build_tokenizer  # noqa: E402
 
@@ -58,7 +59,7 @@ def synthetic_rollouts(n: int, vocab: int, seed: int = 0, group: int = 8) -> Rol
 
 def stage_round(engine, ro: Rollouts, t: TrainSection, pad_id: int) -> tuple[float, float]:
     t0 = time.perf_counter()
-    _, m = train.train_iteration(
+    _, m = update.train_iteration(
         engine, ro, t, temperature=1.0, horizon=96, start_step=0, total_steps=10**6, seed=0,
         iteration=0, pad_id=pad_id, device="cpu",
     )  # fmt: skip
@@ -100,6 +101,7 @@ sys.path.insert(0, {str(ROOT)!r})
 import deepspeed
 from benchmarks.train_throughput import synthetic_rollouts
 from components.core.config import TrainSection
+from components.train import update
 from components.train import stage as train
 from examples.arithmetic.model import build_model, build_tokenizer
 tok = build_tokenizer(); model = build_model(tok, hidden_size={hidden}, num_layers={layers}, num_heads=4)
@@ -108,7 +110,7 @@ train.init_distributed("cpu")
 engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
                                   config=train.deepspeed_config(t, 1, torch.float32))
 ro = synthetic_rollouts({n}, len(tok))
-train.train_iteration(engine, ro, t, temperature=1.0, horizon=96, start_step=0, total_steps=10,
+update.train_iteration(engine, ro, t, temperature=1.0, horizon=96, start_step=0, total_steps=10,
                       seed=0, iteration=0, pad_id=tok.pad_token_id, device="cpu")
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """

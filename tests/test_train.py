@@ -23,6 +23,7 @@ from components.core.schemas import read_records
 from components.core.store import LocalStore
 from components.generate.stage import run as generate
 from components.train import stage as train
+from components.train import update
 from components.train.batching import Rollouts, learning_rate, plan_micro_batches
 from components.verify.stage import run as verify
 from tests.conftest import write_config
@@ -119,7 +120,7 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
     step = 0
     for i in range(3):
         torch.manual_seed(cfg.run.seed + i)
-        step, _ = train.train_iteration(
+        step, _ = update.train_iteration(
             engine, rollouts_of(cfg, i), cfg.train, temperature=1.0, horizon=6, start_step=step,
             total_steps=6, seed=cfg.run.seed, iteration=i, pad_id=tok.pad_token_id, device="cpu",
         )  # fmt: skip
@@ -161,7 +162,7 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
             for p in engine.module.parameters():
                 p.grad = None
             plan = plan_micro_batches(ro.lengths(), rows, budget)
-            train.accumulate_mini_batch(
+            update.accumulate_mini_batch(
                 engine, ro, plan, targets, old, None, t, num_tokens=num_tokens, num_seqs=n,
                 horizon=6, temperature=1.0, pad_id=tok.pad_token_id, device="cpu",
             )  # fmt: skip
@@ -426,7 +427,7 @@ def test_zero2_state_restores_exactly(train_cfg):
     step = 0
     for i in range(2):
         torch.manual_seed(cfg.run.seed + i)
-        step, _ = train.train_iteration(
+        step, _ = update.train_iteration(
             engine, rollouts_of(cfg, i), cfg.train, temperature=1.0, horizon=6, start_step=step,
             total_steps=4, seed=cfg.run.seed, iteration=i, pad_id=tok.pad_token_id, device="cpu",
         )  # fmt: skip

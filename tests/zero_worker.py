@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 
 from components.core.checkpoint import load_policy
 from components.core.config import TrainSection
+from components.train import distributed, update
 from components.train import stage as train
 from components.train import state as train_state
 from components.train.batching import Rollouts, plan_micro_batches, shard_rows
@@ -64,8 +65,10 @@ def main() -> None:
     rows = list(range(int(os.environ.get("ROWS", len(ro)))))  # fewer rows: uneven / empty ranks
     mine = shard_rows(rows, rank, world)
     plan = plan_micro_batches(ro.lengths(), mine, budget) if mine else []
-    plan += [[]] * (max(int(train.all_reduce_max(len(plan))), 1) - len(plan))  # as the stage does
-    train.accumulate_mini_batch(
+    plan += [[]] * (
+        max(int(distributed.all_reduce_max(len(plan))), 1) - len(plan)
+    )  # as the stage does
+    update.accumulate_mini_batch(
         engine,
         ro,
         plan,

@@ -3,15 +3,10 @@
     python -m components.train CONFIG --run-id ID --iteration I [--force]
     rlvr stage train CONFIG --run-id ID --iteration I
 
-Read in this order: setup (inputs validated, DeepSpeed engine, train state restored) -> old
-logprobs (once, before any update) -> `ppo_epochs` x `mini_batches` optimizer steps -> save
-(train state first, checkpoint last: the checkpoint's `_SUCCESS` commits the iteration).
-
-Exactness: a mini-batch's loss is normalized by its GLOBAL token and sequence counts (summed over
-micro-batches and data-parallel ranks), never per micro-batch, so one update's gradient does not
-depend on the micro-batch size or the world size. DeepSpeed's own gradient-accumulation scaling is
-off (`backward(scale_wrt_gas=False)`) and the accumulation boundary is set by hand. The LR is a
-pure function of the global step over the whole run (batching.learning_rate).
+Read in this order: setup (inputs validated, DeepSpeed engine, train state restored) -> one
+iteration's updates (components/train/update.py: old logprobs once, before any update, then
+`ppo_epochs` x `mini_batches` optimizer steps, with their exactness guarantees) -> save (train
+state first, checkpoint last: the checkpoint's `_SUCCESS` commits the iteration).
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from tqdm import tqdm
 
 from components.core.checkpoint import load_policy, local_checkpoint
 from components.core.commit import (
@@ -50,38 +44,23 @@ from components.generate.backends import LOGPROB_DEFINITION
 from components.train import algorithms as algos
 from components.train import state as train_state
 from components.train.batching import (
-    MicroBatch,
     Rollouts,
-    collate,
-    learning_rate,
-    plan_micro_batches,
-    shard_rows,
 )
 from components.train.distributed import (
-    all_reduce_max,
-    all_reduce_sum_many,
     barrier,
     deepspeed_config,
-    grad_norm,
     init_distributed,
-)
-from components.train.objective import (
-    Targets,
-    build_targets,
-    micro_batch_loss,
-    pad_rows,
-    response_mask_of,
 )
 from components.train.policy import (
     AdapterOff,
     TokenizerFiles,
     adapter_state_dict,
     enable_checkpointing,
-    eval_modes,
     full_state_dict,
     set_train_modes,
     write_hf,
 )
+from components.train.update import steps_per_iteration, train_iteration
 
 log = logging.getLogger("rlvr.train")
 
@@ -96,267 +75,6 @@ def check_algorithm_names(t: TrainSection) -> None:
             algos.get_kl_fn(t.kl_estimator)
     except (KeyError, ValueError) as e:
         raise StageError(f"train config: {e.args[0] if e.args else e}") from None
-
-
-def steps_per_iteration(t: TrainSection) -> int:
-    return t.ppo_epochs * t.mini_batches
-
-
-def sequence_logprobs(
-    model,
-    mb: MicroBatch,
-    temperature: float,
-    device: str,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Teacher-forced log-probabilities of the response tokens.  # -> [b, L]
-
-    Same definition as generation: log_softmax(logits / temperature) of each sampled token.
-    """
-    out = model(
-        input_ids=mb.input_ids.to(device),
-        attention_mask=mb.attention_mask.to(device),
-        use_cache=False,
-    )
-    idx = mb.response_index.to(device)
-    logits = out.logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1]))
-    logits = logits.float()
-    if temperature > 0:
-        logits = logits / temperature
-    lp = algos.logprobs_from_logits(logits, mb.response_tokens.to(device))
-    ent = None
-    if with_entropy:
-        ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
-    return lp, ent
-
-
-@torch.no_grad()
-def no_grad_pass(
-    model, ro: Rollouts, budget: int, temperature: float, pad_id: int, device: str, entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprobs (and entropy) of every rollout under `model`, before any update.  # [N, L]"""
-    n, L = len(ro), max(max((len(r) for r in ro.response_tokens), default=1), 1)
-    lp_all = torch.zeros((n, L), dtype=torch.float32)
-    ent_all = torch.zeros((n, L), dtype=torch.float32) if entropy else None
-    with eval_modes(model):
-        for rows in plan_micro_batches(ro.lengths(), list(range(n)), budget):
-            mb = collate(ro, rows, pad_id)
-            lp, ent = sequence_logprobs(model, mb, temperature, device, with_entropy=entropy)
-            lp_all[rows, : lp.shape[1]] = lp.float().cpu()
-            if ent_all is not None and ent is not None:
-                ent_all[rows, : ent.shape[1]] = ent.float().cpu()
-    return lp_all, ent_all
-
-
-def accumulate_mini_batch(
-    engine,
-    ro: Rollouts,
-    plan: list[list[int]],
-    targets: Targets,
-    old_lp: torch.Tensor,
-    ref_lp: torch.Tensor | None,
-    t: TrainSection,
-    *,
-    num_tokens: int,
-    num_seqs: int,
-    horizon: int,
-    temperature: float,
-    pad_id: int,
-    device: str,
-    world: int = 1,
-) -> tuple[dict[str, float], int, int]:
-    """Forward/backward every micro-batch of one mini-batch; gradients accumulate, no step.
-
-    `num_tokens` / `num_seqs` are the GLOBAL counts of the whole mini-batch (all ranks), so the
-    accumulated gradient equals the full mini-batch's, whatever the micro-batch plan.
-    Returns (metric sums, real tokens, padded tokens).
-    """
-    sums: dict[str, float] = {}
-    real_tokens = padded_tokens = 0
-    for k, entry in enumerate(plan):
-        engine.set_gradient_accumulation_boundary(k == len(plan) - 1)
-        # An empty entry pads this rank's plan to the longest rank's: ZeRO-2/3 run collectives in
-        # every forward/backward, so all ranks must take the same number of micro-batches. The
-        # dummy runs a real engine forward on row 0 with an empty loss mask (zero loss, zero
-        # gradient, the same metric keys).
-        dummy = not entry
-        rows = [0] if dummy else entry
-        mb = collate(ro, rows, pad_id)
-        # Through the engine, not engine.module: ZeRO-3 advances its gradient-accumulation step
-        # in engine.forward; bypassing it makes every micro-batch overwrite the last one's grads.
-        lp, ent = sequence_logprobs(
-            engine, mb, temperature, device, with_entropy=True, entropy_grad=t.entropy_coef > 0
-        )
-        Lb = lp.shape[1]
-
-        def take(x: torch.Tensor | None, rows=rows, Lb=Lb) -> torch.Tensor | None:
-            return None if x is None else x[rows, :Lb].to(device)
-
-        mask = take(targets.loss_mask)
-        if dummy:
-            mask = torch.zeros_like(mask)
-        loss, metrics = micro_batch_loss(
-            t,
-            logprobs=lp,
-            entropy=ent,
-            old_logprobs=take(old_lp),
-            advantages=take(targets.advantages),
-            loss_mask=mask,
-            is_weights=take(targets.is_weights),
-            ref_logprobs=take(ref_lp),
-            num_tokens=num_tokens,
-            num_seqs=num_seqs,
-            horizon=horizon,
-        )
-        # DeepSpeed averages gradients over ranks; the loss is already a global sum.
-        engine.backward(loss * world, scale_wrt_gas=False)
-        with torch.no_grad():
-            for key, val in metrics.items():
-                if key.startswith("_"):  # scalar parts of the loss: already global shares
-                    v = float(val)
-                    key = key[1:]
-                else:  # per-token metrics: token mean over the mini-batch
-                    v = float(
-                        algos.aggregate_loss(val.float(), mask, "token-mean", num_tokens=num_tokens)
-                    )
-                sums[f"train/{key}"] = sums.get(f"train/{key}", 0.0) + v
-            sums["train/loss"] = sums.get("train/loss", 0.0) + float(loss)
-        if not dummy:
-            real_tokens += mb.real_tokens
-            padded_tokens += mb.padded_tokens
-    return sums, real_tokens, padded_tokens
-
-
-def train_iteration(
-    engine,
-    ro: Rollouts,
-    t: TrainSection,
-    *,
-    temperature: float,
-    horizon: int,
-    start_step: int,
-    total_steps: int,
-    seed: int,
-    iteration: int,
-    pad_id: int,
-    device: str,
-    rank: int = 0,
-    world: int = 1,
-    ref_model=None,
-) -> tuple[int, dict[str, float]]:
-    """One iteration's updates. Returns the new global step and the metrics."""
-    n = len(ro)
-    lengths = ro.lengths()
-    resp_mask = response_mask_of([len(r) for r in ro.response_tokens], ro.sampled)
-    L = resp_mask.shape[1]
-
-    # No-grad passes, once, with the weights before any update.
-    need_entropy = t.forking_top_rho is not None
-    old_lp, old_ent = no_grad_pass(
-        engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, need_entropy
-    )
-    ref_lp = None
-    if t.kl_coef > 0 or t.kl_metric:
-        if ref_model is None:
-            raise StageError("train.kl_coef > 0 (or kl_metric) needs the reference model")
-        ref_lp, _ = no_grad_pass(
-            ref_model, ro, t.micro_batch_tokens, temperature, pad_id, device, False
-        )
-    targets = build_targets(
-        t,
-        rewards=torch.tensor(ro.rewards, dtype=torch.float32),
-        group_ids=ro.group_ids(),
-        response_mask=resp_mask,
-        truncated=torch.tensor(ro.truncated, dtype=torch.bool),
-        old_logprobs=old_lp,
-        rollout_logprobs=pad_rows(ro.rollout_logprobs, L),
-        ref_logprobs=ref_lp,
-        entropy=old_ent,
-        void=torch.from_numpy(ro.void(t.answer_pattern)) if t.void_turn_filter else None,
-    )
-    usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
-
-    rng = np.random.default_rng([seed, iteration])
-    sums: dict[str, float] = {}
-    real_tokens = padded_tokens = 0
-    step = start_step
-    grad_norms: list[float] = []
-    lr = t.lr
-    t0 = time.perf_counter()
-    bar = tqdm(
-        total=steps_per_iteration(t), desc=f"train {iteration:05d}", unit="step", disable=rank != 0
-    )
-    for _epoch in range(t.ppo_epochs):
-        perm = rng.permutation(n).tolist()
-        for mini in np.array_split(np.asarray(perm, dtype=np.int64), t.mini_batches):
-            mini_rows = [int(r) for r in mini if usable[int(r)]]
-            num_tokens = int(targets.loss_mask[mini_rows].sum()) if mini_rows else 0
-            num_seqs = len(mini_rows)
-            my_rows = shard_rows(mini_rows, rank, world)
-            plan: list[list[int]] = (
-                plan_micro_batches(lengths, my_rows, t.micro_batch_tokens) if my_rows else []
-            )
-            # Every rank takes as many micro-batches as the busiest (at least one).
-            plan += [[]] * (max(int(all_reduce_max(len(plan))), 1) - len(plan))
-            lr = learning_rate(
-                step,
-                base_lr=t.lr,
-                warmup_steps=t.warmup_steps,
-                total_steps=total_steps,
-                schedule=t.lr_schedule,
-                min_lr_ratio=t.min_lr_ratio,
-            )
-            for group in engine.optimizer.param_groups:
-                group["lr"] = lr
-            part, real, padded = accumulate_mini_batch(
-                engine,
-                ro,
-                plan,
-                targets,
-                old_lp,
-                ref_lp,
-                t,
-                num_tokens=num_tokens,
-                num_seqs=num_seqs,
-                horizon=horizon,
-                temperature=temperature,
-                pad_id=pad_id,
-                device=device,
-                world=world,
-            )
-            for key, val in part.items():
-                sums[key] = sums.get(key, 0.0) + val
-            real_tokens += real
-            padded_tokens += padded
-            pre_clip_norm = grad_norm(engine)
-            engine.step()
-            gn = engine.get_global_grad_norm() if pre_clip_norm is None else pre_clip_norm
-            grad_norms.append(float(gn) if gn is not None else float("nan"))
-            step += 1
-            bar.update(1)
-    bar.close()
-    elapsed = time.perf_counter() - t0
-    n_updates = steps_per_iteration(t)
-    keys = sorted(sums)  # identical on every rank: dummy micro-batches report the same keys
-    totals = all_reduce_sum_many(
-        [sums[k] for k in keys] + [float(real_tokens), float(padded_tokens)]
-    )
-    metrics_out = {k: v / n_updates for k, v in zip(keys, totals[: len(keys)], strict=True)}
-    real_tokens, padded_tokens = int(totals[-2]), int(totals[-1])
-    metrics_out.update(targets.metrics)
-    metrics_out.update(
-        {
-            "train/grad_norm": float(np.nanmean(grad_norms)) if grad_norms else 0.0,
-            "train/lr": lr,
-            "train/tokens_per_s": real_tokens / elapsed if elapsed > 0 else 0.0,
-            "train/world_size": float(world),
-            "train/padding_waste": 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0,
-            "train/steps": float(n_updates),
-            "train/global_step": float(step),
-        }
-    )
-    return step, metrics_out
 
 
 def generation_stats(store, rollouts_uri: str) -> dict[str, Any]:
