@@ -354,6 +354,38 @@ def test_pods_that_never_schedule_fail_the_step_after_the_schedule_timeout(tmp_p
     assert len(kube.calls("DELETE")) == 1
 
 
+def test_a_job_that_never_gets_a_pod_fails_after_the_schedule_timeout(tmp_path, in_pod):
+    """No controller running (or the runtime missing): the job stays podless forever."""
+    cfg = cluster_cfg(tmp_path)
+    cfg.cluster.train_job.schedule_timeout_s = 600
+    kube = FakeKube([RUNNING], [], {})
+    clock = iter(range(0, 100_000, 100))
+    with pytest.raises(StageError, match=r"pods still Pending after 600 s .*\n  no pod was created: "
+                       r"check that Kubeflow Trainer's controller \(and JobSet's\) is running and "
+                       r"the ClusterTrainingRuntime 'rlvr-train' exists"):  # fmt: skip
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
+                     sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+    assert len(kube.calls("DELETE")) == 1
+    assert kube.gets[next(iter(kube.gets))] == 8  # t = 0..700 s: failed at the first poll past 600
+
+
+def test_a_suspended_job_waits_for_its_queue_without_the_schedule_timeout(tmp_path, in_pod):
+    """Kueue holds a job suspended (no pods) until its quota admits it; then it runs."""
+    cfg = cluster_cfg(tmp_path)
+    cfg.cluster.train_job.schedule_timeout_s = 600
+    held = {"conditions": [{"type": "Suspended", "status": "True", "reason": "Suspended"}]}
+    kube = FakeKube([held] * 20 + [RUNNING, COMPLETE], [], {})
+    _commit_checkpoints(cfg, range(4, 8))
+    clock = iter(range(0, 100_000, 100))
+    result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
+                          sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+    assert result["steps"] == 4 and len(kube.calls("DELETE")) == 1
+    assert kube.gets[result["job"]] == 22  # 2,000 s suspended, past the 600 s timeout
+    assert jobstatus.suspended({"spec": {"runPolicy": {"suspend": True}}})  # a PyTorchJob's
+    assert jobstatus.suspended({"spec": {"suspend": True}})  # a TrainJob's, before the condition
+    assert not jobstatus.suspended({"spec": {"suspend": False}, "status": RUNNING})
+
+
 def test_an_old_trainer_gets_a_hint(tmp_path, in_pod):
     """Trainer v2.0 / v2.1 do not know runtimePatches: Strict validation refuses the job."""
     cfg = cluster_cfg(tmp_path)

@@ -463,7 +463,8 @@ class TrainJobSection(_Strict):
     pulling) before the step fails naming the pods and the scheduler's reason; at most
     rendezvous_timeout_s, so that this, not node 0's rendezvous, reports a node that never came.
     None: no limit (with a pod-level gang scheduler, Volcano or coscheduling, whose queued pods
-    stay Pending). A job a queue (Kueue) holds suspended has no pods yet and is not counted."""
+    stay Pending). A job with no pod at all counts as Pending (no controller running, a missing
+    runtime), unless a queue (Kueue) holds it suspended."""
     rendezvous_timeout_s: int = Field(1800, ge=60)
     """How long node 0's rendezvous waits for every node to join (torchrun's static rendezvous
     waits 600 s by default, less than a fresh node's pull of a CUDA image can take)."""

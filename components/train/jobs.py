@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from components.core.config import RunConfig
+from components.core.config import RunConfig, TrainJobSection
 from components.core.errors import StageError
 from components.train import jobspec
 from components.train.jobstatus import (
@@ -53,6 +53,7 @@ from components.train.jobstatus import (
     fatal_waits,
     job_state,
     pod_failures,
+    suspended,
 )
 
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -306,13 +307,18 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
                 say("not running: " + "; ".join(now_waiting))
             waits = now_waiting
             now = monotonic()
-            pending = any((p.get("status") or {}).get("phase") == "Pending" for p in pods)
+            # No pod at all counts as waiting too (a controller that is not running, or a
+            # runtime it cannot find, leaves the job podless forever), unless a queue holds the
+            # job suspended.
+            pending = (not pods and not suspended(obj)) or any(
+                (p.get("status") or {}).get("phase") == "Pending" for p in pods)  # fmt: skip
             pending_since = _since(pending_since, pending, now)
             if (tj.schedule_timeout_s and pending_since is not None
                     and now - pending_since > tj.schedule_timeout_s):  # fmt: skip
+                why = now_waiting if pods else [_no_pods(kind, tj)]
                 raise StageError(f"{what}: pods still Pending after {tj.schedule_timeout_s:.0f} s "
                                  "(cluster.train_job.schedule_timeout_s)"
-                                 + "".join(f"\n  {d}" for d in now_waiting))  # fmt: skip
+                                 + "".join(f"\n  {d}" for d in why))  # fmt: skip
             fatal = fatal_waits(pods)
             fatal_since = _since(fatal_since, bool(fatal), now)
             if fatal_since is not None and now - fatal_since > FATAL_WAIT_S:
@@ -335,6 +341,18 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
         if sent:  # nothing was created when no create was sent
             delete()
     return committed_result(cfg, stage_args, name)
+
+
+def _no_pods(kind: JobKind, tj: TrainJobSection) -> str:
+    """Why a job can sit with no pod at all, and where to look."""
+    controller = ("Kubeflow Trainer's controller (and JobSet's)" if kind.kind == "TrainJob"
+                  else "the Training Operator")  # fmt: skip
+    runtime = (f" and the ClusterTrainingRuntime {tj.runtime!r} exists" if kind.kind == "TrainJob"
+               else "")  # fmt: skip
+    return (
+        f"no pod was created: check that {controller} is running{runtime} "
+        f"(kubectl describe {kind.plural} shows the controller's events)"
+    )
 
 
 def _since(start: float | None, holds: bool, now: float) -> float | None:

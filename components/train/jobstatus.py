@@ -58,6 +58,16 @@ def job_state(kind: JobKind, obj: dict[str, Any]) -> tuple[str, str]:
     return "running", ""
 
 
+def suspended(obj: dict[str, Any]) -> bool:
+    """Held by a queue (Kueue suspends a job until its quota admits it): a TrainJob's
+    spec.suspend, a PyTorchJob's spec.runPolicy.suspend, or a Suspended condition."""
+    spec = obj.get("spec") or {}
+    if spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend"):
+        return True
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Suspended" and c.get("status") == "True" for c in conditions)
+
+
 #: waiting reasons that do not cure themselves: the image name or the pod's spec is wrong, or
 #: what it refers to is missing (a Secret, a ConfigMap key); the step fails FATAL_WAIT_S after
 FATAL_WAITS = {"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
