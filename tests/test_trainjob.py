@@ -11,7 +11,7 @@ import re
 import pytest
 import yaml
 
-from components.core.config import RunConfig
+from components.core.config import RESERVED_NODE_ENV, ConfigError, RunConfig, load_config
 from components.train import jobspec
 from tests.crd import assert_valid
 
@@ -183,6 +183,25 @@ def test_no_secret_value_enters_a_spec(tmp_path, monkeypatch):
     for build in (jobspec.train_job, jobspec.pytorch_job):
         text = json.dumps(build(cfg, SEGMENT_ARGS, name="j", namespace="ns", iterations=4))
         assert "s3cr3t" not in text
+
+
+def test_the_names_rlvr_and_the_launchers_set_are_refused_in_train_job_env(tmp_path):
+    """A second MASTER_ADDR or PET_NNODES in the pod spec would shadow the controller's; a
+    second AWS_SECRET_ACCESS_KEY would put a value where a Secret reference belongs."""
+    cfg = cluster_cfg(tmp_path)
+    ours = {e["name"] for e in jobspec.env(cfg)} - set(cfg.cluster.train_job.env)
+    assert ours and ours <= RESERVED_NODE_ENV  # every variable rlvr sets is guarded
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"model": {"base": "s3://b/m"}, "data": {"train": "s3://b/d"},
+                                    "cluster": {"train_job": {"env": {
+                                        "NCCL_DEBUG": "INFO", "PET_NNODES": "4",
+                                        "MASTER_ADDR": "10.0.0.1"}}}}))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"c\.yaml:\n  cluster\.train_job\.env: .*MASTER_ADDR, "
+                       r"PET_NNODES: set by the job controller, torchrun or rlvr .*; remove them"):  # fmt: skip
+        load_config(path)
+    path.write_text(yaml.safe_dump({"model": {"base": "s3://b/m"}, "data": {"train": "s3://b/d"},
+                                    "cluster": {"train_job": {"env": {"NCCL_DEBUG": "INFO"}}}}))  # fmt: skip
+    assert load_config(path).cluster.train_job.env == {"NCCL_DEBUG": "INFO"}
 
 
 def test_compiled_pipeline_train_task_submits_instead_of_training(tmp_path):

@@ -446,6 +446,15 @@ OBJECT_STORE_SECRET_KEYS = {
 }
 
 
+#: environment names a multi-node train pod gets from its controller (Kubeflow Trainer's PET_*
+#: as a prefix), from torchrun, or from rlvr (components/train/jobspec.env)
+RESERVED_NODE_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RLVR_CONFIG_JSON", "PYTHONUNBUFFERED",
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "HF_TOKEN",
+})  # fmt: skip
+
+
 class TrainJobSection(_Strict):
     """How a multi-node train step (train.nodes > 1) runs on the cluster."""
 
@@ -470,7 +479,21 @@ class TrainJobSection(_Strict):
     waits 600 s by default, less than a fresh node's pull of a CUDA image can take)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment of the node pods: the interconnect's NCCL settings, e.g.
-    NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG (docs/deploy.md). Never a secret."""
+    NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG (docs/deploy.md). Never a secret. The names the
+    job controller, torchrun and rlvr set themselves (PET_*, RANK, MASTER_ADDR, ..., the config
+    and credential variables) are refused: a second value would shadow theirs."""
+
+    @field_validator("env")
+    @classmethod
+    def _env_leaves_the_launchers_alone(cls, v: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in v if k.startswith("PET_") or k in RESERVED_NODE_ENV)
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)}: set by the job controller, torchrun or rlvr on every node "
+                "pod (the rendezvous, the config, the object store's credentials); remove "
+                "them (train.nodes and train.processes set the topology, cluster.* the rest)"
+            )
+        return v
 
 
 class ClusterSection(_Strict):
