@@ -38,6 +38,17 @@ def _commit_checkpoints(cfg: RunConfig, iterations) -> None:
         out.commit({"train/loss": 0.5 + i})
 
 
+def _commits_as_it_runs(kube: FakeKube, cfg: RunConfig, iterations) -> None:
+    """Rank 0 commits the step's checkpoints while the job runs (at the task's first poll):
+    checkpoints committed before the submission would make the task skip the job."""
+
+    def commit() -> None:
+        kube.on_poll = lambda: None
+        _commit_checkpoints(cfg, iterations)
+
+    kube.on_poll = commit
+
+
 RUNNING = {"conditions": [{"type": "Created", "status": "True"}]}
 COMPLETE = {"conditions": [{"type": "Created", "status": "True"},
                            {"type": "Complete", "status": "True", "reason": "JobSetCompleted",
@@ -60,18 +71,18 @@ def in_pod(monkeypatch):
 def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     cfg.cluster.train_job.namespace = "team-a"
-    _commit_checkpoints(cfg, range(4, 8))  # what rank 0 commits while the job runs
     pods = [_pod("j-node-0-0", "Running"), _pod("j-node-0-1", "Running")]
     kube = FakeKube([RUNNING, RUNNING, COMPLETE], pods,
                     {"j-node-0-0": ["rank 0 up", "train 00004: loss 0.5"], "j-node-0-1": ["rank 1 up"]})  # fmt: skip
+    _commits_as_it_runs(kube, cfg, range(4, 8))
     out = io.StringIO()
     result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
 
     name = kube.created()
     assert re.fullmatch(rf"rlvr-train-demo-run-7-{jobspec.step_key(cfg, SEGMENT_ARGS)[:8]}-"
                         r"[0-9a-f]{5}", name)  # fmt: skip
-    assert result == {"task": "train", "segment": 1, "steps": 4, "job": name, "nodes": 2,
-                      "processes_per_node": 8}  # fmt: skip
+    assert result == {"task": "train", "segment": 1, "steps": 4, "skipped": 0, "job": name,
+                      "nodes": 2, "processes_per_node": 8}  # fmt: skip
     # first: are there leftovers of this step? (none)
     assert kube.requests[0][:3] == ("GET", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/"
                                     "team-a/trainjobs", {"labelSelector": "rlvr.dev/train-step="
@@ -109,10 +120,10 @@ def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
 
 def test_a_dropped_log_stream_is_taken_up_where_it_stopped(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
-    _commit_checkpoints(cfg, range(4, 8))
     lines = [f"step {i}" for i in range(4)]
     kube = FakeKube([RUNNING] * 40 + [COMPLETE], [_pod("j-node-0-0", "Running")],
                     {"j-node-0-0": lines})  # fmt: skip
+    _commits_as_it_runs(kube, cfg, range(4, 8))
     kube.log_cut["j-node-0-0"] = 2  # the first two streams drop after a line each
     # (the fake resumes at the exact line; the real API resumes by seconds, so a line may repeat)
     out = io.StringIO()
@@ -145,8 +156,8 @@ def test_leftover_jobs_of_the_step_go_first_pods_and_all(tmp_path, in_pod):
     once neither the old job nor its pods remain, so no old rank can still write and the new
     job cannot take the old JobSet's status."""
     cfg = cluster_cfg(tmp_path)
-    _commit_checkpoints(cfg, range(4, 8))
     kube = FakeKube([COMPLETE], [], {})
+    _commits_as_it_runs(kube, cfg, range(4, 8))
     step = {jobspec.STEP_LABEL: jobspec.step_key(cfg, SEGMENT_ARGS)}
     kube.existing = {
         "old-1": {"metadata": {"name": "old-1", "uid": "u-old", "labels": step}},
@@ -185,6 +196,24 @@ def test_a_cancel_before_the_job_exists_leaks_nothing(tmp_path, in_pod):
     assert not kube.calls("POST")
 
 
+def test_a_step_already_committed_submits_no_job(tmp_path, in_pod):
+    """KFP retries a task whose job had finished: the GPUs are not scheduled again for nothing
+    (a leftover of the step is still deleted first)."""
+    cfg = cluster_cfg(tmp_path)
+    _commit_checkpoints(cfg, range(4, 8))
+    kube = FakeKube([RUNNING], [], {})
+    out = io.StringIO()
+    result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
+    assert result == {"task": "train", "segment": 1, "steps": 4, "skipped": 4, "job": None,
+                      "nodes": 2, "processes_per_node": 8}  # fmt: skip
+    assert not kube.calls("POST") and not kube.calls("DELETE")
+    assert "committed already: no job submitted" in out.getvalue()
+    _commit_checkpoints(cfg, [3])  # a single-iteration step (--iteration 3) too
+    result = jobs.run_job(cfg, ["--iteration", "3"], api_client=kube.client(), out=out)
+    assert result["skipped"] is True and result["uri"].endswith("checkpoints/00004")
+    assert not kube.calls("POST")
+
+
 def test_a_job_that_completes_without_committing_fails(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     _commit_checkpoints(cfg, range(4, 7))  # the last checkpoint of the segment is missing
@@ -196,12 +225,12 @@ def test_a_job_that_completes_without_committing_fails(tmp_path, in_pod):
 
 def test_pytorchjob_path_one_iteration(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path, api="training-operator")
-    _commit_checkpoints(cfg, [5])
     done = {"conditions": [{"type": "Running", "status": "False"},
                            {"type": "Succeeded", "status": "True", "reason": "PyTorchJobSucceeded",
                             "message": "PyTorchJob is successfully completed."}]}  # fmt: skip
     pods = [_pod("j-master-0", "Succeeded"), _pod("j-worker-0", "Succeeded")]
     kube = FakeKube([RUNNING, done], pods, {"j-master-0": ["ok"]})
+    _commits_as_it_runs(kube, cfg, [5])
     result = jobs.run_job(cfg, ["--iteration", "5"], api_client=kube.client(), out=io.StringIO())
     name = kube.created()
     assert result["uri"].endswith("checkpoints/00006")
@@ -245,8 +274,8 @@ def test_job_state_reads_only_true_terminal_conditions():
 def test_an_api_server_that_fails_for_a_while_is_ridden_out(tmp_path, in_pod):
     """A restarting or throttling API server (503, 429, 500) costs a few polls, not the step."""
     cfg = cluster_cfg(tmp_path)
-    _commit_checkpoints(cfg, range(4, 8))
     kube = FakeKube([RUNNING, 503, 429, 500, RUNNING, COMPLETE], [], {})
+    _commits_as_it_runs(kube, cfg, range(4, 8))
     out = io.StringIO()
     result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
     assert result["steps"] == 4 and len(kube.calls("DELETE")) == 1
@@ -283,10 +312,10 @@ def test_a_forbidden_answer_is_not_retried(tmp_path, in_pod):
 
 def test_pods_that_cannot_start_are_reported_while_waiting(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
-    _commit_checkpoints(cfg, range(4, 8))
     pending = PENDING
     kube = FakeKube([RUNNING, RUNNING, RUNNING, COMPLETE], [_pod("j-node-0-0", "Running"), pending],
                     {})  # fmt: skip
+    _commits_as_it_runs(kube, cfg, range(4, 8))
     out = io.StringIO()
     jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
     lines = [x for x in out.getvalue().splitlines() if x.startswith("not running: ")]
@@ -375,7 +404,7 @@ def test_a_suspended_job_waits_for_its_queue_without_the_schedule_timeout(tmp_pa
     cfg.cluster.train_job.schedule_timeout_s = 600
     held = {"conditions": [{"type": "Suspended", "status": "True", "reason": "Suspended"}]}
     kube = FakeKube([held] * 20 + [RUNNING, COMPLETE], [], {})
-    _commit_checkpoints(cfg, range(4, 8))
+    _commits_as_it_runs(kube, cfg, range(4, 8))
     clock = iter(range(0, 100_000, 100))
     result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
                           sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip

@@ -106,27 +106,41 @@ def iterations_served(cfg: RunConfig, stage_args: list[str]) -> list[int]:
     return [int(stage_args[stage_args.index("--iteration") + 1])]
 
 
-def committed_result(cfg: RunConfig, stage_args: list[str], job: str) -> dict[str, Any]:
-    """What the task returns once the job succeeded, read from the store: rank 0 must have
-    committed every checkpoint the job was to write (a job that exits 0 without them fails)."""
+def _manifests(cfg: RunConfig, stage_args: list[str]) -> tuple[list[dict], str | None]:
+    """The committed checkpoints' manifests of the step, and the first one not committed."""
     from components.core.commit import NotCommittedError, read_manifest
     from components.core.layout import RunLayout, store_for
 
     store, layout = store_for(cfg), RunLayout.of(cfg)
-    its = iterations_served(cfg, stage_args)
     manifests = []
-    for i in its:
+    for i in iterations_served(cfg, stage_args):
         try:
             manifests.append(read_manifest(store, layout.checkpoint(i + 1)))
         except NotCommittedError:
-            raise StageError(f"train job {job} completed but {layout.checkpoint(i + 1)} is not "
-                             "committed; see the job's logs above") from None  # fmt: skip
+            return manifests, layout.checkpoint(i + 1)
+    return manifests, None
+
+
+def committed_result(
+    cfg: RunConfig, stage_args: list[str], job: str | None, *, skipped: bool = False
+) -> dict[str, Any]:
+    """What the task returns once the job succeeded, read from the store: rank 0 must have
+    committed every checkpoint the job was to write (a job that exits 0 without them fails).
+    `skipped`: they were all committed before any job was submitted (job None)."""
+    from components.core.layout import RunLayout
+
+    manifests, missing = _manifests(cfg, stage_args)
+    if missing:
+        raise StageError(f"train job {job} completed but {missing} is not committed; see the "
+                         "job's logs above")  # fmt: skip
+    its = iterations_served(cfg, stage_args)
     place = {"job": job, "nodes": cfg.train.nodes,
              "processes_per_node": jobspec.processes_per_node(cfg)}  # fmt: skip
     if "--segment" in stage_args:
         seg = int(stage_args[stage_args.index("--segment") + 1])
-        return {"task": "train", "segment": seg, "steps": len(its), **place}
-    return {"skipped": False, "uri": layout.checkpoint(its[0] + 1),
+        return {"task": "train", "segment": seg, "steps": len(its),
+                "skipped": len(its) if skipped else 0, **place}  # as a warm worker counts
+    return {"skipped": skipped, "uri": RunLayout.of(cfg).checkpoint(its[0] + 1),
             "stats": manifests[0].get("stats", {}), **place}  # fmt: skip
 
 
@@ -247,6 +261,9 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
     # first, pods and all: committed iterations are skipped by the stage itself, so nothing is
     # trained twice, and no old rank can still write.
     _clear_leftovers(api, custom, core, ref, kind, step, say, sleep, monotonic, no_crd)
+    if _manifests(cfg, stage_args)[1] is None:  # a retried task whose job had finished
+        say("every checkpoint of this step is committed already: no job submitted")
+        return committed_result(cfg, stage_args, None, skipped=True)
 
     name = jobspec.job_name(cfg, stage_args, secrets.token_hex(3)[:5])
     body = jobspec.job_spec(cfg, stage_args, name=name, namespace=namespace,
