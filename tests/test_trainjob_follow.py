@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import time
 
@@ -66,6 +67,8 @@ PENDING = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending", "c
 @pytest.fixture
 def in_pod(monkeypatch):
     monkeypatch.setenv("HOSTNAME", "task-pod-7")
+    monkeypatch.delenv("KFP_POD_NAME", raising=False)
+    monkeypatch.delenv("KFP_POD_UID", raising=False)
 
 
 def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
@@ -116,6 +119,32 @@ def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
                  "[j-node-0-1] rank 1 up", f"submitted TrainJob team-a/{name}: 2 nodes x 8",
                  "completed: JobSetCompleted: jobset completed successfully"):  # fmt: skip
         assert text.count(line) == 1, line
+
+
+def test_the_job_is_owned_by_the_task_pod_kfp_names_in_its_own_namespace_only(
+    tmp_path, in_pod, monkeypatch
+):
+    """KFP's launcher names the pod (its hostname may be cut to 63 characters), and an owner
+    in another namespace would make the garbage collector delete the job at once."""
+    cfg = cluster_cfg(tmp_path)
+    cfg.cluster.train_job.namespace = "team-a"
+    monkeypatch.setenv("KFP_POD_NAME", "a-long-kfp-pod-name-" + "x" * 60)
+    monkeypatch.setenv("KFP_POD_UID", "0b7e-uid")
+    own = tmp_path / "namespace"
+    monkeypatch.setattr(jobs, "NAMESPACE_FILE", str(own))
+    owners = []
+    for ns in ("team-a", "kubeflow"):  # the task's pod in the job's namespace, then not
+        own.write_text(ns)
+        kube = FakeKube([COMPLETE], [], {})
+        _commits_as_it_runs(kube, cfg, range(4, 8))
+        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
+        ((_, _, body),) = kube.calls("POST")
+        owners.append(body["metadata"].get("ownerReferences"))
+        assert not [p for p, _, _ in kube.calls("GET") if "/pods/" in p]  # no pod read
+        shutil.rmtree(tmp_path / "runs")  # the next try has its checkpoints to commit again
+    assert owners == [[{"apiVersion": "v1", "kind": "Pod", "name": "a-long-kfp-pod-name-" + "x" * 60,
+                        "uid": "0b7e-uid", "blockOwnerDeletion": False, "controller": False}],
+                      None]  # fmt: skip
 
 
 def test_a_dropped_log_stream_is_taken_up_where_it_stopped(tmp_path, in_pod):

@@ -85,16 +85,24 @@ def _default_client():
 
 
 def _owner(core, namespace: str) -> dict[str, Any] | None:
-    """An owner reference to the pod this task runs in (its name is the hostname), so deleting
-    the task's pod deletes the job too; None when the pod cannot be read."""
-    name = os.environ.get("HOSTNAME")
-    if not name:
+    """An owner reference to the pod this task runs in, so deleting the task's pod deletes the
+    job too; None when the job goes to another namespace (Kubernetes has no cross-namespace
+    owners: its garbage collector would take the owner for gone and delete the job at once) or
+    the pod is unknown. KFP's launcher gives the pod's name and uid (KFP_POD_NAME, KFP_POD_UID);
+    elsewhere the name is the hostname (cut to 63 characters) and the uid is read."""
+    if os.path.exists(NAMESPACE_FILE) and _own_namespace() != namespace:
         return None
-    try:
-        pod = core.read_namespaced_pod(name, namespace, _request_timeout=REQUEST_TIMEOUT)
-    except Exception:  # noqa: BLE001 - no owner: the job is still deleted by this task
-        return None
-    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid,
+    name, uid = os.environ.get("KFP_POD_NAME"), os.environ.get("KFP_POD_UID")
+    if not (name and uid):
+        name = os.environ.get("HOSTNAME")
+        if not name:
+            return None
+        try:
+            uid = core.read_namespaced_pod(name, namespace, _request_timeout=REQUEST_TIMEOUT)
+            uid = uid.metadata.uid
+        except Exception:  # noqa: BLE001 - no owner: the job is still deleted by this task
+            return None
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid,
             "blockOwnerDeletion": False, "controller": False}  # fmt: skip
 
 
