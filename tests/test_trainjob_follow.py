@@ -40,8 +40,7 @@ def _commit_checkpoints(cfg: RunConfig, iterations) -> None:
 
 
 def _commits_as_it_runs(kube: FakeKube, cfg: RunConfig, iterations) -> None:
-    """Rank 0 commits the step's checkpoints while the job runs (at the task's first poll):
-    checkpoints committed before the submission would make the task skip the job."""
+    """Rank 0 commits the step's checkpoints while the job runs (at the task's first poll)."""
 
     def commit() -> None:
         kube.on_poll = lambda: None
@@ -65,15 +64,22 @@ PENDING = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending", "c
 
 
 @pytest.fixture
-def in_pod(monkeypatch):
+def in_pod(monkeypatch, tmp_path):
+    """The task's pod: its hostname, and its namespace in the service account's file (this
+    test's own, whatever pod the tests themselves run in); the file is returned."""
     monkeypatch.setenv("HOSTNAME", "task-pod-7")
     monkeypatch.delenv("KFP_POD_NAME", raising=False)
     monkeypatch.delenv("KFP_POD_UID", raising=False)
+    own = tmp_path / "pod-namespace"
+    own.write_text("default")
+    monkeypatch.setattr(jobs, "NAMESPACE_FILE", str(own))
+    return own
 
 
 def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     cfg.cluster.train_job.namespace = "team-a"
+    in_pod.write_text("team-a")  # the task's pod runs there too: it owns the job
     pods = [_pod("j-node-0-0", "Running"), _pod("j-node-0-1", "Running")]
     kube = FakeKube([RUNNING, RUNNING, COMPLETE], pods,
                     {"j-node-0-0": ["rank 0 up", "train 00004: loss 0.5"], "j-node-0-1": ["rank 1 up"]})  # fmt: skip
@@ -84,8 +90,8 @@ def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
     name = kube.created()
     assert re.fullmatch(rf"rlvr-train-demo-run-7-{jobspec.step_key(cfg, SEGMENT_ARGS)[:8]}-"
                         r"[0-9a-f]{5}", name)  # fmt: skip
-    assert result == {"task": "train", "segment": 1, "steps": 4, "skipped": 0, "job": name,
-                      "nodes": 2, "processes_per_node": 8}  # fmt: skip
+    assert result == {"task": "train", "segment": 1, "steps": 4, "job": name, "nodes": 2,
+                      "processes_per_node": 8}  # fmt: skip
     # first: are there leftovers of this step? (none)
     assert kube.requests[0][:3] == ("GET", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/"
                                     "team-a/trainjobs", {"labelSelector": "rlvr.dev/train-step="
@@ -130,11 +136,12 @@ def test_the_job_is_owned_by_the_task_pod_kfp_names_in_its_own_namespace_only(
     cfg.cluster.train_job.namespace = "team-a"
     monkeypatch.setenv("KFP_POD_NAME", "a-long-kfp-pod-name-" + "x" * 60)
     monkeypatch.setenv("KFP_POD_UID", "0b7e-uid")
-    own = tmp_path / "namespace"
-    monkeypatch.setattr(jobs, "NAMESPACE_FILE", str(own))
     owners = []
-    for ns in ("team-a", "kubeflow"):  # the task's pod in the job's namespace, then not
-        own.write_text(ns)
+    for ns in ("team-a", "kubeflow", None):  # the task's pod in the job's namespace, or not,
+        if ns is None:  # or its namespace unknown (no service account token mounted)
+            in_pod.unlink()
+        else:
+            in_pod.write_text(ns)
         kube = FakeKube([COMPLETE], [], {})
         _commits_as_it_runs(kube, cfg, range(4, 8))
         jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
@@ -144,7 +151,7 @@ def test_the_job_is_owned_by_the_task_pod_kfp_names_in_its_own_namespace_only(
         shutil.rmtree(tmp_path / "runs")  # the next try has its checkpoints to commit again
     assert owners == [[{"apiVersion": "v1", "kind": "Pod", "name": "a-long-kfp-pod-name-" + "x" * 60,
                         "uid": "0b7e-uid", "blockOwnerDeletion": False, "controller": False}],
-                      None]  # fmt: skip
+                      None, None]  # fmt: skip
 
 
 def test_a_dropped_log_stream_is_taken_up_where_it_stopped(tmp_path, in_pod):
@@ -222,24 +229,6 @@ def test_a_cancel_before_the_job_exists_leaks_nothing(tmp_path, in_pod):
     with pytest.raises(SystemExit):
         jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
                      sleep=lambda _: os.kill(os.getpid(), signal.SIGTERM))  # fmt: skip
-    assert not kube.calls("POST")
-
-
-def test_a_step_already_committed_submits_no_job(tmp_path, in_pod):
-    """KFP retries a task whose job had finished: the GPUs are not scheduled again for nothing
-    (a leftover of the step is still deleted first)."""
-    cfg = cluster_cfg(tmp_path)
-    _commit_checkpoints(cfg, range(4, 8))
-    kube = FakeKube([RUNNING], [], {})
-    out = io.StringIO()
-    result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
-    assert result == {"task": "train", "segment": 1, "steps": 4, "skipped": 4, "job": None,
-                      "nodes": 2, "processes_per_node": 8}  # fmt: skip
-    assert not kube.calls("POST") and not kube.calls("DELETE")
-    assert "committed already: no job submitted" in out.getvalue()
-    _commit_checkpoints(cfg, [3])  # a single-iteration step (--iteration 3) too
-    result = jobs.run_job(cfg, ["--iteration", "3"], api_client=kube.client(), out=out)
-    assert result["skipped"] is True and result["uri"].endswith("checkpoints/00004")
     assert not kube.calls("POST")
 
 

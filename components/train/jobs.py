@@ -14,8 +14,9 @@ task does on a cluster when `train.nodes` > 1.
     Complete / Succeeded  -> check that rank 0 committed the outputs, return the result
     Failed                -> StageError with the job's own condition message and every node
                              container that terminated abnormally (reason, exit code, message)
-    Pending too long      -> StageError with the scheduler's reason
-                             (cluster.train_job.schedule_timeout_s); a node that cannot start
+    Pending too long      -> StageError with the scheduler's reason, or what to check when
+                             no pod was ever created (cluster.train_job.schedule_timeout_s; a
+                             job a queue holds suspended waits); a node that cannot start
                              at all (FATAL_WAITS: a bad image name, a missing Secret) after
                              FATAL_WAIT_S
     gone (404)            -> StageError: the job was deleted by someone else
@@ -25,10 +26,11 @@ task does on a cluster when `train.nodes` > 1.
                              other stages' workers stop waiting (or wait for KFP's retry)
 
 Reading what the job and its pods say (kinds, conditions, failures, logs) is
-components/train/jobstatus.py. It talks to the Kubernetes API directly (the `kubernetes` client the images already carry, as
-kfp does), one loop for both job kinds; the specs are components/train/jobspec.py. The job is
-owned by the task's pod when the pod can be read, so the cluster's garbage collector removes
-a job whose task pod is deleted.
+components/train/jobstatus.py. It talks to the Kubernetes API directly (the `kubernetes` client
+the images already carry, as kfp does), one loop for both job kinds; the specs are
+components/train/jobspec.py. The job is owned by the task's pod (as KFP's launcher names it, or
+its hostname) when the job goes to the pod's own namespace, so the cluster's garbage collector
+removes a job whose task pod is deleted.
 """
 
 from __future__ import annotations
@@ -86,12 +88,12 @@ def _default_client():
 
 def _owner(core, namespace: str) -> dict[str, Any] | None:
     """An owner reference to the pod this task runs in, so deleting the task's pod deletes the
-    job too; None when the job goes to another namespace (Kubernetes has no cross-namespace
-    owners: its garbage collector would take the owner for gone and delete the job at once) or
-    the pod is unknown. KFP's launcher gives the pod's name and uid (KFP_POD_NAME, KFP_POD_UID);
+    job too; None when the job goes to another namespace, or the pod's own is unknown
+    (Kubernetes has no cross-namespace owners: its garbage collector would take the owner for
+    gone and delete the job at once), or the pod is unknown. KFP's launcher gives the pod's name and uid (KFP_POD_NAME, KFP_POD_UID);
     elsewhere the name is the hostname (cut to 63 characters) and the uid is read."""
-    if os.path.exists(NAMESPACE_FILE) and _own_namespace() != namespace:
-        return None
+    if not os.path.exists(NAMESPACE_FILE) or _own_namespace() != namespace:
+        return None  # (the pod's namespace unknown: no token mounted, a kubeconfig instead)
     name, uid = os.environ.get("KFP_POD_NAME"), os.environ.get("KFP_POD_UID")
     if not (name and uid):
         name = os.environ.get("HOSTNAME")
@@ -114,41 +116,27 @@ def iterations_served(cfg: RunConfig, stage_args: list[str]) -> list[int]:
     return [int(stage_args[stage_args.index("--iteration") + 1])]
 
 
-def _manifests(cfg: RunConfig, stage_args: list[str]) -> tuple[list[dict], str | None]:
-    """The committed checkpoints' manifests of the step, and the first one not committed."""
+def committed_result(cfg: RunConfig, stage_args: list[str], job: str) -> dict[str, Any]:
+    """What the task returns once the job succeeded, read from the store: rank 0 must have
+    committed every checkpoint the job was to write (a job that exits 0 without them fails)."""
     from components.core.commit import NotCommittedError, read_manifest
     from components.core.layout import RunLayout, store_for
 
     store, layout = store_for(cfg), RunLayout.of(cfg)
+    its = iterations_served(cfg, stage_args)
     manifests = []
-    for i in iterations_served(cfg, stage_args):
+    for i in its:
         try:
             manifests.append(read_manifest(store, layout.checkpoint(i + 1)))
         except NotCommittedError:
-            return manifests, layout.checkpoint(i + 1)
-    return manifests, None
-
-
-def committed_result(
-    cfg: RunConfig, stage_args: list[str], job: str | None, *, skipped: bool = False
-) -> dict[str, Any]:
-    """What the task returns once the job succeeded, read from the store: rank 0 must have
-    committed every checkpoint the job was to write (a job that exits 0 without them fails).
-    `skipped`: they were all committed before any job was submitted (job None)."""
-    from components.core.layout import RunLayout
-
-    manifests, missing = _manifests(cfg, stage_args)
-    if missing:
-        raise StageError(f"train job {job} completed but {missing} is not committed; see the "
-                         "job's logs above")  # fmt: skip
-    its = iterations_served(cfg, stage_args)
+            raise StageError(f"train job {job} completed but {layout.checkpoint(i + 1)} is not "
+                             "committed; see the job's logs above") from None  # fmt: skip
     place = {"job": job, "nodes": cfg.train.nodes,
              "processes_per_node": jobspec.processes_per_node(cfg)}  # fmt: skip
     if "--segment" in stage_args:
         seg = int(stage_args[stage_args.index("--segment") + 1])
-        return {"task": "train", "segment": seg, "steps": len(its),
-                "skipped": len(its) if skipped else 0, **place}  # as a warm worker counts
-    return {"skipped": skipped, "uri": RunLayout.of(cfg).checkpoint(its[0] + 1),
+        return {"task": "train", "segment": seg, "steps": len(its), **place}
+    return {"skipped": False, "uri": layout.checkpoint(its[0] + 1),
             "stats": manifests[0].get("stats", {}), **place}  # fmt: skip
 
 
@@ -269,9 +257,6 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
     # first, pods and all: committed iterations are skipped by the stage itself, so nothing is
     # trained twice, and no old rank can still write.
     _clear_leftovers(api, custom, core, ref, kind, step, say, sleep, monotonic, no_crd)
-    if _manifests(cfg, stage_args)[1] is None:  # a retried task whose job had finished
-        say("every checkpoint of this step is committed already: no job submitted")
-        return committed_result(cfg, stage_args, None, skipped=True)
 
     name = jobspec.job_name(cfg, stage_args, secrets.token_hex(3)[:5])
     body = jobspec.job_spec(cfg, stage_args, name=name, namespace=namespace,
