@@ -367,6 +367,51 @@ def both_runners(
     return sub_s, dock_s
 
 
+Leg = tuple[str, float, float]  # what a leg ran, its wall time under each runner
+
+
+def all_legs(rlvr: Path, store: Path, image_sets: list[str], failures: list[str]) -> list[Leg]:
+    """The demo, then one leg per feature whose packages or launcher live in the images."""
+    legs = [("demo (12 iterations)", *both_runners(rlvr, "examples/arithmetic/config.yaml",
+                                                   store, "demo", image_sets, failures))]  # fmt: skip
+    print("the demo with a LoRA adapter (model.lora; peft at the images' pin), 4 iterations:")
+    lora_sets = [*image_sets, "--iterations", "4", "--set", "model.lora={rank: 8, alpha: 8}",
+                 "--set", "train.lr=5e-3"]  # fmt: skip
+    legs.append(("LoRA demo (4 iterations)", *both_runners(
+        rlvr, "examples/arithmetic/config.yaml", store, "lora", lora_sets, failures)))  # fmt: skip
+    print("the demo on two train nodes (train.nodes=2: two node agents, ZeRO-3), 2 iterations:")
+    legs.append(("two train nodes (2 iterations)", *both_runners(
+        rlvr, "examples/arithmetic/config.yaml", store, "nodes", [*image_sets, *NODES_SETS,
+        "--iterations", "2", "--set", "data.eval.0.max_prompts=50"], failures)))  # fmt: skip
+    print("the tool demo (the python tool's sandbox in the generate container), 2 iterations:")
+    legs.append(("tool demo (2 iterations)", *both_runners(
+        rlvr, "examples/tool_arithmetic/config.yaml", store, "tools", [*image_sets, *TOOL_SETS],
+        failures)))  # fmt: skip
+    return legs
+
+
+def quick_legs(rlvr: Path, store: Path, image_sets: list[str], failures: list[str]) -> list[Leg]:
+    """CI's two legs, the same features in half the time: the demo on two train nodes (full
+    weights, torchrun in the train container), and the tool demo with a LoRA adapter (peft in
+    the generate and train containers, the tool's sandbox in generate's and evaluate's)."""
+    print("the demo on two train nodes (train.nodes=2: two node agents, ZeRO-3), 4 iterations:")
+    legs = [("demo on two train nodes (4 iterations)", *both_runners(
+        rlvr, "examples/arithmetic/config.yaml", store, "nodes", [*image_sets, *NODES_SETS,
+        "--iterations", "4"], failures))]  # fmt: skip
+    print("the tool demo with a LoRA adapter, 2 iterations:")
+    legs.append(("tool demo with LoRA (2 iterations)", *both_runners(
+        rlvr, "examples/tool_arithmetic/config.yaml", store, "tools", [*image_sets, *TOOL_SETS,
+        "--set", "model.lora={rank: 8, alpha: 8}", "--set", "train.lr=5e-3"], failures)))  # fmt: skip
+    return legs
+
+
+#: two node agents of one rank each at ZeRO-3 (what the pods of a multi-node TrainJob run)
+NODES_SETS = ["--set", "train.nodes=2", "--set", "train.processes=1", "--set",
+              "train.zero_stage=3"]  # fmt: skip
+TOOL_SETS = ["--iterations", "2", "--set", "data.prompts_per_iteration=32", "--set",
+             "data.eval.0.max_prompts=50"]  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tag", default=None, help="image tag (default: smoke-<git revision>)")
@@ -374,9 +419,12 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the runs under .smoke/runs")
     ap.add_argument(
         "--quick", action="store_true",
-        help="leave out the code demo runs (CI: the sandbox probes and tests/test_images_built.py "
-        "cover the verify image)",
+        help="CI's smoke: two legs instead of five (the demo for 4 iterations on two train nodes; "
+        "the tool demo with a LoRA adapter), each under both runners, compared; the code demo "
+        "left out (the sandbox probes and tests/test_images_built.py cover the verify image)",
     )  # fmt: skip
+    ap.add_argument("--build-only", action="store_true",
+                    help="stop once the images are built (CI builds them while it installs)")  # fmt: skip
     args = ap.parse_args()
     rev = sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD", capture=True,
              check=False).stdout.strip() or "dev"  # fmt: skip
@@ -395,6 +443,8 @@ def main() -> int:
         build_s, images = build(docker, base, tag)
         print(f"built the four images in {build_s:.0f} s")
     sizes(docker, images)
+    if args.build_only:
+        return 0
 
     step("4. a virtual environment of the images' package versions")
     started = time.perf_counter()
@@ -412,24 +462,7 @@ def main() -> int:
         configs.append("examples/arithmetic_code/config.yaml")
     for config in configs:
         sh(str(rlvr), "check", str(ROOT / config))  # builds the inputs now, outside the timings
-    sub_s, dock_s = both_runners(rlvr, "examples/arithmetic/config.yaml", store, "demo",
-                                 image_sets, failures)  # fmt: skip
-    print("the demo with a LoRA adapter (model.lora; peft at the images' pin), 4 iterations:")
-    lora_sets = [*image_sets, "--iterations", "4", "--set", "model.lora={rank: 8, alpha: 8}",
-                 "--set", "train.lr=5e-3"]  # fmt: skip
-    lora_sub_s, lora_s = both_runners(rlvr, "examples/arithmetic/config.yaml", store, "lora",
-                                      lora_sets, failures)  # fmt: skip
-    print("the demo on two train nodes (train.nodes=2: two node agents, ZeRO-3), 2 iterations:")
-    nodes_sets = [*image_sets, "--iterations", "2", "--set", "train.nodes=2", "--set",
-                  "train.processes=1", "--set", "train.zero_stage=3", "--set",
-                  "data.eval.0.max_prompts=50"]  # fmt: skip
-    nodes_sub_s, nodes_s = both_runners(rlvr, "examples/arithmetic/config.yaml", store, "nodes",
-                                        nodes_sets, failures)  # fmt: skip
-    print("the tool demo (the python tool's sandbox in the generate container), 2 iterations:")
-    tool_sub_s, tool_s = both_runners(rlvr, "examples/tool_arithmetic/config.yaml", store,
-                                      "tools", [*image_sets, "--iterations", "2", "--set",
-                                      "data.prompts_per_iteration=32", "--set",
-                                      "data.eval.0.max_prompts=50"], failures)  # fmt: skip
+    legs = (quick_legs if args.quick else all_legs)(rlvr, store, image_sets, failures)
 
     step("6. code rewards in the verify image, no capabilities")
     code, text = sandbox_probe(docker, images["verify"], None)
@@ -458,10 +491,9 @@ def main() -> int:
     step("summary")
     if build_s is not None:
         print(f"build {build_s:.0f} s")
-    print(f"demo: subprocess {sub_s:.1f} s, docker {dock_s:.1f} s, ratio {dock_s / sub_s:.2f}")
-    print(f"LoRA demo (4 iterations): subprocess {lora_sub_s:.1f} s, docker {lora_s:.1f} s")
-    print(f"two train nodes (2 iterations): subprocess {nodes_sub_s:.1f} s, docker {nodes_s:.1f} s")
-    print(f"tool demo (2 iterations): subprocess {tool_sub_s:.1f} s, docker {tool_s:.1f} s")
+    for label, sub_s, dock_s in legs:
+        print(f"{label}: subprocess {sub_s:.1f} s, docker {dock_s:.1f} s, ratio "
+              f"{dock_s / sub_s:.2f}")  # fmt: skip
     if code_s is not None and code_sub_s is not None:
         print(f"code demo: subprocess {code_sub_s:.1f} s, docker {code_s:.1f} s, ratio "
               f"{code_s / code_sub_s:.2f}")  # fmt: skip
