@@ -4,16 +4,23 @@ TrainJob's pods run. Skipped where torch sees no GPU (CI has none); on a GPU nod
     python -m pytest -q tests/test_gpu.py
 
 1. fp32 on the GPU computes the update the CPU computes (the same rows, the same loss; only
-   kernels differ), to 1e-4 relative: fp32 matmuls with TF32 off (torch's default for matmul)
-   differ from CPU's by summation order alone, ~1e-6 per op, amplified a little through one
-   backward and Adam's first step (the moments are (1 - beta1) x the clipped gradient).
+   kernels differ): Adam's first moment, (1 - beta1) x the clipped gradient, to 1e-4 relative
+   (fp32 matmuls with TF32 off, torch's default, differ from CPU's by summation order alone,
+   ~1e-6 per op, amplified a little through one backward).
 2. bf16 at ZeRO-3, launched through the multi-node pod entry (components.train.node with the
    variables Kubeflow Trainer sets, one node of one GPU, NCCL), equals the stage's own one-GPU
    launch at ZeRO-1 bf16: both compute forward and backward in bf16 from fp32 masters, so the
-   update differs by how gradients are accumulated and reduced in each ZeRO stage, which the
-   bound 2e-2 relative (on the whole flattened moment vector, not per element: single bf16
-   roundings of a gradient are 2^-8 = 4e-3) allows; the saved checkpoint is the fp32 masters
-   (not bf16-rounded weights) in both.
+   update differs by how gradients are accumulated and reduced in each ZeRO stage, which 2e-2
+   relative on the first moment allows (on the whole flattened vector, not per element: one
+   bf16 rounding is 2^-8 = 4e-3; bf16 against fp32 on this model differs by 5.9e-3, measured on
+   CPU); the saved checkpoint is the fp32 masters (not bf16-rounded weights) in both.
+
+The weight updates are compared by direction (cosine), not by relative error: Adam's first step
+is about lr x sign(gradient), so an element whose gradient is within rounding of zero flips its
+whole step, and a few such elements make the relative error large while the update is the same
+(bf16 against fp32 on CPU: 0.28% of the steps flip, relative error 0.10, cosine 0.995). Each
+flipped element lowers the cosine by about 2 / (number of elements): 0.999 allows 0.05% of them
+(fp32), 0.98 allows 1% (bf16).
 """
 
 from __future__ import annotations
@@ -59,13 +66,21 @@ def _rel(a: dict, b: dict, keys: list[str]) -> float:
     return float((va - vb).norm() / vb.norm())
 
 
+def _cos(a: dict, b: dict, base: dict) -> float:
+    """Cosine of the two updates (weights minus the base's), over all parameters."""
+    va = torch.cat([(a[k] - base[k]).double().flatten() for k in sorted(base)])
+    vb = torch.cat([(b[k] - base[k]).double().flatten() for k in sorted(base)])
+    return float(va @ vb / (va.norm() * vb.norm()))
+
+
 def test_gpu_fp32_update_equals_the_cpu_update(prepared, tmp_path):
+    base = load_file(f"{RunLayout.of(prepared).checkpoint(0)}/model.safetensors")
     cpu = _train(prepared, tmp_path, "train.dtype=float32", env={"CUDA_VISIBLE_DEVICES": ""})
     gpu = _train(prepared, tmp_path, "train.dtype=float32")
     moments = sorted(k for k in cpu[1] if k.startswith("exp_avg."))
     assert moments and gpu[1].keys() == cpu[1].keys()
     assert _rel(gpu[1], cpu[1], moments) < 1e-4
-    assert _rel(gpu[0], cpu[0], sorted(cpu[0])) < 1e-4
+    assert _cos(gpu[0], cpu[0], base) > 0.999
     assert gpu[2]["train/loss"] == pytest.approx(cpu[2]["train/loss"], rel=1e-4)
 
 
@@ -93,7 +108,5 @@ def test_bf16_zero3_through_the_trainjob_pod_entry_equals_one_gpu_zero1(prepared
     moments = sorted(k for k in local[1] if k.startswith("exp_avg."))
     assert moments and pod_update[1].keys() == local[1].keys()
     assert _rel(pod_update[1], local[1], moments) < 2e-2
-    delta = {k: pod_update[0][k] - base[k] for k in base}
-    ref = {k: local[0][k] - base[k] for k in base}
-    assert _rel(delta, ref, sorted(base)) < 2e-2  # the step itself, not the shared base
+    assert _cos(pod_update[0], local[0], base) > 0.98  # the step itself, not the shared base
     assert pod_update[2]["train/loss"] == pytest.approx(local[2]["train/loss"], rel=1e-2)
