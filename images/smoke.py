@@ -423,9 +423,9 @@ def main() -> int:
         "the tool demo with a LoRA adapter), each under both runners, compared; the code demo "
         "left out (the sandbox probes and tests/test_images_built.py cover the verify image)",
     )  # fmt: skip
-    ap.add_argument("--only", choices=("images", "venv"), default=None,
-                    help="make the images (steps 1-3) or the venv of their package versions "
-                    "(step 4), then stop: CI makes them while it installs itself")  # fmt: skip
+    ap.add_argument("--only", choices=("images",), default=None,
+                    help="make the images (steps 1-3), then stop: CI builds them while it "
+                    "installs itself")  # fmt: skip
     args = ap.parse_args()
     rev = sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD", capture=True,
              check=False).stdout.strip() or "dev"  # fmt: skip
@@ -433,12 +433,6 @@ def main() -> int:
     WORK.mkdir(exist_ok=True)
     failures: list[str] = []
 
-    if args.only == "venv":
-        step("4. a virtual environment of the images' package versions")
-        started = time.perf_counter()
-        rlvr = baseline_venv()
-        print(f"{rlvr.parent.parent} ready in {time.perf_counter() - started:.0f} s")
-        return 0
     step("1. docker")
     docker = find_docker()
     step("2. base image")
