@@ -49,6 +49,13 @@ def _commits_as_it_runs(kube: FakeKube, cfg: RunConfig, iterations) -> None:
     kube.on_poll = commit
 
 
+def _run_on_a_fake_clock(cfg: RunConfig, kube: FakeKube) -> dict:
+    """run_job with no real waiting: each poll is 100 s later than the last (timers elapse)."""
+    clock = iter(range(0, 100_000, 100))
+    return jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
+                        sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+
+
 RUNNING = {"conditions": [{"type": "Created", "status": "True"}]}
 COMPLETE = {"conditions": [{"type": "Created", "status": "True"},
                            {"type": "Complete", "status": "True", "reason": "JobSetCompleted",
@@ -303,12 +310,9 @@ def test_an_api_server_that_fails_for_a_while_is_ridden_out(tmp_path, in_pod):
 def test_an_api_server_that_stays_down_fails_the_step_after_the_grace(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     kube = FakeKube([RUNNING, 503], [], {})
-    clock = iter(range(0, 10_000, 100))  # each poll 100 s later
-
     with pytest.raises(StageError, match=r"did not answer for 300 s while reading TrainJob "
                        r"default/rlvr-train-.*: answer 503"):  # fmt: skip
-        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
-                     sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+        _run_on_a_fake_clock(cfg, kube)
     assert len(kube.calls("DELETE")) == 1
 
 
@@ -393,11 +397,9 @@ def test_pods_that_never_schedule_fail_the_step_after_the_schedule_timeout(tmp_p
     cfg.cluster.train_job.schedule_timeout_s = 600
     pending = PENDING
     kube = FakeKube([RUNNING], [_pod("j-node-0-0", "Running"), pending], {})
-    clock = iter(range(0, 100_000, 100))
     with pytest.raises(StageError, match=r"pods still Pending after 600 s \(cluster.train_job."
                        r"schedule_timeout_s\)\n  j-node-0-1: pending \(0/3 nodes"):  # fmt: skip
-        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
-                     sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+        _run_on_a_fake_clock(cfg, kube)
     assert len(kube.calls("DELETE")) == 1
 
 
@@ -406,12 +408,10 @@ def test_a_job_that_never_gets_a_pod_fails_after_the_schedule_timeout(tmp_path, 
     cfg = cluster_cfg(tmp_path)
     cfg.cluster.train_job.schedule_timeout_s = 600
     kube = FakeKube([RUNNING], [], {})
-    clock = iter(range(0, 100_000, 100))
     with pytest.raises(StageError, match=r"pods still Pending after 600 s .*\n  no pod was created: "
                        r"check that Kubeflow Trainer's controller \(and JobSet's\) is running and "
                        r"the ClusterTrainingRuntime 'rlvr-train' exists"):  # fmt: skip
-        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
-                     sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+        _run_on_a_fake_clock(cfg, kube)
     assert len(kube.calls("DELETE")) == 1
     assert kube.gets[next(iter(kube.gets))] == 8  # t = 0..700 s: failed at the first poll past 600
 
@@ -423,9 +423,7 @@ def test_a_suspended_job_waits_for_its_queue_without_the_schedule_timeout(tmp_pa
     held = {"conditions": [{"type": "Suspended", "status": "True", "reason": "Suspended"}]}
     kube = FakeKube([held] * 20 + [RUNNING, COMPLETE], [], {})
     _commits_as_it_runs(kube, cfg, range(4, 8))
-    clock = iter(range(0, 100_000, 100))
-    result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
-                          sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+    result = _run_on_a_fake_clock(cfg, kube)
     assert result["steps"] == 4 and len(kube.calls("DELETE")) == 1
     assert kube.gets[result["job"]] == 22  # 2,000 s suspended, past the 600 s timeout
     assert jobstatus.suspended({"spec": {"runPolicy": {"suspend": True}}})  # a PyTorchJob's
@@ -490,12 +488,10 @@ def test_a_node_that_cannot_start_fails_the_step_after_five_minutes(tmp_path, in
                   "reason": "CreateContainerConfigError",
                   "message": 'secret "rlvr-object-store" not found'}}}]}}  # fmt: skip
     kube = FakeKube([RUNNING], [_pod("j-node-0-0", "Running"), broken], {})
-    clock = iter(range(0, 100_000, 100))
     with pytest.raises(StageError, match=r"a node cannot start, and waiting will not help .*\n  "
                        r"j-node-0-1/node: waiting \(CreateContainerConfigError: secret "
                        r'"rlvr-object-store" not found\)'):  # fmt: skip
-        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
-                     sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+        _run_on_a_fake_clock(cfg, kube)
     assert 4 <= len([p for p, _, _ in kube.calls("GET") if "/trainjobs/" in p]) <= 5  # ~300 s
 
 
