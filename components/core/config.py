@@ -446,12 +446,14 @@ OBJECT_STORE_SECRET_KEYS = {
 }
 
 
+#: the variable a multi-node train pod reads its resolved config from (components/train/jobspec)
+NODE_CONFIG_ENV = "RLVR_CONFIG_JSON"
 #: environment names a multi-node train pod gets from its controller (Kubeflow Trainer's PET_*
 #: as a prefix), from torchrun, or from rlvr (components/train/jobspec.env)
 RESERVED_NODE_ENV = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RLVR_CONFIG_JSON", "PYTHONUNBUFFERED",
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "HF_TOKEN",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", NODE_CONFIG_ENV, "PYTHONUNBUFFERED",
+    *OBJECT_STORE_SECRET_KEYS, "AWS_ENDPOINT_URL", "HF_TOKEN",
 })  # fmt: skip
 
 

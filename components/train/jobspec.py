@@ -16,9 +16,14 @@ import hashlib
 import re
 from typing import Any
 
-from components.core.config import OBJECT_STORE_SECRET_KEYS, RunConfig, StagePlacement
+from components.core.config import (
+    NODE_CONFIG_ENV,
+    OBJECT_STORE_SECRET_KEYS,
+    RunConfig,
+    StagePlacement,
+)
 
-CONFIG_ENV = "RLVR_CONFIG_JSON"
+CONFIG_ENV = NODE_CONFIG_ENV
 #: what every pod runs: components/train/node.py on the config in CONFIG_ENV
 NODE_COMMAND = ["python", "-m", "components.train.node", f"env:{CONFIG_ENV}"]
 #: the field manager / patch owner the TrainJob's runtime patch is recorded under
