@@ -355,14 +355,13 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
 
 def _no_pods(kind: JobKind, tj: TrainJobSection) -> str:
     """Why a job can sit with no pod at all, and where to look."""
-    controller = ("Kubeflow Trainer's controller (and JobSet's)" if kind.kind == "TrainJob"
-                  else "the Training Operator")  # fmt: skip
-    runtime = (f" and the ClusterTrainingRuntime {tj.runtime!r} exists" if kind.kind == "TrainJob"
-               else "")  # fmt: skip
-    return (
-        f"no pod was created: check that {controller} is running{runtime} "
-        f"(kubectl describe {kind.plural} shows the controller's events)"
-    )
+    if kind.kind == "TrainJob":
+        check = (f"Kubeflow Trainer's controller (and JobSet's) is running and the "
+                 f"ClusterTrainingRuntime {tj.runtime!r} exists")  # fmt: skip
+    else:
+        check = "the Training Operator is running"
+    return (f"no pod was created: check that {check} (kubectl describe {kind.plural} shows the "
+            "controller's events)")  # fmt: skip
 
 
 def _since(start: float | None, holds: bool, now: float) -> float | None:
