@@ -10,7 +10,8 @@ for both: accuracy, false positives (a reward for a wrong answer) and false nega
 for a right one); then the whole-set throughput of each and their ratio (goal: at least 20x
 math-verify's; `benchmarks/verify_throughput.py` measures the common-answer rate). The default
 sets: the original equivalence set, the recall set written before the recall work (issue 14),
-and the held-out set written independently of the verifier's code.
+the held-out sets written independently of the verifier's code, and the development set of
+the written-forms work (issue 36: labelled answers, joined lists, ranges, spellings).
 ``--show`` lists every case either judge gets wrong.
 """
 
@@ -35,6 +36,7 @@ DEFAULT = [
     "math_recall.jsonl",
     "math_heldout_v1.jsonl",
     "math_heldout.jsonl",
+    "math_recall_v2.jsonl",
 ]
 
 

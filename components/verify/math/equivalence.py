@@ -8,18 +8,25 @@ from typing import Any
 
 from components.verify.math.extract import extract_answer
 from components.verify.math.normalize import normalize_answer
-from components.verify.math.numbers import _numbers_equal, _to_number
+from components.verify.math.numbers import _DEC_RE, REL_TOL, _numbers_equal, _to_number
 from components.verify.math.structure import (
     _CHOICE_RE,
+    _SIMPLE_LHS_RE,
+    _assignment_struct,
+    _assignments,
+    _assignments_equal,
     _equation_value,
     _inequality_to_interval,
+    _label_value,
     _parse_struct,
+    _split_top,
     _strip_equation_lhs,
     _struct_equal,
 )
 from components.verify.math.symbolic import (
     _FUNCS,
     _GREEK,
+    _eval_complex,
     _parse_sympy,
     _sympy_equal,
     linear_inequality_interval,
@@ -36,10 +43,10 @@ _WORD_RE = re.compile(r"[A-Za-z][A-Za-z ]*")
 @lru_cache(maxsize=65536)
 def _equivalent_normalized(pred: str, gt: str) -> bool:
     """Pure comparison of two normalized answers (memoized)."""
-    if pred == gt:
-        return True
     if not pred or not gt:
         return False
+    if pred == gt:
+        return True
     # multiple-choice letters: "(B)" == "B"
     mg = _CHOICE_RE.fullmatch(gt)
     if mg:
@@ -61,6 +68,14 @@ def _equivalent_normalized(pred: str, gt: str) -> bool:
     pi_, gi = _to_interval(pred), _to_interval(gt)
     if pi_ != pred or gi != gt:
         return _equivalent_normalized(pi_, gi)
+    # named values: x=3,y=2 is the pair (3,2); a=1,b=2;a=3,b=4 the set of two solutions
+    ga, pa = _assignments(gt), _assignments(pred)
+    if ga is not None:
+        if pa is not None:
+            return _assignments_equal(pa, ga, _element_equal)
+        return _equivalent_normalized(pred, _assignment_struct(ga))
+    if pa is not None and len(pa) > 1:
+        return _equivalent_normalized(_assignment_struct(pa), gt)
     # tuples, intervals, sets
     gs = _parse_struct(gt)
     ps = _parse_struct(pred)
@@ -97,21 +112,82 @@ def is_equivalent(response_answer: str, ground_truth: str) -> bool:
     if len(response_answer) > MAX_ANSWER_LEN or len(ground_truth) > MAX_ANSWER_LEN:
         return response_answer.strip() == ground_truth.strip()
     gt = ground_truth
+    if not gt.strip():
+        return False  # an empty ground truth is no answer: nothing matches it
     if "####" in gt:
         ans, _ = extract_answer(gt)
         gt = ans if ans is not None else gt
     try:
         pred, gold = normalize_answer(response_answer), normalize_answer(gt)
+        if not pred or not gold:
+            return False
+        # "7/4 ≈ 1.75" states 7/4 (a wrong approximation makes it wrong); "x ≈ 11" states 11
+        pred, gold = _approx_value(pred, check=True), _approx_value(gold, check=False)
+        if pred is None or gold is None:
+            return False
         # "x = 3" counts as 3, unless the other side is an equation too: then the two
-        # equations are compared as equations (y = 2x + 1 is 2x - y + 1 = 0)
+        # equations are compared as equations (y = 2x + 1 is 2x - y + 1 = 0). A ground
+        # truth that labels its value (|PQ| = 4, (x, y) = (3, 2)) states the value.
         pred, gold = (
-            pred if _is_equation(gold) else _equation_value(pred),
-            gold if _is_equation(pred) else _strip_equation_lhs(gold),
+            pred if _is_equation(gold) else _renormalize(pred, _equation_value(pred)),
+            gold
+            if _is_equation(pred)
+            else _renormalize(gold, _label_value(_strip_equation_lhs(gold))),
         )
         return _equivalent_normalized(pred, gold)
     except (RecursionError, OverflowError, ZeroDivisionError, ValueError):
         # pathological nesting or magnitudes: not a recognisable correct answer
         return False
+
+
+def _renormalize(before: str, after: str) -> str:
+    """A side of an equation, normalized as an answer of its own (``3:7`` is a ratio)."""
+    return after if after == before else normalize_answer(after)
+
+
+def _approx_value(s: str, check: bool) -> str | None:
+    """What ``a ≈ b`` states: the exact value ``a`` (``\\frac{7}{4}≈1.75``; ``x=\\frac{7}{4}≈1.75``
+    is ``x=\\frac{7}{4}``), or ``b`` when ``a`` is only a name (``x≈11``, ``≈11``). With
+    ``check`` (a response), an approximation that is not its value rounded or truncated
+    (``\\frac{7}{5}≈1.75``) makes the answer wrong: None."""
+    if "≈" not in s:
+        return s
+    items = _split_top(s, ",")
+    if len(items) > 1:  # x≈1.2,x≈3.4: each element states its own value
+        values = [_approx_value(item, check) for item in items]
+        return None if None in values else ",".join(v for v in values if v is not None)
+    parts = _split_top(s, "≈")
+    head, tail = parts[0], parts[-1]
+    if not head or (_SIMPLE_LHS_RE.fullmatch(head) and _numeric_value(head) is None):
+        return tail or None  # a name (x, \\theta), not a constant (\\pi, e)
+    if check:
+        exact, approx = _numeric_value(_equation_value(head)), _numeric_value(tail)
+        if exact is not None and approx is not None and abs(exact - approx) > _rounding(tail):
+            return None
+    return head
+
+
+def _rounding(s: str) -> float:
+    """How far a value written as ``s`` may be from what it approximates: one unit in its last
+    decimal place (``1.75``: 0.01; ``3.1e8``: 1e7); a relative 1e-6 for other spellings."""
+    m = _DEC_RE.fullmatch(s)
+    if not m:
+        value = _to_number(s)
+        return REL_TOL * abs(float(value[0])) if value else REL_TOL
+    mantissa, _, exponent = s.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (int(exponent or 0) - decimals) * (1 + 1e-9)
+
+
+def _numeric_value(s: str) -> complex | None:
+    """The value of a constant answer (``\\frac{7}{4}``, ``\\sqrt{2}``, ``\\pi``), or None."""
+    number = _to_number(s)
+    if number is not None:
+        return complex(float(number[0]))
+    expr = _parse_sympy(s)
+    if expr is None or isinstance(expr, tuple) or expr.free_symbols:
+        return None
+    return _eval_complex(expr, {})
 
 
 def compute_score(

@@ -138,6 +138,8 @@ def _label_answer(text: str) -> str | None:
             rest = block[: block.index("\\]") + 2]
         else:
             rest = block.split("\n", 1)[0]
+        # a display block over several lines is one answer ("Answer:\n\\[\n x \n\\]")
+        rest = " ".join(rest.split())
     sentence = _clean_phrase_answer(rest)
     if sentence is None:
         return None

@@ -45,7 +45,15 @@ _ARRAY_RE = re.compile(
     r"[\[(]?\s*\\begin\{array\}\s*\{[^{}]*\}(?P<body>.*?)\\end\{array\}\s*[\])]?", re.DOTALL
 )
 _RATIO_RE = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?::|∶|\bto\b)\s*(-?\d+(?:\.\d+)?)")
-_OR_RE = re.compile(r"\s+or\s+")
+# "2 or 5", "2 \\text{ and } 5", "1, 2, or 3": one list ("and" only between values: "x > 1 and
+# x < 3" is an intersection, not a list)
+_OR_RE = re.compile(r"\s*,?\s+or\s+")
+_AND_RE = re.compile(r"\s*,?\s+and\s+")
+_RELATION_RE = re.compile(r"[<>≤≥]|\\[lg]eq?(?![a-zA-Z])|\\[lg]t(?![a-zA-Z])")
+# 3.1 \times 10^{8}, 2\cdot 10^{-3}: scientific notation, as 3.1e8 (a decimal)
+_SCI_RE = re.compile(
+    r"(?P<m>-?\d+(?:\.\d+)?)\s*(?:\\times|\\cdot)\s*10\s*\^\s*(?:\{\s*(?P<e>[-+]?\d+)\s*\}|(?P<d>\d))"
+)
 _PLUS_INFTY_RE = re.compile(r"(^|[,(\[])\+\\infty")
 _FRENCH_INTERVAL_RE = re.compile(r"([\]\[])([^\[\]]*,[^\[\]]*)([\]\[])")
 _COLON_RE = re.compile(r"\\colon(?![a-zA-Z])|∶")
@@ -148,7 +156,7 @@ def normalize_answer(s: str) -> str:
     s = s.replace("\\displaystyle", " ")
     s = _FRAC_VARIANT_RE.sub(r"\\frac", s)
     s = _LT_RE.sub("<", _GT_RE.sub(">", s))
-    s = _APPROX_RE.sub("=", s)  # "x \\approx 11" states 11 (a rounded value still has to match)
+    s = _APPROX_RE.sub(" ≈ ", s)  # one spelling; what it states is equivalence's (`_approx_value`)
     s = _LEFT_RIGHT_RE.sub("", s)
     s = _ARRAY_RE.sub(lambda m: f"\\begin{{pmatrix}}{m.group('body')}\\end{{pmatrix}}", s)
     s = _COMMA_BANG_RE.sub(",", s.replace("{,}", ","))  # MATH writes 11,\! 111
@@ -175,8 +183,17 @@ def normalize_answer(s: str) -> str:
     if m:  # "3:4", "3 to 4": the ratio's value (4:3 stays different)
         s = f"\\frac{{{m.group(1)}}}{{{m.group(2)}}}"
     s = _OR_RE.sub(",", s)  # "x = 2 or x = 3": the list of both (never one of them)
+    if " and " in s and not _RELATION_RE.search(s):
+        s = _AND_RE.sub(",", s)
     s = _strip_units(s)
     s = s.rstrip(".").strip()
+    m = _SCI_RE.fullmatch(s)
+    if m:  # an integer stays exact (2 \\times 10^3 is 2000); a decimal mantissa is rounded
+        mantissa, exponent = m.group("m"), int(m.group("e") or m.group("d"))
+        if "." not in mantissa and 0 <= exponent <= 50:
+            s = str(int(mantissa) * 10**exponent)
+        else:
+            s = f"{mantissa}e{exponent}"
     if _THOUSANDS_RE.fullmatch(s) or _SPACE_THOUSANDS_RE.fullmatch(s):
         s = s.replace(",", "").replace(" ", "")
     m = _MIXED_SPACE_RE.fullmatch(s)

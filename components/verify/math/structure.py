@@ -65,7 +65,7 @@ def _matching_close(s: str, i: int) -> int:
 
 def _strip_equation_lhs(s: str) -> str:
     """``x=3`` -> ``3`` (and ``x\\in[2,5]`` -> ``[2,5]``) when the left side is a single
-    variable (``x``, ``\\theta``, ``a_1``)."""
+    variable (``x``, ``\\theta``, ``a_1``); ``(x,y)=(3,2)`` -> ``x=3,y=2``."""
     if "\\in" in s and not s.startswith("\\in"):
         lhs, _, rhs = s.partition("\\in")
         if rhs and not rhs[0].isalpha() and _SIMPLE_LHS_RE.fullmatch(lhs):
@@ -75,7 +75,103 @@ def _strip_equation_lhs(s: str) -> str:
     lhs, rhs = s.split("=")
     if rhs and _SIMPLE_LHS_RE.fullmatch(lhs) and lhs not in ("\\pi", "\\infty"):
         return rhs
+    if _is_variable_tuple(lhs) and rhs[:1] in "([" and rhs[-1:] in ")]":
+        names, values = _split_top(lhs[1:-1], ","), _split_top(rhs[1:-1], ",")
+        if len(names) == len(values) and _matching_close(rhs, 0) == len(rhs) - 1:
+            # (x,y)=(3,2) -> x=3,y=2: the values, by name (see `_assignments`)
+            return ",".join(f"{n}={v}" for n, v in zip(names, values, strict=True))
     return s
+
+
+def _is_variable_tuple(s: str) -> bool:
+    """``(x,y)``, ``(a,b,c)``: a tuple of distinct single variables."""
+    if len(s) < 5 or s[0] != "(" or s[-1] != ")" or _matching_close(s, 0) != len(s) - 1:
+        return False
+    names = _split_top(s[1:-1], ",")
+    return len(set(names)) == len(names) and all(_SIMPLE_LHS_RE.fullmatch(n) for n in names)
+
+
+_CMD_NAME_RE = re.compile(r"\\[a-zA-Z]+")
+_FUNC_OF_CONST_RE = re.compile(r"(?<![A-Za-z\\])[a-zA-Z]\([^A-Za-z()]*\)")  # f(2), P(-1)
+_ABS_VAR_RE = re.compile(r"\|[a-zA-Z]\|")  # |z|
+
+
+def _label_value(s: str) -> str:
+    """The value a labelled ground truth states: ``|PQ|=4`` -> ``4``, ``\\frac{AM}{MB}=2`` ->
+    ``2``, ``AB:CD=3:7`` -> ``3:7``, ``m\\angle ABC=30`` -> ``30``, ``f(2)=5`` -> ``5``.
+
+    A label names a quantity: its letters are capitals (points, segments, events), or a
+    function at a number, or the absolute value of a variable; the value is a constant (no
+    letter outside a command). An equation in lower-case variables (``x^2+y^2=25``, ``x+y=5``)
+    is an answer in itself and is left as it is."""
+    if s.count("=") != 1 or any(op in s for op in "<>≤≥≈"):
+        return s
+    lhs, rhs = s.split("=")
+    if not lhs or not rhs or re.search(r"[A-Za-z]", _CMD_NAME_RE.sub("", rhs)):
+        return s
+    name = lhs.replace("m\\angle", "\\angle")
+    named = bool(_FUNC_OF_CONST_RE.search(name) or _ABS_VAR_RE.search(name))
+    name = _ABS_VAR_RE.sub("", _FUNC_OF_CONST_RE.sub("", name))
+    letters = re.findall(r"[A-Za-z]", _CMD_NAME_RE.sub("", name))
+    if (letters or named) and not any(ch.islower() for ch in letters):
+        return rhs
+    return s
+
+
+# An assignment "var=value" (x=3, a_1=2, \theta=\frac{\pi}{2}).
+Assignments = tuple[tuple[tuple[str, str], ...], ...]
+
+
+def _assignments(s: str) -> Assignments | None:
+    """``x=3,y=2`` -> ``(((x,3),(y,2)),)``; ``a=1,b=2;a=3,b=4`` (or ``..., a=3, b=4``) -> two
+    groups, one per solution: a new group starts where a variable comes back. None unless
+    every part is a single-variable assignment and there are at least two."""
+    if s.count("=") < 2:
+        return None
+    parts = [p for chunk in _split_top(s, ";") for p in _split_top(chunk, ",")]
+    pairs = []
+    for part in parts:
+        if part.count("=") != 1:
+            return None
+        var, value = part.split("=")
+        if not value or not _SIMPLE_LHS_RE.fullmatch(var):
+            return None
+        pairs.append((var, value))
+    groups: list[list[tuple[str, str]]] = [[]]
+    for var, value in pairs:
+        if any(v == var for v, _ in groups[-1]):
+            groups.append([])
+        groups[-1].append((var, value))
+    names = [v for v, _ in groups[0]]
+    if any([v for v, _ in g] != names for g in groups):
+        return None  # x=1,y=2,x=3: not one solution per group
+    return tuple(tuple(g) for g in groups)
+
+
+def _assignment_struct(groups: Assignments) -> str:
+    """The ground truth's assignments as the answer without the names: one solution of
+    several variables is the tuple in the written order (``x=3,y=2`` is ``(3,2)``); several
+    solutions are the set of them (``a=1,b=2;a=3,b=4`` is ``\\{(1,2),(3,4)\\}``, ``x=2,x=3`` is
+    ``\\{2,3\\}``)."""
+    tuples = [g[0][1] if len(g) == 1 else "(" + ",".join(v for _, v in g) + ")" for g in groups]
+    if len(groups) == 1:
+        return tuples[0]
+    return "\\{" + ",".join(tuples) + "\\}"
+
+
+def _assignments_equal(p: Assignments, g: Assignments, eq: Callable[[str, str], bool]) -> bool:
+    """Both sides name their values: solutions in any order; within one, each variable's value
+    (by name when both use the same names, else in the written order)."""
+
+    def same(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:
+        if len(a) != len(b):
+            return False
+        if {v for v, _ in a} == {v for v, _ in b}:
+            values = dict(a)
+            return all(eq(values[v], x) for v, x in b)
+        return all(eq(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
+
+    return _match_unordered(p, g, same)
 
 
 _INEQ_RE = re.compile(r"([a-zA-Z])([<>≤≥])(.+)")
@@ -197,9 +293,14 @@ def _parse_struct(s: str) -> Struct | None:
         return "set", tuple(e for e in _split_top(inner, ",") if e != "") if inner else ()
     if s and s[0] in "([" and s[-1] in ")]" and _matching_close(s, 0) == len(s) - 1:
         parts = _split_top(s[1:-1], ",")
+        if len(parts) == 1:
+            parts = _split_top(s[1:-1], ";")  # (1;2;3): semicolons where commas are decimal
         if len(parts) >= 2:
             return s[0] + s[-1], tuple(parts)
         return None
+    parts = _split_top(s, ";")  # "(1,2);(3,4)": a list of answers that hold commas
+    if len(parts) >= 2 and all(parts):
+        return "list", tuple(parts)
     parts = _split_top(s, ",")
     if len(parts) >= 2 and all(parts):
         # "x<0, x>1" (from "x < 0 or x > 1"): the union of the intervals
