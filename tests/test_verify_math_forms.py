@@ -66,6 +66,10 @@ DATA = Path(__file__).parent / "data"
         ("\\frac{1}{6}", "P(A) = \\frac{1}{6}", True),
         ("|PQ| = 5", "|PQ| = 4", False),
         ("|PQ| = 4", "|PQ| = 4", True),
+        ("30", "\\angle A = 30^\\circ", True),
+        ("\\frac{3}{5}", "\\cos\\theta = \\frac{3}{5}", True),
+        ("3", "\\log_2 8 = 3", True),
+        ("\\frac{1}{2}", "\\sin x = \\frac{1}{2}", False),  # an equation in x
         # an equation in lower-case variables is an answer in itself, not a label
         ("25", "x^2 + y^2 = 25", False),
         ("5", "x + y = 5", False),
@@ -112,6 +116,10 @@ def test_joiners_normalize_to_commas(raw: str, normalized: str) -> None:
         ("3", "\\pm 3", False),
         ("3, 3", "\\pm 3", False),  # a wrong sign in a ± pair
         ("-3, -3", "\\pm 3", False),
+        ("\\{\\pm 3\\}", "-3, 3", True),  # ± inside a set or a list is both elements
+        ("1, -1, 2i, -2i", "\\pm 1, \\pm 2i", True),
+        ("1, -1, 2i", "\\pm 1, \\pm 2i", False),
+        ("\\{3\\}", "\\pm 3", False),
         ("x = \\pm 3", "-3, 3", True),
         ("1 \\pm \\sqrt{2}", "1+\\sqrt{2}, 1-\\sqrt{2}", True),
         ("-1 \\pm \\sqrt{2}", "1+\\sqrt{2}, 1-\\sqrt{2}", False),
@@ -143,6 +151,12 @@ def test_joined_lists(pred: str, gt: str, expected: bool) -> None:
         ("(-2, 3)", "-2 \\le t \\le 3", False),
         ("[2, \\infty)", "y \\ge 2", True),
         ("(2, \\infty)", "y \\ge 2", False),
+        # "and" between a lower and an upper bound is their intersection
+        ("(1, 3]", "x > 1 \\text{ and } x \\le 3", True),
+        ("(1, 3)", "x > 1 \\text{ and } x \\le 3", False),
+        ("x < 3 \\text{ and } x > 1", "(1, 3)", True),
+        ("x > 1, x < 3", "x > 1 \\text{ and } x < 3", False),  # a list is a union
+        ("y > 1 \\text{ and } x < 3", "(1, 3)", False),  # two variables
     ],
 )
 def test_ranges(pred: str, gt: str, expected: bool) -> None:
@@ -184,6 +198,8 @@ def test_spellings_normalize(raw: str, normalized: str) -> None:
         ("\\frac{2}{3} \\approx 0.66", "\\frac{2}{3}", True),  # truncated
         ("\\pi \\approx 3.14", "\\pi", True),  # a constant is a value, not a name
         ("x = \\frac{7}{4} \\approx 1.75", "\\frac{7}{4}", True),
+        ("\\frac{7}{4} (\\approx 1.75)", "\\frac{7}{4}", True),  # as an aside
+        ("\\frac{7}{5} (\\approx 1.75)", "\\frac{7}{4}", False),
         ("\\frac{7}{5} \\approx 1.75", "\\frac{7}{4}", False),  # the exact value decides
         ("\\frac{7}{4} \\approx 1.57", "\\frac{7}{4}", False),  # not its approximation
         ("\\frac{7}{4} \\approx 1.7", "1.75", True),  # 1.75 cut to one place
@@ -214,6 +230,8 @@ def test_spellings(pred: str, gt: str, expected: bool) -> None:
         ("work\n\nAnswer:\n$$\n\\frac{7}{4}\n$$", "\\frac{7}{4}", "answer_label"),
         ("work\n\n**Answer**\n\n$$\\frac{7}{4}$$", "\\frac{7}{4}", "answer_label"),
         ("work\n\n### Final Answer\n\n\\[ x = 5 \\]", "x = 5", "answer_label"),
+        ("The final answer is:\n\\[\n\\frac{7}{4}\n\\]", "\\frac{7}{4}", "answer_phrase"),
+        ("So the answer is\n$$ x = 5. $$", "x = 5", "answer_phrase"),
     ],
 )
 def test_display_math_after_an_answer_label(text: str, answer: str, rule: str) -> None:

@@ -38,6 +38,7 @@ MAX_ANSWER_LEN = 2000
 
 
 _WORD_RE = re.compile(r"[A-Za-z][A-Za-z ]*")
+_APPROX_ASIDE_RE = re.compile(r"(.+)\(≈([^()]+)\)")
 
 
 @lru_cache(maxsize=65536)
@@ -152,6 +153,9 @@ def _approx_value(s: str, check: bool) -> str | None:
     (``\\frac{7}{5}≈1.75``) makes the answer wrong: None."""
     if "≈" not in s:
         return s
+    m = _APPROX_ASIDE_RE.fullmatch(s)
+    if m:  # \frac{7}{4}(≈1.75): the approximation as an aside
+        s = f"{m.group(1)}≈{m.group(2)}"
     items = _split_top(s, ",")
     if len(items) > 1:  # x≈1.2,x≈3.4: each element states its own value
         values = [_approx_value(item, check) for item in items]

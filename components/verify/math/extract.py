@@ -60,10 +60,26 @@ def _last_command_arg(text: str, command: str) -> str | None:
         end = idx
 
 
+def _display_block(text: str) -> str | None:
+    """The display-math block ``text`` opens with (``$$...$$`` or ``\\[...\\]``, over one
+    line or several), on one line; None when it opens with something else."""
+    text = text.strip()
+    for opening, closing in (("$$", "$$"), ("\\[", "\\]")):
+        if text.startswith(opening):
+            end = text.find(closing, len(opening))
+            if end < 0:
+                return None
+            return " ".join(text[: end + len(closing)].split())
+    return None
+
+
 def _clean_phrase_answer(raw: str) -> str | None:
-    """Trim a "the answer is ..." capture to the answer itself: its first sentence, and when
-    that is a sentence about the answer ("The volume of the box is 120", "the number of ways,
-    which is 10"), the value after its last "is"."""
+    """Trim a "the answer is ..." capture to the answer itself: a display block it opens with,
+    or its first sentence, and when that is a sentence about the answer ("The volume of the box
+    is 120", "the number of ways, which is 10"), the value after its last "is"."""
+    block = _display_block(raw)
+    if block is not None:
+        return _strip_math_delims(block) or None
     line = _strip_remark(raw.strip().split("\n", 1)[0])
     m = _SENTENCE_END_RE.search(line)
     if m:
@@ -131,15 +147,9 @@ def _label_answer(text: str) -> str | None:
         return None
     rest = last.group("rest").strip()
     if not rest.strip("*$ "):
-        block = text[last.end() :].strip()
-        if block.startswith("$$") and "$$" in block[2:]:
-            rest = block[: block.index("$$", 2) + 2]
-        elif block.startswith("\\[") and "\\]" in block:
-            rest = block[: block.index("\\]") + 2]
-        else:
-            rest = block.split("\n", 1)[0]
-        # a display block over several lines is one answer ("Answer:\n\\[\n x \n\\]")
-        rest = " ".join(rest.split())
+        # the value on the next line(s): a display block, over several lines or one
+        after = text[last.end() :].strip()
+        rest = _display_block(after) or after.split("\n", 1)[0]
     sentence = _clean_phrase_answer(rest)
     if sentence is None:
         return None

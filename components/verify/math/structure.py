@@ -94,6 +94,10 @@ def _is_variable_tuple(s: str) -> bool:
 _CMD_NAME_RE = re.compile(r"\\[a-zA-Z]+")
 _FUNC_OF_CONST_RE = re.compile(r"(?<![A-Za-z\\])[a-zA-Z]\([^A-Za-z()]*\)")  # f(2), P(-1)
 _ABS_VAR_RE = re.compile(r"\|[a-zA-Z]\|")  # |z|
+# commands that name a quantity: \angle A, \overline{AB}, \sin\theta, \log_2 8
+_NAMING_CMD_RE = re.compile(
+    r"\\(?:m?angle|measuredangle|triangle|overline|sin|cos|tan|cot|sec|csc|log|ln)(?![a-zA-Z])"
+)
 
 
 def _label_value(s: str) -> str:
@@ -110,7 +114,9 @@ def _label_value(s: str) -> str:
     if not lhs or not rhs or re.search(r"[A-Za-z]", _CMD_NAME_RE.sub("", rhs)):
         return s
     name = lhs.replace("m\\angle", "\\angle")
-    named = bool(_FUNC_OF_CONST_RE.search(name) or _ABS_VAR_RE.search(name))
+    named = bool(
+        _FUNC_OF_CONST_RE.search(name) or _ABS_VAR_RE.search(name) or _NAMING_CMD_RE.search(name)
+    )
     name = _ABS_VAR_RE.sub("", _FUNC_OF_CONST_RE.sub("", name))
     letters = re.findall(r"[A-Za-z]", _CMD_NAME_RE.sub("", name))
     if (letters or named) and not any(ch.islower() for ch in letters):
@@ -184,8 +190,44 @@ _SET_BUILDER_RE = re.compile(r"\\\{(?P<v>[a-zA-Z])(?:\\in[^|:]*?)?(?:\\mid ?|\||
 _SETMINUS_RE = re.compile(r"(?P<iv>.+?)\\setminus ?\\\{(?P<pts>[^{}]+)\\\}")
 
 
+def _one_sided(s: str) -> tuple[str, str, str] | None:
+    """``x>3`` -> ``("x", ">", "3")`` and ``3>x`` -> ``("x", "<", "3")``: a variable bounded
+    on one side by a value."""
+    m = _INEQ_RE.fullmatch(s)
+    if m:
+        var, op, val = m.groups()
+    else:
+        m = _INEQ_REV_RE.fullmatch(s)
+        if not m:
+            return None
+        val, op, var = m.group(1), {"<": ">", ">": "<", "≤": "≥", "≥": "≤"}[m.group(2)], m.group(3)
+    if any(op2 in val for op2 in "<>≤≥"):
+        return None
+    return var, op, val
+
+
+def _intersection(s: str) -> str | None:
+    """``x>1 and x≤3`` -> ``(1,3]``: a lower and an upper bound of one variable (normalized, so
+    ``x>1andx≤3``); None for anything else."""
+    parts = s.split("and")
+    if len(parts) != 2:
+        return None
+    a, b = _one_sided(parts[0]), _one_sided(parts[1])
+    if a is None or b is None or a[0] != b[0]:
+        return None
+    lower, upper = (a, b) if a[1] in ">≥" else (b, a)
+    if lower[1] not in ">≥" or upper[1] not in "<≤":
+        return None
+    lo = "[" if lower[1] == "≥" else "("
+    hi = "]" if upper[1] == "≤" else ")"
+    return f"{lo}{lower[2]},{upper[2]}{hi}"
+
+
 def _inequality_to_interval(s: str) -> str:
-    """``x>3`` -> ``(3,\\infty)``, ``1\\le x<2`` -> ``[1,2)``; other strings unchanged."""
+    """``x>3`` -> ``(3,\\infty)``, ``1\\le x<2`` -> ``[1,2)``, ``x>1 and x<2`` -> ``(1,2)``;
+    other strings unchanged."""
+    if "and" in s:
+        return _intersection(s) or s
     m = _SET_BUILDER_RE.fullmatch(s)
     if m and m.group("v") in m.group("c"):
         s = m.group("c")
@@ -290,7 +332,7 @@ def _parse_struct(s: str) -> Struct | None:
             return None
     if s.startswith("\\{") and s.endswith("\\}") and _matching_close(s, 0) == len(s) - 2:
         inner = s[2:-2]
-        return "set", tuple(e for e in _split_top(inner, ",") if e != "") if inner else ()
+        return "set", _expand_pm([e for e in _split_top(inner, ",") if e != ""]) if inner else ()
     if s and s[0] in "([" and s[-1] in ")]" and _matching_close(s, 0) == len(s) - 1:
         parts = _split_top(s[1:-1], ",")
         if len(parts) == 1:
@@ -309,14 +351,26 @@ def _parse_struct(s: str) -> Struct | None:
             subs = [_parse_struct(iv) for iv in intervals]
             if all(x is not None for x in subs):
                 return "union", tuple(subs)
-        return "list", tuple(parts)
-    pm = _split_top(s, "\\pm")
-    if len(pm) == 2 and pm[1]:
-        a, b = pm
-        if a:
-            return "list", (f"{a}+{b}", f"{a}-{b}")
-        return "list", (b, f"-{b}")
+        return "list", _expand_pm(parts)
+    if len(_split_top(s, "\\pm")) == 2:
+        pair = _expand_pm([s])
+        return ("list", pair) if len(pair) == 2 else None
     return None
+
+
+def _expand_pm(elements: list[str]) -> tuple[str, ...]:
+    """Elements with ``\\pm`` as both of theirs: ``\\pm 1,\\pm 2i`` -> ``1,-1,2i,-2i``,
+    ``a\\pm b`` -> ``a+b,a-b``."""
+    out: list[str] = []
+    for e in elements:
+        pm = _split_top(e, "\\pm")
+        if len(pm) != 2 or not pm[1]:
+            out.append(e)
+        elif pm[0]:
+            out += [f"{pm[0]}+{pm[1]}", f"{pm[0]}-{pm[1]}"]
+        else:
+            out += [pm[1], f"-{pm[1]}"]
+    return tuple(out)
 
 
 def _match_unordered(pred: tuple[Any, ...], gt: tuple[Any, ...], eq: Any) -> bool:
