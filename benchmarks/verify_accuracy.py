@@ -11,7 +11,8 @@ for a right one); then the whole-set throughput of each and their ratio (goal: a
 math-verify's; `benchmarks/verify_throughput.py` measures the common-answer rate). The default
 sets: the original equivalence set, the recall set written before the recall work (issue 14),
 the held-out sets written independently of the verifier's code, and the development set of
-the written-forms work (issue 36: labelled answers, joined lists, ranges, spellings).
+the written-forms work (issue 36: labelled answers, joined lists, ranges, spellings) and its
+held-out set.
 ``--show`` lists every case either judge gets wrong.
 """
 
@@ -37,6 +38,7 @@ DEFAULT = [
     "math_heldout_v1.jsonl",
     "math_heldout.jsonl",
     "math_recall_v2.jsonl",
+    "math_heldout_v2.jsonl",
 ]
 
 

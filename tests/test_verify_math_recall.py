@@ -192,6 +192,9 @@ def _load(name: str) -> list[dict]:
         # written independently after the rules were fixed and never tuned on (first and
         # only measurement: 0.968, math-verify 0.850)
         ("math_heldout.jsonl", 0.95),
+        # issue 36: written after its rules were fixed and committed before it was scored
+        # (first and only measurement: 0.972, 0 FP; math-verify 0.866, 4 FP)
+        ("math_heldout_v2.jsonl", 0.95),
     ],
 )
 def test_labelled_sets(name: str, min_accuracy: float) -> None:
