@@ -97,10 +97,23 @@ def portable_tokenizer_config(directory: str | Path) -> None:
     path = Path(directory) / "tokenizer_config.json"
     if not path.is_file():
         return
-    config = json.loads(path.read_text())
-    if config.get("tokenizer_class") == "TokenizersBackend":
-        config["tokenizer_class"] = "PreTrainedTokenizerFast"
-        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    portable = portable_tokenizer_text(path)
+    if portable is not None:
+        path.write_text(portable)
+
+
+def portable_tokenizer_text(path: Path) -> str | None:
+    """The portable text of a `tokenizer_config.json` that names transformers 5's
+    `TokenizersBackend`, else None (nothing to change; an unreadable file is the loader's to
+    report)."""
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or config.get("tokenizer_class") != "TokenizersBackend":
+        return None
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 
 def write_checkpoint(
@@ -162,7 +175,12 @@ def import_checkpoint(
         if p.is_file() and p.name != "_SUCCESS":
             if p.name.endswith(PICKLE_SUFFIXES):
                 continue  # never carry pickles into a run
-            out.put_file(p, p.relative_to(path).as_posix())
+            name = p.relative_to(path).as_posix()
+            portable = portable_tokenizer_text(p) if name == "tokenizer_config.json" else None
+            if portable is not None:  # a base saved by transformers 5: the images run 4.x
+                out.put_bytes(portable.encode(), name)
+            else:
+                out.put_file(p, name)
     if not out.files:
         raise StoreError(f"nothing to import from {src}")
     return out.commit(stats or {"source": src})

@@ -57,6 +57,19 @@ def check_generate(
     if bad_ids:
         problems.error("config generate.stop_token_ids", f"{bad_ids} are not token ids of the "
                        f"policy's tokenizer (vocabulary of {vocab})", "use ids below the vocabulary size")  # fmt: skip
+    chat = sorted(
+        uri
+        for uri, table in datasets.values()
+        if pa.types.is_list(table.schema.field("prompt").type)
+    )
+    if chat and not getattr(tokenizer, "chat_template", None):
+        problems.warn(
+            f"config model.base ({cfg.model.base})",
+            f"the tokenizer has no chat template, so the chat prompts of {', '.join(chat)} "
+            "reach the model as their contents joined by newlines, without role markers",
+            "save the model's chat template with the checkpoint (chat_template.jinja, or "
+            "chat_template in tokenizer_config.json), or write the prompts as plain strings",
+        )
     context = getattr(model_config, "max_position_embeddings", None)
     max_new = {"train": g.max_new_tokens}
     for ev in cfg.data.eval:

@@ -129,6 +129,7 @@ class TransformersBackend:
         self.batch_tokens = batch_tokens
         self.device = device
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.cache_kwarg = cache_kwarg(model)
         self.info = BackendInfo("transformers", transformers.__version__)
 
     def load_weights(self, checkpoint_dir: Path) -> None:
@@ -216,12 +217,13 @@ class TransformersBackend:
         attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)
         attn_all[:, :P] = attn
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1, :]
+        past, logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
 
         eos = torch.tensor(
             sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
         )
+        window = stop_window(spec.stop)
         dev = self.device
         tokens = torch.full((B, T), pad, dtype=torch.long, device=dev)
         logps = torch.zeros((B, T), dtype=torch.float32, device=dev)
@@ -248,8 +250,12 @@ class TransformersBackend:
             finished |= hit_eos
             stopped |= hit_eos
             if spec.stop:
-                for i in torch.nonzero(live & ~hit_eos).flatten().tolist():  # per row, text-level
-                    text = self.tokenizer.decode(tokens[i, : t + 1], skip_special_tokens=True)
+                # Text-level, per row, over the last `window` tokens only: a stop string that
+                # completes at this step lies within them (every earlier step was checked), and
+                # decoding the whole response each step costs O(T^2) per row.
+                lo = max(0, t + 1 - window)
+                for i in torch.nonzero(live & ~hit_eos).flatten().tolist():
+                    text = self.tokenizer.decode(tokens[i, lo : t + 1], skip_special_tokens=True)
                     if cut_at_stop(text, spec.stop)[1]:
                         finished[i] = True
                         stopped[i] = True
@@ -260,10 +266,10 @@ class TransformersBackend:
                 input_ids=feed.unsqueeze(-1),
                 attention_mask=attn_all[:, : P + t + 1],
                 position_ids=next_pos.unsqueeze(-1),
-                past_key_values=past,
                 use_cache=True,
+                **{self.cache_kwarg: past},
             )
-            past, logits = out.past_key_values, out.logits[:, -1, :]
+            past, logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
             next_pos = next_pos + 1
 
         samples = []
@@ -285,6 +291,26 @@ class TransformersBackend:
                 )
             )
         return samples
+
+
+def stop_window(stop: tuple[str, ...]) -> int:
+    """Tokens to decode when looking for a stop string that completes at the newest token.
+
+    Every token decodes to at least one character, except special tokens (skipped) and the bytes
+    of a character split across byte-level BPE tokens (a replacement character until the last
+    byte): twice the longest stop string's length, plus a margin, covers both."""
+    return 2 * max((len(s) for s in stop), default=0) + 8
+
+
+def cache_kwarg(model) -> str:
+    """The name under which this transformers version passes and returns the KV cache: `cache`
+    (transformers >= 5.2x, which warns on the old name) or `past_key_values` (4.x, the GPU
+    images' pin). Read from the model class's forward signature, under a PEFT wrapper too."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

@@ -57,22 +57,97 @@ def sequence_logprobs(
     """Teacher-forced log-probabilities of the response tokens.  # -> [b, L]
 
     Same definition as generation: log_softmax(logits / temperature) of each sampled token.
+    Where the output projection is a plain linear layer held whole on this rank (`output_head`),
+    the logits are computed from the final hidden states a chunk of response positions at a time
+    (algos.logprobs_from_hidden): no [b, S, V] logits, which at a 49k vocabulary are most of the
+    train step's memory. Otherwise (ZeRO-3's partitioned weights, a model that scales or caps
+    its logits) the model's own logits.
     """
+    idx = mb.response_index.to(device)
+    tokens = mb.response_tokens.to(device)
+    head = output_head(model)
+    if head is not None:
+        decoder, weight = head
+        captured: list[torch.Tensor] = []
+        hook = decoder.register_forward_hook(
+            lambda _m, _a, out: captured.append(
+                out[0] if isinstance(out, tuple) else out.last_hidden_state
+            )
+        )
+        try:
+            # logits_to_keep=1: the model's own head computes one position, which nothing uses
+            model(
+                input_ids=mb.input_ids.to(device),
+                attention_mask=mb.attention_mask.to(device),
+                use_cache=False,
+                logits_to_keep=1,
+            )
+        finally:
+            hook.remove()
+        hidden = captured[-1]
+        hidden = hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        return algos.logprobs_from_hidden(
+            hidden,
+            weight,
+            tokens,
+            temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            chunk_tokens=head_chunk_tokens(weight.shape[0]),
+        )
     out = model(
         input_ids=mb.input_ids.to(device),
         attention_mask=mb.attention_mask.to(device),
         use_cache=False,
     )
-    idx = mb.response_index.to(device)
     logits = out.logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1]))
     logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
-    lp = algos.logprobs_from_logits(logits, mb.response_tokens.to(device))
+    lp = algos.logprobs_from_logits(logits, tokens)
     ent = None
     if with_entropy:
         ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
     return lp, ent
+
+
+HEAD_CHUNK_ELEMENTS = 1 << 24
+"""Logit elements per chunk of `logprobs_from_hidden` (64 MB in float32): 341 positions at a
+49k vocabulary; at a small vocabulary every position in one chunk."""
+
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier")
+"""Config attributes of models whose logits are not just the projection of the last hidden
+state (Gemma 2's soft cap, Cohere's and Granite's scales): they keep the model's own logits."""
+
+
+def head_chunk_tokens(vocab: int) -> int:
+    return max(16, HEAD_CHUNK_ELEMENTS // max(vocab, 1))
+
+
+def output_head(model) -> tuple[torch.nn.Module, torch.Tensor] | None:
+    """(decoder whose output is the final hidden state, output projection weight [V, H]) where
+    logits are exactly `hidden @ weight.T`, else None. The model may be a DeepSpeed engine or a
+    PEFT wrapper; ZeRO-3's partitioned weights are not whole here, so those use the logits."""
+    import inspect
+
+    inner = getattr(model, "module", model)  # a DeepSpeed engine's model
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    get_decoder = getattr(base, "get_decoder", None)
+    get_head = getattr(base, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return None
+    head = get_head()
+    config = getattr(base, "config", None)
+    if (
+        type(head) is not torch.nn.Linear
+        or head.bias is not None
+        or hasattr(head.weight, "ds_id")  # ZeRO-3
+        or any(getattr(config, a, None) not in (None, 1, 1.0) for a in LOGIT_TRANSFORMS)
+        or "logits_to_keep" not in inspect.signature(type(base).forward).parameters
+    ):
+        return None
+    decoder = get_decoder()
+    return (decoder, head.weight) if isinstance(decoder, torch.nn.Module) else None
 
 
 @torch.no_grad()

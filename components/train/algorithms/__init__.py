@@ -82,6 +82,7 @@ from components.train.algorithms.kl import (
 )
 from components.train.algorithms.logits import (
     entropy_from_logits,
+    logprobs_from_hidden,
     logprobs_from_logits,
 )
 from components.train.algorithms.losses import (
@@ -123,6 +124,7 @@ __all__ = [
     "kl_k2",
     "kl_k3",
     "kl_k3_plus",
+    "logprobs_from_hidden",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",

