@@ -1,25 +1,34 @@
 """Generate throughput and memory, each against a baseline measured side by side in this run.
 
     python benchmarks/generate_throughput.py [--prompts 64] [--n 8] [--max-new-tokens 32]
+    python benchmarks/generate_throughput.py --model examples/smollm2/.build/base \
+        --prompts-from examples/smollm2/.build/eval.parquet --prompts 16 --n 8 --max-new-tokens 64
 
 1. Throughput: response tokens/s of the generate stage's code path (TransformersBackend + the
    Parquet part writer) against a bare `model.generate` loop on the same model, prompts and
    settings (same batch size, sampling, max_new_tokens). Goal: stage / bare >= 0.9. Rounds
    alternate between the two so machine noise hits both alike; the median of each is reported.
-2. Memory: peak RSS of the generate stage run as a subprocess with P and 10 x P prompts.
-   Goal: ratio < 1.3 (rollouts stream to Parquet parts, so memory does not grow with prompts).
-3. stage(vllm) / raw vLLM on a GPU node: benchmarks/vllm_throughput.py.
+2. Against the machine: the stage's useful FLOP/s (2 x the matmul parameters, the output head
+   included, per generated token, times tokens/s) against what one matmul of a decode step's
+   shape (batch rows x hidden x intermediate) reaches here, timed in the same run. Goal (a
+   real model, `--model`): at least half.
+3. Memory (the default tiny model only): peak RSS of the generate stage run as a subprocess with
+   P and 10 x P prompts. Goal: ratio < 1.3 (rollouts stream to Parquet parts, so memory does not
+   grow with prompts).
+4. stage(vllm) / raw vLLM on a GPU node: benchmarks/vllm_throughput.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,6 +44,16 @@ from components.generate.stage import PromptRow, generate_rollouts  # noqa: E402
 from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint  # noqa: E402
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def make_prompts(k: int) -> list[PromptRow]:
     return [
         PromptRow(
@@ -42,6 +61,37 @@ def make_prompts(k: int) -> list[PromptRow]:
         )
         for i in range(k)
     ]
+
+
+def prompts_from(path: Path, k: int) -> list[PromptRow]:
+    """The first `k` prompts of a verl-format Parquet file (an example's eval set)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path).to_pylist()[:k]
+    return [
+        PromptRow(f"p{i}", r["data_source"], r["reward_model"]["ground_truth"], r["prompt"], None)
+        for i, r in enumerate(rows)
+    ]
+
+
+def matmul_params(model) -> int:
+    """Parameters that take part in a matmul per generated token: every 2-D weight except the
+    input embedding, plus the output head (counted once more when tied to the embedding)."""
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    n = sum(p.numel() for p in model.parameters() if p.dim() == 2 and p is not emb)
+    return n + (head.numel() if head is emb else 0)
+
+
+def matmul_gflops(rows: int, hidden: int, inter: int, seconds: float = 2.0) -> float:
+    """GFLOP/s of `[rows, hidden] x [hidden, inter]` (a decode step's MLP matmul), fp32."""
+    a, w = torch.randn(rows, hidden), torch.randn(inter, hidden)
+    torch.nn.functional.linear(a, w)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.nn.functional.linear(a, w)
+        n += 1
+    return 2 * rows * hidden * inter * n / (time.perf_counter() - t0) / 1e9
 
 
 def bare_generate(model, tok, prompts: list[PromptRow], spec: SamplingSpec, batch: int) -> int:
@@ -106,9 +156,12 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None, help="an HF checkpoint directory")
+    ap.add_argument("--prompts-from", type=Path, default=None, help="verl-format Parquet")
     ap.add_argument("--prompts", type=int, default=48)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=256)
@@ -116,31 +169,61 @@ def main() -> None:
     ap.add_argument("--memory-prompts", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-
-    tok = build_tokenizer()
-    model = build_model(tok, hidden_size=args.hidden, num_layers=args.layers, num_heads=4).eval()
-    params = sum(p.numel() for p in model.parameters())
-    spec = SamplingSpec(
-        n=args.n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens
+    print(
+        f"machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
     )
-    prompts = make_prompts(args.prompts)
-    print(f"model: Qwen2 {params / 1e6:.2f}M params; {args.prompts} prompts x n={args.n}, "
-          f"max_new_tokens={args.max_new_tokens}, batch {args.batch}")  # fmt: skip
+
+    if args.model:
+        from components.core.checkpoint import load_policy
+
+        model, tok = load_policy(args.model)
+        model.eval()
+        name = f"{type(model).__name__} from {args.model}"
+    else:
+        tok = build_tokenizer()
+        model = build_model(tok, hidden_size=args.hidden, num_layers=args.layers, num_heads=4)
+        model.eval()
+        name = "Qwen2 (examples/arithmetic's tokenizer)"
+    params = sum(p.numel() for p in model.parameters())
+    spec = SamplingSpec(n=args.n, temperature=args.temperature, top_p=1.0, top_k=0,
+                        max_new_tokens=args.max_new_tokens)  # fmt: skip
+    prompts = (
+        prompts_from(args.prompts_from, args.prompts)
+        if args.prompts_from
+        else make_prompts(args.prompts)
+    )
+    print(f"model: {name}, {params / 1e6:.2f}M params, vocab {len(tok)}; {len(prompts)} prompts "
+          f"x n={args.n}, max_new_tokens={args.max_new_tokens}, batch {args.batch}")  # fmt: skip
 
     stage_rates, bare_rates = [], []
-    stage_generate(model, tok, prompts[:4], spec, args.batch)  # warm-up
+    stage_generate(model, tok, prompts[:2], replace(spec, max_new_tokens=4), args.batch)  # warm
     for r in range(args.rounds):
         sides = [("stage", stage_generate, stage_rates), ("bare", bare_generate, bare_rates)]
-        for name, fn, rates in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
+        for side, fn, rates in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
             torch.manual_seed(r)
             t0 = time.perf_counter()
             tokens = fn(model, tok, prompts, spec, args.batch)
             rate = tokens / (time.perf_counter() - t0)
             rates.append(rate)
-            print(f"  round {r} {name:5s}: {tokens} tokens, {rate:,.0f} tokens/s")
+            print(f"  round {r} {side:5s}: {tokens} tokens, {rate:,.1f} tokens/s", flush=True)
     s, b = statistics.median(stage_rates), statistics.median(bare_rates)
-    print(f"\nthroughput  stage {s:,.0f} tok/s   bare model.generate {b:,.0f} tok/s   "
+    print(f"\nthroughput  stage {s:,.1f} tok/s   bare model.generate {b:,.1f} tok/s   "
           f"stage/bare = {s / b:.2f}   (goal >= 0.9)")  # fmt: skip
+
+    cfg = model.config
+    rows = min(args.batch, len(prompts) * args.n)
+    ref = matmul_gflops(
+        rows, cfg.hidden_size, getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)
+    )
+    flops_per_token = 2 * matmul_params(model)
+    useful = s * flops_per_token / 1e9
+    print(f"machine     useful {useful:.1f} GFLOP/s ({flops_per_token / 1e6:.0f} MFLOP per token) "
+          f"vs a decode-step matmul [{rows}x{cfg.hidden_size}]x[{cfg.hidden_size}x"
+          f"{getattr(cfg, 'intermediate_size', 4 * cfg.hidden_size)}] {ref:.1f} GFLOP/s   "
+          f"ratio = {useful / ref:.2f}   (goal >= 0.5 on a real model)")  # fmt: skip
+    if args.model:
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

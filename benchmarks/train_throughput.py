@@ -1,6 +1,8 @@
 """Train throughput and memory, against baselines measured side by side in this run.
 
     python benchmarks/train_throughput.py [--rollouts 256] [--hidden 256] [--layers 4]
+    python benchmarks/train_throughput.py --model examples/smollm2/.build/base --rollouts 64 \
+        --micro-tokens 4096 --rounds 2
 
 1. Throughput: training tokens/s (real prompt+response tokens, padding counted against us) of
    the train stage's update path (DeepSpeed engine, token-budget micro-batches, PPO-clip,
@@ -10,6 +12,10 @@
 2. Padding waste of the stage's micro-batch plan vs the bare loop's.
 3. Memory: peak RSS of one iteration (subprocess) with N and 4N rollouts at the same mini-batch
    size: it must not grow with the rollout count beyond one mini-batch.
+   With `--model` (a real checkpoint) instead: where one iteration's memory goes, as measured
+   (peak RSS of the stage's iteration in a subprocess) against its floor: weights, gradients
+   and Adam's two moments (16 bytes a parameter in fp32) plus one micro-batch's activations
+   (the bytes autograd saves for backward, counted by a saved-tensors hook). Goal: within 2x.
 4. MFU when a GPU is present (goal >= 40% on a 0.5B-1.5B model); not measured on CPU.
 """
 
@@ -57,6 +63,40 @@ def synthetic_rollouts(n: int, vocab: int, seed: int = 0, group: int = 8) -> Rol
     )
 
 
+def load_model(args, tok):
+    """A fresh policy: the checkpoint of `--model`, else a tiny Qwen2 (seed 0)."""
+    if args.model:
+        from components.core.checkpoint import load_policy
+
+        return load_policy(args.model)[0]
+    torch.manual_seed(0)
+    return build_model(tok, hidden_size=args.hidden, num_layers=args.layers, num_heads=4)
+
+
+def saved_activation_bytes(model, ro: Rollouts, budget: int, pad_id: int) -> int:
+    """Bytes autograd keeps for backward over the largest micro-batch of the stage's plan
+    (its forward through update.sequence_logprobs, as the stage runs it)."""
+    from components.train.batching import plan_micro_batches
+
+    plan = plan_micro_batches(ro.lengths(), list(range(len(ro))), budget)
+    rows = max(plan, key=lambda r: sum(ro.lengths()[i] for i in r))
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        try:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, _ = update.sequence_logprobs(model, collate(ro, rows, pad_id), 1.0, "cpu", True)
+    del lp
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(n for ptr, n in seen.items() if ptr not in params)
+
+
 def stage_round(engine, ro: Rollouts, t: TrainSection, pad_id: int) -> tuple[float, float]:
     t0 = time.perf_counter()
     _, m = update.train_iteration(
@@ -94,7 +134,15 @@ def bare_round(model, opt, ro: Rollouts, rows_per_micro: int, mini_batches: int,
     return sum(ro.lengths()) / (time.perf_counter() - t0), 1 - real / padded
 
 
-def peak_rss_mb(n: int, mini_rows: int, hidden: int, layers: int) -> float:
+def peak_rss_mb(n: int, mini_rows: int, hidden: int, layers: int, model_dir=None,
+                micro_tokens: int = 2048) -> float:  # fmt: skip
+    load = (
+        f"from components.core.checkpoint import load_policy\n"
+        f"model, tok = load_policy({str(model_dir)!r})"
+        if model_dir
+        else f"tok = build_tokenizer(); model = build_model(tok, hidden_size={hidden}, "
+        f"num_layers={layers}, num_heads=4)"
+    )
     code = f"""
 import resource, sys, torch
 sys.path.insert(0, {str(ROOT)!r})
@@ -104,8 +152,8 @@ from components.core.config import TrainSection
 from components.train import update
 from components.train import stage as train
 from examples.arithmetic.model import build_model, build_tokenizer
-tok = build_tokenizer(); model = build_model(tok, hidden_size={hidden}, num_layers={layers}, num_heads=4)
-t = TrainSection(lr=1e-5, mini_batches={n // mini_rows}, micro_batch_tokens=2048)
+{load}
+t = TrainSection(lr=1e-5, mini_batches={max(1, n // mini_rows)}, micro_batch_tokens={micro_tokens})
 train.init_distributed("cpu")
 engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
                                   config=train.deepspeed_config(t, 1, torch.float32))
@@ -134,18 +182,26 @@ def main() -> None:
     ap.add_argument("--mini-batches", type=int, default=2)
     ap.add_argument("--micro-tokens", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", type=Path, default=None, help="an HF checkpoint directory")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
+    from benchmarks.generate_throughput import cpu_model
 
-    tok = build_tokenizer()
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    if args.model:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.model)
+    else:
+        tok = build_tokenizer()
     ro = synthetic_rollouts(args.rollouts, len(tok))
     mean_len = float(np.mean(ro.lengths()))
     rows_per_micro = max(1, int(args.micro_tokens // max(ro.lengths())))  # the same memory bound
     t = TrainSection(lr=1e-5, mini_batches=args.mini_batches, micro_batch_tokens=args.micro_tokens)
-    torch.manual_seed(0)
-    model = build_model(tok, hidden_size=args.hidden, num_layers=args.layers, num_heads=4)
-    bare_model = build_model(tok, hidden_size=args.hidden, num_layers=args.layers, num_heads=4)
+    model = load_model(args, tok)
+    bare_model = load_model(args, tok)
     bare_model.load_state_dict(model.state_dict())
+    activations = saved_activation_bytes(bare_model, ro, args.micro_tokens, tok.pad_token_id)
     params = sum(p.numel() for p in model.parameters())
     train.init_distributed("cpu")
     engine, *_ = deepspeed.initialize(
@@ -153,7 +209,7 @@ def main() -> None:
         config=train.deepspeed_config(t, 1, torch.float32),
     )  # fmt: skip
     opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
-    print(f"model: Qwen2 {params / 1e6:.2f}M params; {args.rollouts} rollouts, mean length "
+    print(f"model: {type(model).__name__} {params / 1e6:.2f}M params, vocab {len(tok)}; {args.rollouts} rollouts, mean length "
           f"{mean_len:.0f} tokens; {args.mini_batches} mini-batches; micro-batch budget "
           f"{args.micro_tokens} tokens (bare: {rows_per_micro} rows)")  # fmt: skip
     stage_rates, bare_rates, stage_waste, bare_waste = [], [], [], []
@@ -181,6 +237,17 @@ def main() -> None:
     print(f"padding      stage {100 * stage_waste[0]:.1f}% of computed tokens   "
           f"bare (arrival order) {100 * bare_waste[0]:.1f}%")  # fmt: skip
 
+    if args.model:
+        del engine, model, bare_model, opt
+        peak = peak_rss_mb(args.rollouts, max(1, args.rollouts // args.mini_batches), 0, 0,
+                           args.model, args.micro_tokens)  # fmt: skip
+        floor = (16 * params + activations) / 2**20
+        print(f"memory       peak RSS of one iteration {peak:,.0f} MB; floor {floor:,.0f} MB = "
+              f"weights+grads+Adam {16 * params / 2**20:,.0f} MB + one micro-batch's saved "
+              f"activations {activations / 2**20:,.0f} MB   peak/floor = {peak / floor:.2f}   "
+              "(goal <= 2)")  # fmt: skip
+        print(json.dumps({"stage_over_bare": s / b, "peak_rss_mb": peak, "floor_mb": floor}))
+        return
     mini_rows = max(1, args.rollouts // 4 // args.mini_batches)
     small = peak_rss_mb(args.rollouts // 4, mini_rows, args.hidden, args.layers)
     large = peak_rss_mb(args.rollouts, mini_rows, args.hidden, args.layers)
