@@ -56,8 +56,9 @@ def _stage_fns():
 
 def prepare_inputs(cfg: RunConfig) -> None:
     """Run the config's prepare module when the base model or a dataset is missing."""
-    inputs = [cfg.model.base, cfg.data.train, *(e.path for e in cfg.data.eval)]
-    missing = [p for p in inputs if "://" not in p and not Path(p).exists()]
+    inputs = {"model.base": cfg.model.base, "data.train": cfg.data.train}
+    inputs |= {f"data.eval.{i}.path": e.path for i, e in enumerate(cfg.data.eval)}
+    missing = [p for p in inputs.values() if "://" not in p and not Path(p).exists()]
     if not missing or cfg.prepare is None or not cfg.prepare.module:
         return  # nothing to build (`rlvr check` names whatever is missing)
     cmd = [sys.executable, "-m", cfg.prepare.module]
@@ -69,9 +70,14 @@ def prepare_inputs(cfg: RunConfig) -> None:
     if proc.returncode != 0:
         click.echo(f"error: prepare step {cfg.prepare.module} failed ({proc.returncode})", err=True)
         sys.exit(proc.returncode)
-    still = [p for p in inputs if "://" not in p and not Path(p).exists()]
+    still = [f"{key} ({p})" for key, p in inputs.items() if "://" not in p and not Path(p).exists()]
     if still:
-        click.echo(f"error: prepare step ran but {still} still do not exist", err=True)
+        click.echo(
+            f"error: prepare step {cfg.prepare.module} ran, but {', '.join(still)} still "
+            f"{'does' if len(still) == 1 else 'do'} not exist: fix the path in the config "
+            f"(the prepare step writes {cfg.prepare.out or 'its own outputs'})",
+            err=True,
+        )
         sys.exit(2)
 
 
