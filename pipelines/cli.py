@@ -318,7 +318,18 @@ def run(
     if "index.html" in paths:
         console.print(f"dashboard (training dynamics): {paths['index.html']}")
     if "tensorboard" in cfg.tracking.backends:
-        console.print(f"tensorboard --logdir {join(layout.root, 'tensorboard')}")
+        console.print(tensorboard_hint(join(layout.root, "tensorboard")), highlight=False)
+
+
+def tensorboard_hint(logdir: str) -> str:
+    """How to view a run's event files: the `tensorboard` program comes with the `tensorboard`
+    extra (or `dev`), not with the install that writes them (tensorboardX)."""
+    import shutil
+
+    command = f"tensorboard --logdir {logdir}"
+    if shutil.which("tensorboard"):
+        return f"training figures: {command}"
+    return f'training figures: pip install -e ".[tensorboard]", then {command}'
 
 
 @main.command(help="Run one stage of one iteration (what that stage's container runs).")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipelines.cli import main
+from pipelines.cli import main, tensorboard_hint
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
@@ -135,6 +135,17 @@ def test_every_script_and_module_the_docs_name_exists():
                 ROOT / mod.replace(".", "/") / "__main__.py").exists():  # fmt: skip
                 missing.append(f"{path.name}: python -m {mod}")
     assert not missing, missing
+
+
+def test_the_run_says_how_to_get_the_tensorboard_program(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    hint = tensorboard_hint("rlvr-runs/x/tensorboard")
+    assert 'pip install -e ".[tensorboard]"' in hint and "tensorboard --logdir" in hint
+    assert "tensorboard" in _extras()
+    monkeypatch.setattr(shutil, "which", lambda _name: "/usr/bin/tensorboard")
+    assert "pip install" not in tensorboard_hint("rlvr-runs/x/tensorboard")
 
 
 @pytest.mark.parametrize("line", ["pip install -e .", 'pip install -e ".[dev]"'])
