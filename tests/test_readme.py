@@ -137,6 +137,17 @@ def test_every_script_and_module_the_docs_name_exists():
     assert not missing, missing
 
 
+def test_the_readme_counts_the_bad_input_cases():
+    from tests.test_bad_input import CASES
+
+    readme = (ROOT / "README.md").read_text()
+    stated = re.search(r"\((\d+) cases in `tests/test_bad_input.py`", readme)
+    assert stated and int(stated.group(1)) == len(CASES), (stated and stated.group(1), len(CASES))
+    rows = [line for line in (ROOT / "docs/errors.md").read_text().splitlines()
+            if re.match(r"\| [a-z-]+/", line)]  # fmt: skip
+    assert sorted(r.split("|")[1].strip() for r in rows) == sorted(c[0] for c in CASES)
+
+
 def test_the_run_says_how_to_get_the_tensorboard_program(monkeypatch):
     import shutil
 
