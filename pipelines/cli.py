@@ -348,7 +348,9 @@ def tensorboard_hint(logdir: str) -> str:
 @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
 @click.option("--shard", type=int, default=0, show_default=True, help="Sharded stages: this shard.")
 @click.option("--num-shards", type=int, default=1, show_default=True, help="Sharded stages: of S.")
-def stage(name, config, run_id, iteration, force, overrides, shard, num_shards) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the stage's whole result as JSON (timings, stats), not one line.")  # fmt: skip
+def stage(name, config, run_id, iteration, force, overrides, shard, num_shards, as_json) -> None:
     setup_logging()
     cfg = _load(config, overrides, run_id=run_id)
     kwargs = {}
@@ -358,7 +360,18 @@ def stage(name, config, run_id, iteration, force, overrides, shard, num_shards) 
             sys.exit(2)
         kwargs = {"shard": shard, "num_shards": num_shards}
     result = run_stage(_stage_fns()[name], cfg, iteration=iteration, force=force, **kwargs)
-    click.echo(json.dumps(result, indent=2, default=str))
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+    else:
+        click.echo(stage_summary(name, iteration, result))
+
+
+def stage_summary(name: str, iteration: int, result: dict) -> str:
+    """One line for a stage a user reran: what it did and where the output is (the stage's own
+    log line above it has its figures; `--json` prints the whole result)."""
+    what = "already committed, reused" if result.get("skipped") else "committed"
+    where = result.get("uri") or result.get("root") or ""
+    return f"{name} {iteration:05d}: {what}" + (f" -> {where}" if where else "")
 
 
 def _pipeline_options(f):
