@@ -4,6 +4,7 @@ cluster cannot reach."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,18 @@ def test_compile_warns_about_what_a_cluster_cannot_reach(workspace: Path, tmp_pa
     assert local_path_warnings(remote) == []
     out = CliRunner().invoke(main, ["compile", str(workspace), "-o", str(tmp_path / "p.yaml")])
     assert out.exit_code == 0 and "warning: run.store is a local path" in out.output
+
+
+def test_a_stage_rerun_prints_one_line(workspace: Path) -> None:
+    """`rlvr stage` ends with one line (the stage's log line above it has the figures); its
+    whole result, raw epoch timestamps included, only with --json."""
+    runner = CliRunner()
+    for name in ("init", "generate"):
+        assert runner.invoke(main, ["stage", name, str(workspace)]).exit_code == 0
+    out = runner.invoke(main, ["stage", "verify", str(workspace), "-i", "0", "--force"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("verify 00000: committed -> "), lines
+    assert lines[0].endswith("iterations/00000/scored")
+    again = runner.invoke(main, ["stage", "verify", str(workspace), "-i", "0", "--json"])
+    assert json.loads(again.stdout)["skipped"] is True
