@@ -163,9 +163,15 @@ def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
     (measured: 7x on 2 cores when three workers spin at once). On-policy (max_staleness 0),
     generate and train never compute at the same time, so each gets every core; with bounded
     staleness they overlap and split the cores. Evaluation runs beside them on a quarter of the
-    cores (at least one). `run.local_threads` sets one count for every worker instead."""
+    cores (at least one). `run.local_threads` sets one count for every worker instead.
+
+    On a machine with no NVIDIA driver, DS_ACCELERATOR=cpu too: DeepSpeed warns "Setting
+    accelerator to CPU. If you have GPU ..." in every worker that imports it otherwise."""
     import os
 
+    accelerator = {}
+    if "DS_ACCELERATOR" not in os.environ and not Path("/proc/driver/nvidia").exists():
+        accelerator = {"DS_ACCELERATOR": "cpu"}
     cores = os.cpu_count() or 1
     evals = cfg.evaluate.num_shards if cfg.data.eval else 0
     eval_threads = max(1, cores // 4)
@@ -181,7 +187,7 @@ def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
             n = compute
         else:
             n = 1  # init, verify (Python, and its own process pool), report, next-segment
-        return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
+        return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), **accelerator}
 
     return env
 

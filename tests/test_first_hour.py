@@ -5,6 +5,7 @@ cluster cannot reach."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,34 @@ def test_a_stage_rerun_prints_one_line(workspace: Path) -> None:
     assert lines[0].endswith("iterations/00000/scored")
     again = runner.invoke(main, ["stage", "verify", str(workspace), "-i", "0", "--json"])
     assert json.loads(again.stdout)["skipped"] is True
+
+
+@pytest.mark.slow
+def test_the_example_warm_up_says_nothing_alarming(tmp_path: Path) -> None:
+    """The demo's first run builds its base: no warning that a generation flag "may be ignored",
+    no DeepSpeed "Setting accelerator to CPU", and a bar that ends full where the stop rule
+    fires (it was sized for --max-steps and froze part way)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "examples.arithmetic.prepare", "--out", str(tmp_path / "b"),
+         "--n-train", "300", "--n-eval", "10", "--max-steps", "4", "--eval-every", "2",
+         "--target", "0", "--batch-size", "8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"},
+    )  # fmt: skip
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-2000:]
+    assert "warm-up stopped at step 2" in out
+    assert "not valid and may be ignored" not in out and "Setting accelerator" not in out, out
+    bar = [line for line in out.replace("\r", "\n").splitlines() if line.startswith("warm-up:")]
+    assert "100%" in bar[-1] and "2/2" in bar[-1], bar[-1]
+
+
+def test_local_workers_tell_deepspeed_the_accelerator(workspace: Path, monkeypatch) -> None:
+    from pipelines.cli import local_thread_env
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    env = local_thread_env(load_config(workspace))("train")
+    if not Path("/proc/driver/nvidia").exists():
+        assert env["DS_ACCELERATOR"] == "cpu"
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    assert "DS_ACCELERATOR" not in local_thread_env(load_config(workspace))("train")

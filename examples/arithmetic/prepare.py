@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -147,14 +148,15 @@ def sampled_pass_at_1(
         prompts, return_tensors="pt", padding=True, padding_side="left",
         return_token_type_ids=False,
     )  # fmt: skip
-    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0}
+    # sampling settings only when sampling: transformers warns that a top_k or top_p given to
+    # greedy decoding "may be ignored"
+    sampling = ({"do_sample": False} if greedy
+                else {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0})  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         out = model.generate(
             **enc,
             max_new_tokens=max_new_tokens,
-            top_p=1.0,
-            top_k=0,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
             **sampling,
@@ -178,8 +180,8 @@ def warm_up(
     rng = random.Random(cfg.seed)
     curve: list[dict[str, float]] = []
     model.train()
-    bar = tqdm(range(1, cfg.max_steps + 1), desc="warm-up", unit="step")
-    for step in bar:
+    bar = tqdm(total=cfg.max_steps, desc="warm-up", unit="step")
+    for step in range(1, cfg.max_steps + 1):
         idx = torch.tensor(rng.sample(range(len(train)), cfg.batch_size))
         logits = model(input_ids=ids[idx], attention_mask=mask[idx]).logits[:, :-1]
         loss = F.cross_entropy(
@@ -192,6 +194,7 @@ def warm_up(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        bar.update()
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             acc = sampled_pass_at_1(
                 model,
@@ -205,6 +208,8 @@ def warm_up(
             curve.append({"step": step, "loss": round(loss.item(), 4), "dev_sampled": acc})
             bar.set_postfix(loss=f"{loss.item():.3f}", dev_sampled=f"{acc:.3f}")
             if acc >= cfg.target:
+                bar.total = step  # the bar ends full where the stop rule fired
+                bar.refresh()
                 break
     bar.close()
     return curve
@@ -306,6 +311,9 @@ def main(
         flag = f"--{name.replace('_', '-')}"
         parser.add_argument(flag, type=float, default=getattr(defaults, name))
     args = parser.parse_args(argv)
+    # the warm-up runs on the CPU; saving a checkpoint imports DeepSpeed (through transformers),
+    # which otherwise warns "Setting accelerator to CPU. If you have GPU ..." on every CPU machine
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # the caller's defaults for what has no flag (max_new_tokens, sizes), flags over them
     cfg = replace(
         defaults, **{k: v for k, v in vars(args).items() if k != "out" and k in asdict(defaults)}
