@@ -45,6 +45,8 @@ COLORS = {
     "commit": "#9c27b0",
 }
 STAGE_ORDER = ("generate", "verify", "train", "evaluate")
+#: Points of the iteration number over each step of the chart (the tick labels are 10).
+ITERATION_LABEL_SIZE = 8.5
 
 
 @dataclass
@@ -296,7 +298,8 @@ def plot_timeline(tl: RunTimeline, out_png: Path, title: str = "") -> Path:
                 ax.broken_barh(busy, (row - 0.42, 0.84), facecolors="none",
                                edgecolors="#d32f2f", linewidth=1.2)  # fmt: skip
             label_at = min(s for k, s, _ in st.spans if k != "wait") - t0
-            ax.text(label_at, row + 0.45, str(st.iteration), fontsize=6, va="bottom", color="#555")
+            ax.text(label_at, row + 0.45, str(st.iteration), fontsize=ITERATION_LABEL_SIZE,
+                    va="bottom", color="#333")  # fmt: skip
     ax.set_yticks(range(len(tasks)))
     ax.set_yticklabels(tasks)
     ax.invert_yaxis()
