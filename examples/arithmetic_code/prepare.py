@@ -15,7 +15,7 @@ from examples.arithmetic_code.task import grade_literal, response, write_table
 
 CODE = Task(response=response, grade=grade_literal, write_table=write_table)
 # the code demo keeps the stop rule it was measured with (README: 0.083 -> 0.285)
-DEFAULTS = WarmupConfig(max_new_tokens=20, max_steps=1500, target=0.15)
+DEFAULTS = WarmupConfig(max_new_tokens=20, max_steps=1500, target=0.15, threads=2)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
