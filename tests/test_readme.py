@@ -7,6 +7,7 @@ A new user copies these lines; a line that drifted from the code costs them the 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import tomllib
@@ -167,3 +168,33 @@ def test_the_readme_install_lines_are_the_ones_ci_runs(line):
     ci = (ROOT / ".ci/run").read_text()
     assert "pip install --quiet torch==2.13.0" in ci and '-e ".[dev]"' in ci
     assert shlex.split(line)[:2] == ["pip", "install"]
+
+
+def test_the_readme_demo_figures_are_the_ones_readme_figures_checks():
+    """benchmarks/readme_figures.py reads the demo rows of the Measured table: they keep its
+    form, a measurement like them agrees, one outside their noise fails, and --write's rows are
+    read back as written."""
+    from benchmarks import readme_figures as rf
+
+    readme = (ROOT / "README.md").read_text()
+    demo = rf.DEMO_RE.search(rf._row(readme, rf.DEMO_ROW))
+    cost = rf.COST_RE.search(rf._row(readme, rf.COST_ROW))
+    assert demo and cost
+    base, final = float(demo.group(1)), float(demo.group(3))
+    like = {"base": base, "base_ci": [base - 0.03, base + 0.03], "final": final,
+            "final_ci": [final - 0.05, final + 0.05], "wall_s": float(demo.group(5)),
+            "iteration_s": float(cost.group(3)), "startup_s": float(cost.group(5)),
+            "fixed_share": float(cost.group(1)) / 100, "checkpoint": 12}  # fmt: skip
+    assert rf.compare(readme, like) == []
+    drifted = {
+        **like,
+        "base": 0.12,
+        "base_ci": [0.09, 0.14],
+        "iteration_s": 4 * like["iteration_s"],
+    }
+    bad = rf.compare(readme, drifted)
+    assert [b.split(":")[0] for b in bad] == ["base pass@1", "iteration"], bad
+    assert rf.compare(readme, drifted, times=False)[0].startswith("base pass@1")
+    rewritten = rf.rewrite(readme, drifted)
+    assert rf.compare(rewritten, drifted) == [] and "0.120 -> " in rewritten
+    assert rf.busy(2.0 * (os.cpu_count() or 1)) and not rf.busy(0.0)
