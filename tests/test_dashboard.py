@@ -12,7 +12,7 @@ import pytest
 
 from components.core.commit import OutputDir, read_manifest, shard_dir
 from components.core.store import get_store, join
-from components.evaluate.dashboard import family_panels, write_dashboard
+from components.evaluate.dashboard import Panel, family_panels, write_dashboard
 from components.evaluate.dynamics import Dynamics, collect
 from components.evaluate.run_report import write_run_report
 
@@ -324,6 +324,11 @@ def test_panels_have_y_labels_and_do_not_magnify_noise():
     verify = family_panels(dyn, "verify")
     assert ("verify/error_fraction", 0.0) in verify[-1].constants
     assert y_label(train[0]) == "nats" and y_label(verify[0]) == "reward"
+    units = {n: y_label(Panel(n, (n,))) for n in ("train/zero_var_groups", "train/tokens_per_s",
+             "rollout/policy_load_s", "train/adv_std", "eval/held/pass@1", "time/train_s")}  # fmt: skip
+    assert units == {"train/zero_var_groups": "groups", "train/tokens_per_s": "tokens per second",
+                     "rollout/policy_load_s": "seconds", "train/adv_std": "advantage",
+                     "eval/held/pass@1": "share of prompts", "time/train_s": "seconds"}  # fmt: skip
 
 
 def test_last_figures_wrap_long_names_and_the_timeline_labels_are_legible():

@@ -269,16 +269,21 @@ MIN_RELATIVE_SPAN = 0.05
 
 #: What a figure's value is, by its name (the first match), for the panel's y axis.
 _UNITS = (
-    (r"^time/", "seconds"),
     (r"(pass@\d+|maj@\d+|mean@\d+)$", "share of prompts"),
+    (r"bytes_per_s$", "bytes per second"),
+    (r"tokens_per_s$", "tokens per second"),
     (r"_per_s$", "per second"),
-    (r"(share|fraction|frac|rate|_groups)$|clipfrac", "share"),
-    (r"length", "tokens"),
+    (r"^time/|_s$|/seconds$", "seconds"),
+    (r"_groups$", "groups"),
+    (r"(share|fraction|frac|rate|waste)$|clipfrac", "share"),
+    (r"(length_\w+|tokens)$", "tokens"),
     (r"(entropy|kl_ref|kl|approx_kl|ppo_kl)$", "nats"),
     (r"reward", "reward"),
+    (r"/adv_", "advantage"),
     (r"/lr$", "learning rate"),
     (r"grad_norm$", "L2 norm"),
-    (r"staleness", "iterations"),
+    (r"global_step$", "optimizer steps"),
+    (r"staleness|policy_version", "iterations"),
 )
 
 
