@@ -241,6 +241,10 @@ def test_index_html_is_self_contained(tmp_path):
     assert page.count("data:image/png;base64,") == 5
     assert "Run my-run" in page and "0.4000" in page  # header and best pass@1
     assert f"tensorboard --logdir {root}/tensorboard" in page
+    assert (
+        "pip install -e &quot;.[tensorboard]&quot;" in page
+        or 'pip install -e ".[tensorboard]"' in page
+    )
 
 
 def test_write_run_report_writes_the_dashboard(tmp_path):

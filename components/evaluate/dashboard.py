@@ -307,7 +307,8 @@ def render_html(
     sections.append(
         '<section id="tensorboard"><h2>TensorBoard</h2><p class="note">The stages log the same '
         "figures, under the same names, to TensorBoard event files in the run (when "
-        "<code>tracking.backends</code> includes tensorboard). Step-level detail:</p>"
+        "<code>tracking.backends</code> includes tensorboard). Step-level detail (the viewer: "
+        '<code>pip install -e ".[tensorboard]"</code>):</p>'
         f"<pre>tensorboard --logdir {_e(tb)}</pre></section>"
     )
     nav.append(("tensorboard", "tensorboard"))
