@@ -198,3 +198,10 @@ def test_the_readme_demo_figures_are_the_ones_readme_figures_checks():
     rewritten = rf.rewrite(readme, drifted)
     assert rf.compare(rewritten, drifted) == [] and "0.120 -> " in rewritten
     assert rf.busy(2.0 * (os.cpu_count() or 1)) and not rf.busy(0.0)
+
+
+def test_ci_resolves_every_extra():
+    """.ci/run dry-runs the install of every extra but vllm (CUDA only) and dev (installed)."""
+    ci = (ROOT / ".ci/run").read_text()
+    m = re.search(r'pip install --dry-run --quiet -e "\.\[([a-z,]+)\]"', ci)
+    assert m and set(m.group(1).split(",")) == _extras() - {"vllm", "dev"}
