@@ -148,7 +148,7 @@ def main() -> None:
     print(f"this verifier, 1 process:   {ours:12.0f} verifications/s")
     mv = bench_math_verify(mix[: args.mv_n])
     if mv is None:
-        print("math_verify:                not installed (pip install math-verify), skipped")
+        print("math_verify:                not installed (pip install -e '.[bench]'), skipped")
     else:
         print(f"math_verify, 1 process:     {mv:12.0f} verifications/s")
         print(f"ratio this / math_verify:   {ours / mv:12.1f}x   (goal >= 20x)")

@@ -56,8 +56,9 @@ def _stage_fns():
 
 def prepare_inputs(cfg: RunConfig) -> None:
     """Run the config's prepare module when the base model or a dataset is missing."""
-    inputs = [cfg.model.base, cfg.data.train, *(e.path for e in cfg.data.eval)]
-    missing = [p for p in inputs if "://" not in p and not Path(p).exists()]
+    inputs = {"model.base": cfg.model.base, "data.train": cfg.data.train}
+    inputs |= {f"data.eval.{i}.path": e.path for i, e in enumerate(cfg.data.eval)}
+    missing = [p for p in inputs.values() if "://" not in p and not Path(p).exists()]
     if not missing or cfg.prepare is None or not cfg.prepare.module:
         return  # nothing to build (`rlvr check` names whatever is missing)
     cmd = [sys.executable, "-m", cfg.prepare.module]
@@ -69,9 +70,14 @@ def prepare_inputs(cfg: RunConfig) -> None:
     if proc.returncode != 0:
         click.echo(f"error: prepare step {cfg.prepare.module} failed ({proc.returncode})", err=True)
         sys.exit(proc.returncode)
-    still = [p for p in inputs if "://" not in p and not Path(p).exists()]
+    still = [f"{key} ({p})" for key, p in inputs.items() if "://" not in p and not Path(p).exists()]
     if still:
-        click.echo(f"error: prepare step ran but {still} still do not exist", err=True)
+        click.echo(
+            f"error: prepare step {cfg.prepare.module} ran, but {', '.join(still)} still "
+            f"{'does' if len(still) == 1 else 'do'} not exist: fix the path in the config "
+            f"(the prepare step writes {cfg.prepare.out or 'its own outputs'})",
+            err=True,
+        )
         sys.exit(2)
 
 
@@ -157,9 +163,15 @@ def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
     (measured: 7x on 2 cores when three workers spin at once). On-policy (max_staleness 0),
     generate and train never compute at the same time, so each gets every core; with bounded
     staleness they overlap and split the cores. Evaluation runs beside them on a quarter of the
-    cores (at least one). `run.local_threads` sets one count for every worker instead."""
+    cores (at least one). `run.local_threads` sets one count for every worker instead.
+
+    On a machine with no NVIDIA driver, DS_ACCELERATOR=cpu too: DeepSpeed warns "Setting
+    accelerator to CPU. If you have GPU ..." in every worker that imports it otherwise."""
     import os
 
+    accelerator = {}
+    if "DS_ACCELERATOR" not in os.environ and not Path("/proc/driver/nvidia").exists():
+        accelerator = {"DS_ACCELERATOR": "cpu"}
     cores = os.cpu_count() or 1
     evals = cfg.evaluate.num_shards if cfg.data.eval else 0
     eval_threads = max(1, cores // 4)
@@ -175,7 +187,7 @@ def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
             n = compute
         else:
             n = 1  # init, verify (Python, and its own process pool), report, next-segment
-        return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
+        return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), **accelerator}
 
     return env
 
@@ -312,7 +324,18 @@ def run(
     if "index.html" in paths:
         console.print(f"dashboard (training dynamics): {paths['index.html']}")
     if "tensorboard" in cfg.tracking.backends:
-        console.print(f"tensorboard --logdir {join(layout.root, 'tensorboard')}")
+        console.print(tensorboard_hint(join(layout.root, "tensorboard")), highlight=False)
+
+
+def tensorboard_hint(logdir: str) -> str:
+    """How to view a run's event files: the `tensorboard` program comes with the `tensorboard`
+    extra (or `dev`), not with the install that writes them (tensorboardX)."""
+    import shutil
+
+    command = f"tensorboard --logdir {logdir}"
+    if shutil.which("tensorboard"):
+        return f"training figures: {command}"
+    return f'training figures: pip install -e ".[tensorboard]", then {command}'
 
 
 @main.command(help="Run one stage of one iteration (what that stage's container runs).")
@@ -331,7 +354,9 @@ def run(
 @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
 @click.option("--shard", type=int, default=0, show_default=True, help="Sharded stages: this shard.")
 @click.option("--num-shards", type=int, default=1, show_default=True, help="Sharded stages: of S.")
-def stage(name, config, run_id, iteration, force, overrides, shard, num_shards) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the stage's whole result as JSON (timings, stats), not one line.")  # fmt: skip
+def stage(name, config, run_id, iteration, force, overrides, shard, num_shards, as_json) -> None:
     setup_logging()
     cfg = _load(config, overrides, run_id=run_id)
     kwargs = {}
@@ -341,7 +366,18 @@ def stage(name, config, run_id, iteration, force, overrides, shard, num_shards) 
             sys.exit(2)
         kwargs = {"shard": shard, "num_shards": num_shards}
     result = run_stage(_stage_fns()[name], cfg, iteration=iteration, force=force, **kwargs)
-    click.echo(json.dumps(result, indent=2, default=str))
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+    else:
+        click.echo(stage_summary(name, iteration, result))
+
+
+def stage_summary(name: str, iteration: int, result: dict) -> str:
+    """One line for a stage a user reran: what it did and where the output is (the stage's own
+    log line above it has its figures; `--json` prints the whole result)."""
+    what = "already committed, reused" if result.get("skipped") else "committed"
+    where = result.get("uri") or result.get("root") or ""
+    return f"{name} {iteration:05d}: {what}" + (f" -> {where}" if where else "")
 
 
 def _pipeline_options(f):

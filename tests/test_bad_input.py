@@ -218,6 +218,12 @@ CASES: list[tuple[str, Callable[[Ctx], object], list[str], str]] = [
     # --- config ---
     ("config/unknown-key", set_key("train", lrr=0.1), CHECK, "train.lrr: unknown key"),
     ("config/unknown-section", set_key("trainer", lr=0.1), CHECK, "trainer: unknown key"),
+    ("config/misspelled-key", set_key("data", prompts_per_iter=8), CHECK,
+     "data.prompts_per_iter: unknown key (value 8); did you mean prompts_per_iteration?"),
+    ("config/input-a-prepare-step-missed",
+     lambda c: (c.set("prepare", module="tests.noop_prepare", out=str(c.assets)),
+                c.set("data", train=str(c.assets / "trian.parquet"))), CHECK,
+     "prepare step tests.noop_prepare ran, but data.train ("),
     ("config/wrong-type", set_key("train", lr="fast"), CHECK, "train.lr: got 'fast'"),
     ("config/out-of-range", set_key("generate", n=0), CHECK, "generate.n"),
     ("config/not-yaml", raw_config("run: [unclosed\n"), CHECK, "is not valid YAML"),

@@ -12,7 +12,7 @@ import pytest
 
 from components.core.commit import OutputDir, read_manifest, shard_dir
 from components.core.store import get_store, join
-from components.evaluate.dashboard import family_panels, write_dashboard
+from components.evaluate.dashboard import Panel, family_panels, write_dashboard
 from components.evaluate.dynamics import Dynamics, collect
 from components.evaluate.run_report import write_run_report
 
@@ -241,6 +241,10 @@ def test_index_html_is_self_contained(tmp_path):
     assert page.count("data:image/png;base64,") == 5
     assert "Run my-run" in page and "0.4000" in page  # header and best pass@1
     assert f"tensorboard --logdir {root}/tensorboard" in page
+    assert (
+        "pip install -e &quot;.[tensorboard]&quot;" in page
+        or 'pip install -e ".[tensorboard]"' in page
+    )
 
 
 def test_write_run_report_writes_the_dashboard(tmp_path):
@@ -291,3 +295,49 @@ def test_pass_at_k_curves_one_per_checkpoint_with_every_role():
     assert list(pass_curves({0: top(0.1)}, base=0, best=0, last=0)) == [
         "base = best = last (00000)"
     ]
+
+
+def test_panels_have_y_labels_and_do_not_magnify_noise():
+    """Issue 35: panels had no y label, and auto-scaling drew response length 11.26-11.31 as a
+    jagged line; constant key figures (train/lr, verify/error_fraction) were plotted while other
+    constants were listed."""
+    from matplotlib.figure import Figure
+
+    from components.evaluate.dynamics_plots import MIN_RELATIVE_SPAN, _draw, y_label
+
+    lengths = [11.26, 11.31, 11.27, 11.30, 11.28]
+    dyn = Dynamics({i: {"rollout/response_length_mean": v, "train/lr": 1e-3,
+                        "train/entropy": 1.5 - 0.1 * i, "verify/error_fraction": 0.0,
+                        "verify/reward_mean": 0.1 * i} for i, v in enumerate(lengths)})  # fmt: skip
+    panel = family_panels(dyn, "rollout")[0]
+    ax = Figure().add_subplot(1, 1, 1)
+    _draw(ax, dyn, panel, (0, 4))
+    lo, hi = ax.get_ylim()
+    assert (
+        hi - lo >= MIN_RELATIVE_SPAN * max(lengths) * 0.999
+        and lo < min(lengths) < max(lengths) < hi
+    )
+    assert ax.get_ylabel() == "tokens"
+    for family in ("rollout", "train", "verify"):
+        for p in family_panels(dyn, family):
+            if p.lines:
+                assert y_label(p), p.title
+    train = family_panels(dyn, "train")
+    assert [p.title for p in train] == ["train/entropy", "unchanged over the run"]
+    assert train[1].constants == (("train/lr", 1e-3),)
+    verify = family_panels(dyn, "verify")
+    assert ("verify/error_fraction", 0.0) in verify[-1].constants
+    assert y_label(train[0]) == "nats" and y_label(verify[0]) == "reward"
+    units = {n: y_label(Panel(n, (n,))) for n in ("train/zero_var_groups", "train/tokens_per_s",
+             "rollout/policy_load_s", "train/adv_std", "eval/held/pass@1", "time/train_s")}  # fmt: skip
+    assert units == {"train/zero_var_groups": "groups", "train/tokens_per_s": "tokens per second",
+                     "rollout/policy_load_s": "seconds", "train/adv_std": "advantage",
+                     "eval/held/pass@1": "share of prompts", "time/train_s": "seconds"}  # fmt: skip
+
+
+def test_last_figures_wrap_long_names_and_the_timeline_labels_are_legible():
+    from components.evaluate import dashboard, timeline
+
+    rule = re.search(r"td\.name \{([^}]*)\}", dashboard._CSS).group(1)
+    assert "white-space: normal" in rule and "overflow-wrap: anywhere" in rule
+    assert timeline.ITERATION_LABEL_SIZE >= 8

@@ -18,6 +18,9 @@ def test_eval_any_checkpoint_is_kept_and_not_redone(workspace, tiny_assets):
     args = ["eval", str(workspace), "--checkpoint", str(tiny_assets / "base")]
     first = CliRunner().invoke(main, args, catch_exceptions=False)
     assert first.exit_code == 0, first.output
+    # its log names the checkpoint evaluated, as its table does, not "00000"
+    assert f"evaluate {tiny_assets / 'base'}: pass@1 " in first.stderr, first.stderr[-2000:]
+    assert "evaluate 00000" not in first.stderr
     runs = [p for p in (workspace.parent / "runs").iterdir() if p.name.startswith("eval-")]
     assert len(runs) == 1
     success = runs[0] / "evals/00000/_SUCCESS"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("peft", reason="peft is the LoRA dependency (pip install 'rlvr[lora]')")
+pytest.importorskip("peft", reason="peft is the LoRA dependency (pip install -e '.[lora]')")
 
 from components.core.adapter import (  # noqa: E402
     AdapterError,

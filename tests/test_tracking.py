@@ -226,7 +226,7 @@ def test_mlflow_tracking_uri_from_the_environment(tmp_path, mlflow_uri, monkeypa
 
 def test_wandb_offline_one_run_per_task_resumed_by_id(tmp_path, monkeypatch):
     if not _importable("wandb"):
-        pytest.skip("wandb is not installed (pip install 'rlvr[wandb]'); not a dev dependency")
+        pytest.skip("wandb is not installed (pip install -e '.[wandb]'); not a dev dependency")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
     monkeypatch.setenv("WANDB_SILENT", "true")
     (tmp_path / "wb").mkdir()

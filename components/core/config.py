@@ -651,13 +651,47 @@ def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
     }
 
 
+def _section_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the section holding ``loc``'s last part accepts (empty when it is not a
+    section of known keys): walks RunConfig's fields, through lists and optional sections."""
+    import typing
+
+    model: Any = RunConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # an item of a list: its model was found with the list's field
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        found = None
+        stack = [field.annotation]
+        while stack:  # the first model class inside X | None, list[X], ...
+            t = stack.pop()
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                found = t
+                break
+            stack.extend(typing.get_args(t))
+        if found is None:
+            return []
+        model = found
+    return list(getattr(model, "model_fields", {}))
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(loc[-1]), _section_keys(loc), n=1, cutoff=0.6)
+    return f"did you mean {close[0]}? " if close else ""
+
+
 def _format_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
             lines.append(
-                f"  {key}: unknown key (value {e['input']!r}); remove it or fix its spelling"
+                f"  {key}: unknown key (value {e['input']!r}); {_did_you_mean(e['loc'])}"
+                "remove it or fix its spelling"
             )
         elif e["type"] == "missing":
             lines.append(f"  {key}: required key is missing")

@@ -66,6 +66,9 @@ class Timeline:
     task: str
     iteration: int
     spans: list[list[Any]] = field(default_factory=list)
+    one_shot: bool = False
+    """Run alone (`rlvr stage`, a one-stage pipeline), not by a run's warm worker: a rerun,
+    perhaps long after the run, which the run's timeline leaves out of its wall time."""
 
     @contextlib.contextmanager
     def span(self, name: str) -> Iterator[None]:
@@ -92,7 +95,7 @@ class Timeline:
             "seconds": {
                 n: round(self.seconds(n), 6) for n in dict.fromkeys(s[0] for s in self.spans)
             },
-        }
+        } | ({"one_shot": True} if self.one_shot else {})
 
 
 class WarmStage(Protocol):
@@ -295,7 +298,7 @@ def _tracking(stage: WarmStage) -> StageTracking:
 
 def run_once(stage: WarmStage, iteration: int, *, force: bool = False) -> dict[str, Any]:
     """One iteration, cold: what `rlvr stage` and the one-stage pipeline run."""
-    timeline = Timeline(stage.task, iteration)
+    timeline = Timeline(stage.task, iteration, one_shot=True)
     _cold_start(timeline)
     tracking = _tracking(stage)
     try:

@@ -83,10 +83,11 @@ td:first-child, th:first-child { text-align: left; }
 tr.best td { background: #dafbe1; }
 .scroll { overflow-x: auto; }
 .ci { color: var(--muted); font-size: 11px; }
-.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 8px 28px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr)); gap: 8px 28px; }
 .grid > div { min-width: 0; overflow-x: auto; }
 .grid table { width: 100%; }
-td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; }
+td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px;
+          white-space: normal; overflow-wrap: anywhere; }
 .up { color: #0550ae; } .down { color: #953800; } .flat { color: var(--muted); }
 pre { background: var(--bg); border: 1px solid var(--line); border-radius: 6px; padding: 10px 14px;
       overflow-x: auto; font-size: 13px; }
@@ -306,7 +307,8 @@ def render_html(
     sections.append(
         '<section id="tensorboard"><h2>TensorBoard</h2><p class="note">The stages log the same '
         "figures, under the same names, to TensorBoard event files in the run (when "
-        "<code>tracking.backends</code> includes tensorboard). Step-level detail:</p>"
+        "<code>tracking.backends</code> includes tensorboard). Step-level detail (the viewer: "
+        '<code>pip install -e ".[tensorboard]"</code>):</p>'
         f"<pre>tensorboard --logdir {_e(tb)}</pre></section>"
     )
     nav.append(("tensorboard", "tensorboard"))

@@ -21,7 +21,7 @@ from matplotlib.ticker import Formatter, MaxNLocator
 
 from components.evaluate.dynamics import Dynamics, family_of
 
-__all__ = ["Panel", "family_panels", "format_number", "plot_family", "short_name"]
+__all__ = ["Panel", "family_panels", "format_number", "plot_family", "short_name", "y_label"]
 
 _DPI = 100
 _PANEL_W, _PANEL_H = 3.4, 2.35
@@ -172,7 +172,7 @@ def family_panels(dyn: Dynamics, family: str) -> list[Panel]:
             members = (n, *by) if len(by) > 1 else (n,)
         elif n in grouped:
             continue
-        if n not in first and all(_constant(dyn, m) for m in members):
+        if all(_constant(dyn, m) for m in members):  # key figures too: a flat line says less
             constants += [(m, dyn.series(m)[1][0]) for m in members]
             continue
         same = tuple(m for m in members[1:] if dyn.series(m) == dyn.series(n))
@@ -263,6 +263,55 @@ def _xlim(steps: Sequence[int]) -> tuple[float, float]:
     return (lo - pad, hi + pad) if hi > lo else (lo - 1.0, hi + 1.0)
 
 
+#: A panel's y axis spans at least this share of its largest value: auto-scaling alone
+#: stretches a series that barely moves (response length 11.26-11.31) into a jagged line.
+MIN_RELATIVE_SPAN = 0.05
+
+#: What a figure's value is, by its name (the first match), for the panel's y axis.
+_UNITS = (
+    (r"(pass@\d+|maj@\d+|mean@\d+)$", "share of prompts"),
+    (r"bytes_per_s$", "bytes per second"),
+    (r"tokens_per_s$", "tokens per second"),
+    (r"_per_s$", "per second"),
+    (r"^time/|_s$|/seconds$", "seconds"),
+    (r"_groups$", "groups"),
+    (r"(share|fraction|frac|rate|waste)$|clipfrac", "share"),
+    (r"(length_\w+|tokens)$", "tokens"),
+    (r"(entropy|kl_ref|kl|approx_kl|ppo_kl)$", "nats"),
+    (r"reward", "reward"),
+    (r"/adv_", "advantage"),
+    (r"/lr$", "learning rate"),
+    (r"grad_norm$", "L2 norm"),
+    (r"global_step$", "optimizer steps"),
+    (r"staleness|policy_version", "iterations"),
+)
+
+
+def y_label(panel: Panel) -> str:
+    """The y axis label of a line panel: the unit its first figure is in, else its short name."""
+    name = panel.lines[0] if panel.lines else panel.title
+    for pattern, unit in _UNITS:
+        if re.search(pattern, name):
+            return unit
+    return short_name(name, family_of(name)).rsplit("/", 1)[-1]
+
+
+def _ylim(lim: tuple[float, float]) -> tuple[float, float]:
+    """The y limits auto-scaling gave, widened about their middle to MIN_RELATIVE_SPAN of the
+    largest magnitude (a flat line sits in the middle; values near 0 get +-1e-3 at least)."""
+    lo, hi = lim
+    need = max(MIN_RELATIVE_SPAN * max(abs(lo), abs(hi)), 1e-12 * max(1.0, abs(hi)))
+    if hi - lo >= need:
+        return lo, hi
+    mid = (lo + hi) / 2
+    half = (
+        max(need / 2, 0.5 * max(abs(mid), 1e-3))
+        if hi - lo <= 1e-12 * max(1.0, abs(hi))
+        else need / 2
+    )
+    return mid - half, mid + half
+
+
 def _draw(ax, dyn: Dynamics, panel: Panel, xlim: tuple[float, float]) -> None:  # noqa: ANN001
     if panel.constants:
         ax.set_axis_off()
@@ -296,9 +345,8 @@ def _draw(ax, dyn: Dynamics, panel: Panel, xlim: tuple[float, float]) -> None:  
     ax.grid(True, alpha=0.3, linewidth=0.6)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    lo_y, hi_y = ax.get_ylim()
-    if hi_y - lo_y < 1e-12 * max(1.0, abs(hi_y)):  # a flat line: centre it
-        ax.set_ylim(lo_y - 0.5 * max(abs(lo_y), 1e-3), hi_y + 0.5 * max(abs(hi_y), 1e-3))
+    ax.set_ylabel(y_label(panel), fontsize=7.5, color="#555555", labelpad=2)
+    ax.set_ylim(*_ylim(ax.get_ylim()))
     if len(panel.lines) > 1 or len(ax.get_legend_handles_labels()[0]) > 1:
         ax.legend(fontsize=6.5, loc="best", frameon=False, handlelength=1.5, borderaxespad=0.2)
 

@@ -305,9 +305,14 @@ class EvaluateStage:
     whenever the samples are (docs/contracts.md, "Batch and shard invariance").
     """
 
-    def __init__(self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1) -> None:
+    def __init__(
+        self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1, label: str | None = None
+    ) -> None:
         check_shard(shard, num_shards)
         self.cfg, self.shard, self.num_shards = cfg, shard, num_shards
+        # what its log lines call the checkpoint: its index, or (`rlvr eval --checkpoint`) the
+        # checkpoint evaluated, which is index 0 of a run of its own that the user never named
+        self.label = label
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
         if num_shards > 1:
             self.task = f"evaluate-{shard_name(shard, num_shards)}"
@@ -381,7 +386,8 @@ class EvaluateStage:
             if sharded:
                 inputs = {**inputs, "shards": content_digest(store, shards_uri)}
             if out.up_to_date(inputs) and not force:
-                log.info("evaluation of checkpoint %05d already committed; skipping", c)
+                log.info("evaluation of checkpoint %s already committed; skipping",
+                         self.label or f"{c:05d}")  # fmt: skip
                 return {"skipped": True, "uri": out.uri}
             if sharded:
                 with timeline.span("read"):
@@ -405,7 +411,7 @@ class EvaluateStage:
         stats = {"checkpoint_index": c, "pass@1": overall["pass@1"], "n": top["n"],
                  "timeline": timeline.record()}  # fmt: skip
         out.commit(stats, inputs)
-        log.info("evaluate %05d: pass@1 %.4f", c, overall["pass@1"])
+        log.info("evaluate %s: pass@1 %.4f", self.label or f"{c:05d}", overall["pass@1"])
         return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
 
     def _load(self, c: int, timeline: Timeline) -> None:
@@ -539,7 +545,7 @@ def evaluate_external(cfg: RunConfig, checkpoint: str, *, force: bool = False) -
     cfg.model.base = checkpoint
     cfg.run.run_id = "eval-" + hashlib.sha256(checkpoint.encode()).hexdigest()[:12]
     run_setup.run(cfg, force=True)  # re-import: a changed checkpoint gets a new content digest
-    result = run(cfg, 0, force=force)
+    result = run_once(EvaluateStage(cfg, label=checkpoint), 0, force=force)
     return {**result, "root": RunLayout.of(cfg).root, "run_id": cfg.run_id}
 
 

@@ -15,6 +15,10 @@ them for a run and computes:
   generate i; train i after verify i and train i-1; evaluate c after train c-1) and each worker's
   own order, every node weighted by its measured non-wait time (plus its worker's cold start).
 
+A step rerun alone after the run (`rlvr stage ... --force`, marked `one_shot` in its manifest's
+timeline) is left out of all of it, and named: it may come hours later, and counting it would
+stretch the wall time over the idle hours in between.
+
 Run as `rlvr report RUN_DIR` (through run_report.write_run_report) or `python -m components.evaluate.timeline
 RUN_DIR`.
 """
@@ -41,6 +45,8 @@ COLORS = {
     "commit": "#9c27b0",
 }
 STAGE_ORDER = ("generate", "verify", "train", "evaluate")
+#: Points of the iteration number over each step of the chart (the tick labels are 10).
+ITERATION_LABEL_SIZE = 8.5
 
 
 @dataclass
@@ -80,6 +86,9 @@ class Step:
 @dataclass
 class RunTimeline:
     steps: list[Step] = field(default_factory=list)
+    reruns: list[Step] = field(default_factory=list)
+    """Steps rerun one at a time (`rlvr stage ... --force`) in a run its warm workers ran: left
+    out of the wall time, the critical path and the chart (they may come hours later)."""
 
     @property
     def start(self) -> float:
@@ -123,7 +132,7 @@ def _manifest_uris(store: Store, root: str) -> Iterable[str]:
 
 
 def load_timeline(store: Store, root: str) -> RunTimeline:
-    steps = []
+    steps, one_shot = [], set()
     for uri in _manifest_uris(store, root):
         try:
             stats = json.loads(store.read_text(uri)).get("stats", {})
@@ -146,7 +155,13 @@ def load_timeline(store: Store, root: str) -> RunTimeline:
                 int(tl.get("pid", 0)),
             )  # fmt: skip
         )
-    return RunTimeline(sorted(steps, key=lambda s: (s.stage, s.task, s.iteration)))
+        if tl.get("one_shot"):
+            one_shot.add(id(steps[-1]))
+    steps.sort(key=lambda s: (s.stage, s.task, s.iteration))
+    if len(one_shot) == len(steps):  # a run made step by step: its steps are its timeline
+        return RunTimeline(steps)
+    return RunTimeline([s for s in steps if id(s) not in one_shot],
+                       [s for s in steps if id(s) in one_shot])  # fmt: skip
 
 
 def critical_path(tl: RunTimeline) -> tuple[float, list[Step]]:
@@ -238,6 +253,7 @@ def summary(tl: RunTimeline) -> dict[str, Any]:
         "iteration_fixed_share": 1.0 - sum(w for *_, w in iters) / total if total > 0 else 0.0,
         "stages": tl.by_stage(),
         "steps": len(tl.steps),
+        "reruns": sorted(f"{s.stage} {s.iteration:05d}" for s in tl.reruns),
     }
 
 
@@ -252,6 +268,9 @@ def format_summary(s: dict[str, Any]) -> str:
     for stage in sorted(s["stages"], key=lambda x: STAGE_ORDER.index(x) if x in STAGE_ORDER else 9):
         row = s["stages"][stage]
         lines.append(f"{stage:>10} " + " ".join(f"{row.get(k, 0.0):8.1f}" for k in SPAN_KINDS))
+    if s.get("reruns"):
+        lines.append(f"not counted: {len(s['reruns'])} step(s) rerun alone since the run "
+                     f"({', '.join(s['reruns'])}; rlvr stage)")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -279,7 +298,8 @@ def plot_timeline(tl: RunTimeline, out_png: Path, title: str = "") -> Path:
                 ax.broken_barh(busy, (row - 0.42, 0.84), facecolors="none",
                                edgecolors="#d32f2f", linewidth=1.2)  # fmt: skip
             label_at = min(s for k, s, _ in st.spans if k != "wait") - t0
-            ax.text(label_at, row + 0.45, str(st.iteration), fontsize=6, va="bottom", color="#555")
+            ax.text(label_at, row + 0.45, str(st.iteration), fontsize=ITERATION_LABEL_SIZE,
+                    va="bottom", color="#333")  # fmt: skip
     ax.set_yticks(range(len(tasks)))
     ax.set_yticklabels(tasks)
     ax.invert_yaxis()

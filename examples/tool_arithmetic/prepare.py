@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -120,8 +121,8 @@ def warm_up(model, tokenizer, train, dev, cfg: ToolWarmup) -> list[dict]:
     rng = random.Random(cfg.seed)
     curve: list[dict] = []
     model.train()
-    bar = tqdm(range(1, cfg.max_steps + 1), desc="warm-up", unit="step")
-    for step in bar:
+    bar = tqdm(total=cfg.max_steps, desc="warm-up", unit="step")
+    for step in range(1, cfg.max_steps + 1):
         idx = torch.tensor(rng.sample(range(len(train)), cfg.batch_size))
         width = int(mask[idx].sum(1).max())
         logits = model(input_ids=ids[idx, :width], attention_mask=mask[idx, :width]).logits
@@ -131,11 +132,14 @@ def warm_up(model, tokenizer, train, dev, cfg: ToolWarmup) -> list[dict]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        bar.update()
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             check = dev_check(model, tokenizer, dev, cfg, seed=cfg.seed * 100_003 + step)
             curve.append({"step": step, "loss": round(loss.item(), 4), **check})
             bar.set_postfix(loss=f"{loss.item():.3f}", **{k: f"{v:.2f}" for k, v in check.items()})
             if check["pass@1"] >= cfg.target:
+                bar.total = step  # the bar ends full where the stop rule fired
+                bar.refresh()
                 break
     bar.close()
     return curve
@@ -178,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = vars(parser.parse_args(argv))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as examples/arithmetic/prepare.py says why
     out = args.pop("out")
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     prepare(out, replace(defaults, **args))

@@ -1,0 +1,64 @@
+"""Where a run's time went (components/evaluate/timeline.py), on manifests written by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from components.core.store import get_store, join
+from components.evaluate.timeline import format_summary, load_timeline, plot_timeline, summary
+
+OUTPUT = {"generate": "rollouts", "verify": "scored"}
+
+
+def _commit(root: Path, stage: str, i: int, spans: list, *, one_shot: bool = False) -> None:
+    where = (
+        f"checkpoints/{i + 1:05d}" if stage == "train" else f"iterations/{i:05d}/{OUTPUT[stage]}"
+    )
+    record = {"task": stage, "iteration": i, "pid": 7 if not one_shot else 99, "spans": spans}
+    if one_shot:
+        record["one_shot"] = True
+    store = get_store(str(root))
+    store.write_text(
+        join(str(root), where, "_SUCCESS"), json.dumps({"stats": {"timeline": record}})
+    )
+
+
+def _warm_run(root: Path) -> None:
+    """Three iterations served by warm workers from t = 1000 s: 1 s of work per step."""
+    t = 1000.0
+    for i in range(3):
+        for stage in ("generate", "verify", "train"):
+            spans = [["start", t - 1, t]] if i == 0 else []
+            _commit(root, stage, i, [*spans, ["wait", t, t], ["work", t, t + 1.0]])
+            t += 1.0
+
+
+def test_a_stage_rerun_long_after_the_run_leaves_its_timing_alone(tmp_path: Path) -> None:
+    _warm_run(tmp_path)
+    before = summary(load_timeline(get_store(str(tmp_path)), str(tmp_path)))
+    # `rlvr stage verify -i 1 --force` twenty minutes later
+    _commit(tmp_path, "verify", 1, [["start", 2300.0, 2302.0], ["work", 2302.0, 2303.0]],
+            one_shot=True)  # fmt: skip
+    tl = load_timeline(get_store(str(tmp_path)), str(tmp_path))
+    after = summary(tl)
+    assert after["wall_s"] == pytest.approx(before["wall_s"])
+    assert after["wall_s"] < 11 and after["fixed_share"] < 0.35  # 0.99 when counted
+    assert after["reruns"] == ["verify 00001"]
+    assert "not counted: 1 step(s) rerun alone since the run (verify 00001" in format_summary(after)
+    plot_timeline(tl, tmp_path / "t.png")  # draws the run only
+
+
+def test_a_run_made_stage_by_stage_is_its_own_timeline(tmp_path: Path) -> None:
+    for i, stage in enumerate(("generate", "verify", "train")):
+        _commit(
+            tmp_path,
+            stage,
+            0,
+            [["start", 10.0 * i, 10.0 * i + 2], ["work", 10.0 * i + 2, 10.0 * i + 3]],
+            one_shot=True,
+        )
+    s = summary(load_timeline(get_store(str(tmp_path)), str(tmp_path)))
+    assert s["steps"] == 3 and s["reruns"] == [] and s["wall_s"] == pytest.approx(23.0)
