@@ -130,6 +130,7 @@ class TransformersBackend:
         self.device = device
         self.eos_ids = _eos_ids(model, tokenizer)
         self.cache_kwarg = cache_kwarg(model)
+        self.last_logits_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
         self.info = BackendInfo("transformers", transformers.__version__)
 
     def load_weights(self, checkpoint_dir: Path) -> None:
@@ -216,7 +217,15 @@ class TransformersBackend:
         # The mask for all steps, allocated once; step t feeds a view of its first P+t+1 columns.
         attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)
         attn_all[:, :P] = attn
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        # Prefill. Only the last position's logits are needed: at a 49k vocabulary the head over
+        # every prompt position is most of the prefill's work and memory.
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=pos,
+            use_cache=True,
+            **self.last_logits_only,
+        )
         past, logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
 
@@ -306,11 +315,15 @@ def cache_kwarg(model) -> str:
     """The name under which this transformers version passes and returns the KV cache: `cache`
     (transformers >= 5.2x, which warns on the old name) or `past_key_values` (4.x, the GPU
     images' pin). Read from the model class's forward signature, under a PEFT wrapper too."""
+    return "cache" if _accepts(model, "cache") else "past_key_values"
+
+
+def _accepts(model, name: str) -> bool:
+    """Whether the model class's forward takes keyword `name` (under a PEFT wrapper too)."""
     import inspect
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(type(base).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return name in inspect.signature(type(base).forward).parameters
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
