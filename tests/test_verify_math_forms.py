@@ -270,3 +270,24 @@ def test_development_set() -> None:
         if (compute_score(r["response"], r["ground_truth"])["score"] == 1.0) != r["label"]
     ]
     assert not wrong, "\n".join(wrong)
+
+
+# ------------------------------------------------- review of issue 36: false positives found
+
+
+@pytest.mark.parametrize(
+    ("pred", "gt", "expected"),
+    [
+        # names that overlap but differ: y has another value, no written order to fall back on
+        ("y=3, z=2", "x=3, y=2", False),
+        ("x=3, z=2", "x=3, y=2", False),
+        ("a=3, b=2", "x=3, y=2", True),  # other names altogether: in the written order
+        ("y=2, x=3", "x=3, y=2", True),
+        # a response naming a tuple of variables states each one's value, not the bare tuple
+        ("(y, x) = (3, 2)", "x=3, y=2", False),
+        ("(y, x) = (2, 3)", "x=3, y=2", True),
+        ("(x, y) = (3, 2)", "(3, 2)", True),
+    ],
+)
+def test_review_assignment_names(pred: str, gt: str, expected: bool) -> None:
+    assert is_equivalent(pred, gt) is expected
