@@ -291,3 +291,19 @@ def test_development_set() -> None:
 )
 def test_review_assignment_names(pred: str, gt: str, expected: bool) -> None:
     assert is_equivalent(pred, gt) is expected
+
+
+@pytest.mark.parametrize(
+    ("pred", "gt", "expected"),
+    [
+        # a range in the truth is not two values in the response ("and" now joins them too)
+        ("0, 1", "0 < y < 1", False),
+        ("0 \\text{ and } 1", "0 < y < 1", False),
+        ("2, \\infty", "y > 2", False),
+        ("(0, 1)", "0 < y < 1", True),
+        ("x < 0 \\text{ or } x > 1", "(-\\infty, 0) \\cup (1, \\infty)", True),
+        ("0 \\text{ and } 1", "(0, 1)", True),  # a pair as written: a point or an interval
+    ],
+)
+def test_review_range_is_not_two_values(pred: str, gt: str, expected: bool) -> None:
+    assert is_equivalent(pred, gt) is expected

@@ -68,6 +68,10 @@ def _equivalent_normalized(pred: str, gt: str) -> bool:
     # inequalities become intervals (solved when linear in one variable: -x>-1 is x<1)
     pi_, gi = _to_interval(pred), _to_interval(gt)
     if pi_ != pred or gi != gt:
+        # a range in the truth (0<y<1) is not two values (0,1 or "0 and 1") in the response
+        bare = _parse_struct(pred) if gi != gt and pi_ == pred else None
+        if bare is not None and bare[0] == "list":
+            return False
         return _equivalent_normalized(pi_, gi)
     # named values: x=3,y=2 is the pair (3,2); a=1,b=2;a=3,b=4 the set of two solutions
     ga, pa = _assignments(gt), _assignments(pred)
