@@ -307,3 +307,22 @@ def test_review_assignment_names(pred: str, gt: str, expected: bool) -> None:
 )
 def test_review_range_is_not_two_values(pred: str, gt: str, expected: bool) -> None:
     assert is_equivalent(pred, gt) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "gt", "score"),
+    [
+        # a display block is all of the answer only when its line ends with it: a hedge
+        # ("$$5$$ or $$7$$") or a correction on that line must not be cut down to its first value
+        ("The final answer is: $$5$$ or $$7$$", "5", 0.0),
+        ("The final answer is:\n$$5$$ or $$7$$", "5", 0.0),
+        ("the answer is $$3$$ and $$4$$", "3", 0.0),
+        ("Answer:\n$$5$$ or $$7$$", "5", 0.0),
+        ("So the answer is\n$$ 5 $$ hmm no, it is 7.", "5", 0.0),
+        ("the answer is $$3$$ and $$4$$", "3, 4", 1.0),
+        ("The final answer is $$\\frac{7}{4}$$.", "\\frac{7}{4}", 1.0),
+        ("Answer:\n$$\n\\frac{7}{4}\n$$.", "\\frac{7}{4}", 1.0),
+    ],
+)
+def test_review_display_block_is_the_whole_line(text: str, gt: str, score: float) -> None:
+    assert compute_score(text, gt)["score"] == score

@@ -62,12 +62,17 @@ def _last_command_arg(text: str, command: str) -> str | None:
 
 def _display_block(text: str) -> str | None:
     """The display-math block ``text`` opens with (``$$...$$`` or ``\\[...\\]``, over one
-    line or several), on one line; None when it opens with something else."""
+    line or several), on one line; None when it opens with something else, or when its line
+    goes on after it (``$$5$$ or $$7$$``, ``$$5$$ hmm, no: 7``): then the block is not all of
+    the answer."""
     text = text.strip()
     for opening, closing in (("$$", "$$"), ("\\[", "\\]")):
         if text.startswith(opening):
             end = text.find(closing, len(opening))
             if end < 0:
+                return None
+            after = text[end + len(closing) :].split("\n", 1)[0]
+            if after.strip(" \t.,;!*"):
                 return None
             return " ".join(text[: end + len(closing)].split())
     return None
