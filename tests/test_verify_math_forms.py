@@ -248,6 +248,13 @@ def test_empty_ground_truth_never_scores(response: str, gt: str) -> None:
     assert compute_score(response, [gt, gt])["score"] == 0.0
 
 
+@pytest.mark.parametrize("gt", [None, float("nan"), [None], [None, float("nan")]])
+@pytest.mark.parametrize("response", ["\\boxed{None}", "The answer is None.", "\\boxed{nan}"])
+def test_missing_ground_truth_never_scores(response: str, gt: object) -> None:
+    """A missing truth (None, a dataframe's NaN) is no answer, not the text "None" (review)."""
+    assert compute_score(response, gt)["score"] == 0.0  # type: ignore[arg-type]
+
+
 def test_empty_answer_never_scores() -> None:
     assert is_equivalent("", "") is False
     assert compute_score("\\boxed{}", "3")["score"] == 0.0

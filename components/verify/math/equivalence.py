@@ -211,6 +211,8 @@ def compute_score(
     if answer is None:
         return {"score": 0.0, "extracted_answer": None, "rule": None}
     truths = ground_truth if isinstance(ground_truth, list | tuple) else [ground_truth]
+    # a missing truth (None, or a NaN from a dataframe) is no answer, not the text "None"
+    truths = [gt for gt in truths if gt is not None and not (isinstance(gt, float) and gt != gt)]
     ok = any(is_equivalent(answer, str(gt)) for gt in truths)
     return {"score": 1.0 if ok else 0.0, "extracted_answer": answer, "rule": rule}
 
