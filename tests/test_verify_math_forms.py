@@ -329,6 +329,14 @@ def test_review_range_is_not_two_values(pred: str, gt: str, expected: bool) -> N
         ("the answer is $$3$$ and $$4$$", "3, 4", 1.0),
         ("The final answer is $$\\frac{7}{4}$$.", "\\frac{7}{4}", 1.0),
         ("Answer:\n$$\n\\frac{7}{4}\n$$.", "\\frac{7}{4}", 1.0),
+        # nor when the next line offers another candidate (a hedge over several lines)
+        ("The final answer is:\n$$\n5\n$$\n$$\n7\n$$", "5", 0.0),
+        ("Answer:\n$$\n5\n$$\nor\n$$\n7\n$$", "5", 0.0),
+        ("Final Answer:\n\\[\n5\n\\]\n\\[\n7\n\\]", "5", 0.0),
+        ("The final answer is:\n$$5$$\nor\n$$7$$", "5", 0.0),
+        ("Answer:\n$$5$$\n$$7$$", "5", 0.0),
+        ("The answer is\n$$5$$\nand this completes the proof.", "5", 1.0),
+        ("The answer is\n$$\n2\n$$\nWait, that is wrong. Let me redo.", "2", 1.0),
     ],
 )
 def test_review_display_block_is_the_whole_line(text: str, gt: str, score: float) -> None:
