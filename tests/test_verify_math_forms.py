@@ -341,3 +341,24 @@ def test_review_range_is_not_two_values(pred: str, gt: str, expected: bool) -> N
 )
 def test_review_display_block_is_the_whole_line(text: str, gt: str, score: float) -> None:
     assert compute_score(text, gt)["score"] == score
+
+
+@pytest.mark.parametrize(
+    ("pred", "gt", "expected"),
+    [
+        # a labelled approximation states its value: the label alone is not the answer
+        ("AB", "AB \\approx 4.5", False),
+        ("|PQ|", "|PQ| \\approx 4.47", False),
+        ("P(A)", "P(A) \\approx 0.17", False),
+        ("4.5", "AB \\approx 4.5", True),
+        ("4.6", "AB \\approx 4.5", False),
+        ("0.17", "P(A) \\approx 0.17", True),
+        ("AB \\approx 4.5", "4.5", True),
+        ("AB \\approx 4.6", "4.5", False),
+        # a constant under a naming command stays a value, its approximation checked
+        ("\\log_2 10 \\approx 3.3", "3.3", False),
+        ("\\log_2 8 \\approx 3", "3", True),
+    ],
+)
+def test_review_labelled_approximation(pred: str, gt: str, expected: bool) -> None:
+    assert is_equivalent(pred, gt) is expected

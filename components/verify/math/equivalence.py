@@ -168,6 +168,8 @@ def _approx_value(s: str, check: bool) -> str | None:
     head, tail = parts[0], parts[-1]
     if not head or (_SIMPLE_LHS_RE.fullmatch(head) and _numeric_value(head) is None):
         return tail or None  # a name (x, \\theta), not a constant (\\pi, e)
+    if tail and _label_value(f"{head}={tail}") == tail and _numeric_value(head) is None:
+        return tail  # a label (AB, |PQ|, P(A), \\angle A): its value, never the label itself
     if check:
         exact, approx = _numeric_value(_equation_value(head)), _numeric_value(tail)
         if exact is not None and approx is not None and abs(exact - approx) > _rounding(tail):
