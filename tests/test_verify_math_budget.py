@@ -42,6 +42,14 @@ ADVERSARIAL = [
     r"\boxed{x = \binom{10^9}{5 \cdot 10^8}}",
     r"\boxed{(1, \binom{10^9}{10^8}, 3)}",
     r"\boxed{[\binom{10^9}{10^8}, \infty)}",
+    # issue 36 review: a huge exponent was built digit by digit (hung; the LaTeX spelling is
+    # new, as scientific notation), and a long run of spaces before "and" / "or" backtracked
+    # cubically in the list joiners (seconds)
+    r"\boxed{1.5 \times 10^{99999999}}",
+    r"\boxed{1e99999999}",
+    r"\boxed{\frac{7}{4} \approx 1e99999999}",
+    "\\boxed{1" + " " * 1900 + "x and 2}",
+    "\\boxed{1" + " " * 1900 + "x or 2}",
 ]
 
 
@@ -90,3 +98,8 @@ def test_screened_answers_are_wrong_not_errors_and_sane_ones_still_work():
     assert compute_score(r"\boxed{5!}", "120")["score"] == 1.0
     assert compute_score(r"\boxed{2^{10}}", "1024")["score"] == 1.0
     assert compute_score(r"\boxed{\frac{20!}{18! \cdot 2}}", "190")["score"] == 1.0
+    # a huge exponent is a long number: compared as written, never built
+    assert compute_score(r"\boxed{1.5 \times 10^{99999999}}", "3")["score"] == 0.0
+    assert compute_score("\\boxed{3}", r"1.5 \times 10^{99999999}")["score"] == 0.0
+    assert compute_score("\\boxed{1e99999999}", "1e99999999")["score"] == 1.0
+    assert compute_score(r"\boxed{3.1 \times 10^{8}}", "310000000")["score"] == 1.0

@@ -248,6 +248,13 @@ def test_empty_ground_truth_never_scores(response: str, gt: str) -> None:
     assert compute_score(response, [gt, gt])["score"] == 0.0
 
 
+@pytest.mark.parametrize("gt", [None, float("nan"), [None], [None, float("nan")]])
+@pytest.mark.parametrize("response", ["\\boxed{None}", "The answer is None.", "\\boxed{nan}"])
+def test_missing_ground_truth_never_scores(response: str, gt: object) -> None:
+    """A missing truth (None, a dataframe's NaN) is no answer, not the text "None" (review)."""
+    assert compute_score(response, gt)["score"] == 0.0  # type: ignore[arg-type]
+
+
 def test_empty_answer_never_scores() -> None:
     assert is_equivalent("", "") is False
     assert compute_score("\\boxed{}", "3")["score"] == 0.0
@@ -270,3 +277,88 @@ def test_development_set() -> None:
         if (compute_score(r["response"], r["ground_truth"])["score"] == 1.0) != r["label"]
     ]
     assert not wrong, "\n".join(wrong)
+
+
+# ------------------------------------------------- review of issue 36: false positives found
+
+
+@pytest.mark.parametrize(
+    ("pred", "gt", "expected"),
+    [
+        # names that overlap but differ: y has another value, no written order to fall back on
+        ("y=3, z=2", "x=3, y=2", False),
+        ("x=3, z=2", "x=3, y=2", False),
+        ("a=3, b=2", "x=3, y=2", True),  # other names altogether: in the written order
+        ("y=2, x=3", "x=3, y=2", True),
+        # a response naming a tuple of variables states each one's value, not the bare tuple
+        ("(y, x) = (3, 2)", "x=3, y=2", False),
+        ("(y, x) = (2, 3)", "x=3, y=2", True),
+        ("(x, y) = (3, 2)", "(3, 2)", True),
+    ],
+)
+def test_review_assignment_names(pred: str, gt: str, expected: bool) -> None:
+    assert is_equivalent(pred, gt) is expected
+
+
+@pytest.mark.parametrize(
+    ("pred", "gt", "expected"),
+    [
+        # a range in the truth is not two values in the response ("and" now joins them too)
+        ("0, 1", "0 < y < 1", False),
+        ("0 \\text{ and } 1", "0 < y < 1", False),
+        ("2, \\infty", "y > 2", False),
+        ("(0, 1)", "0 < y < 1", True),
+        ("x < 0 \\text{ or } x > 1", "(-\\infty, 0) \\cup (1, \\infty)", True),
+        ("0 \\text{ and } 1", "(0, 1)", True),  # a pair as written: a point or an interval
+    ],
+)
+def test_review_range_is_not_two_values(pred: str, gt: str, expected: bool) -> None:
+    assert is_equivalent(pred, gt) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "gt", "score"),
+    [
+        # a display block is all of the answer only when its line ends with it: a hedge
+        # ("$$5$$ or $$7$$") or a correction on that line must not be cut down to its first value
+        ("The final answer is: $$5$$ or $$7$$", "5", 0.0),
+        ("The final answer is:\n$$5$$ or $$7$$", "5", 0.0),
+        ("the answer is $$3$$ and $$4$$", "3", 0.0),
+        ("Answer:\n$$5$$ or $$7$$", "5", 0.0),
+        ("So the answer is\n$$ 5 $$ hmm no, it is 7.", "5", 0.0),
+        ("the answer is $$3$$ and $$4$$", "3, 4", 1.0),
+        ("The final answer is $$\\frac{7}{4}$$.", "\\frac{7}{4}", 1.0),
+        ("Answer:\n$$\n\\frac{7}{4}\n$$.", "\\frac{7}{4}", 1.0),
+        # nor when the next line offers another candidate (a hedge over several lines)
+        ("The final answer is:\n$$\n5\n$$\n$$\n7\n$$", "5", 0.0),
+        ("Answer:\n$$\n5\n$$\nor\n$$\n7\n$$", "5", 0.0),
+        ("Final Answer:\n\\[\n5\n\\]\n\\[\n7\n\\]", "5", 0.0),
+        ("The final answer is:\n$$5$$\nor\n$$7$$", "5", 0.0),
+        ("Answer:\n$$5$$\n$$7$$", "5", 0.0),
+        ("The answer is\n$$5$$\nand this completes the proof.", "5", 1.0),
+        ("The answer is\n$$\n2\n$$\nWait, that is wrong. Let me redo.", "2", 1.0),
+    ],
+)
+def test_review_display_block_is_the_whole_line(text: str, gt: str, score: float) -> None:
+    assert compute_score(text, gt)["score"] == score
+
+
+@pytest.mark.parametrize(
+    ("pred", "gt", "expected"),
+    [
+        # a labelled approximation states its value: the label alone is not the answer
+        ("AB", "AB \\approx 4.5", False),
+        ("|PQ|", "|PQ| \\approx 4.47", False),
+        ("P(A)", "P(A) \\approx 0.17", False),
+        ("4.5", "AB \\approx 4.5", True),
+        ("4.6", "AB \\approx 4.5", False),
+        ("0.17", "P(A) \\approx 0.17", True),
+        ("AB \\approx 4.5", "4.5", True),
+        ("AB \\approx 4.6", "4.5", False),
+        # a constant under a naming command stays a value, its approximation checked
+        ("\\log_2 10 \\approx 3.3", "3.3", False),
+        ("\\log_2 8 \\approx 3", "3", True),
+    ],
+)
+def test_review_labelled_approximation(pred: str, gt: str, expected: bool) -> None:
+    assert is_equivalent(pred, gt) is expected

@@ -68,6 +68,10 @@ def _equivalent_normalized(pred: str, gt: str) -> bool:
     # inequalities become intervals (solved when linear in one variable: -x>-1 is x<1)
     pi_, gi = _to_interval(pred), _to_interval(gt)
     if pi_ != pred or gi != gt:
+        # a range in the truth (0<y<1) is not two values (0,1 or "0 and 1") in the response
+        bare = _parse_struct(pred) if gi != gt and pi_ == pred else None
+        if bare is not None and bare[0] == "list":
+            return False
         return _equivalent_normalized(pi_, gi)
     # named values: x=3,y=2 is the pair (3,2); a=1,b=2;a=3,b=4 the set of two solutions
     ga, pa = _assignments(gt), _assignments(pred)
@@ -164,6 +168,8 @@ def _approx_value(s: str, check: bool) -> str | None:
     head, tail = parts[0], parts[-1]
     if not head or (_SIMPLE_LHS_RE.fullmatch(head) and _numeric_value(head) is None):
         return tail or None  # a name (x, \\theta), not a constant (\\pi, e)
+    if tail and _label_value(f"{head}={tail}") == tail and _numeric_value(head) is None:
+        return tail  # a label (AB, |PQ|, P(A), \\angle A): its value, never the label itself
     if check:
         exact, approx = _numeric_value(_equation_value(head)), _numeric_value(tail)
         if exact is not None and approx is not None and abs(exact - approx) > _rounding(tail):
@@ -207,6 +213,8 @@ def compute_score(
     if answer is None:
         return {"score": 0.0, "extracted_answer": None, "rule": None}
     truths = ground_truth if isinstance(ground_truth, list | tuple) else [ground_truth]
+    # a missing truth (None, or a NaN from a dataframe) is no answer, not the text "None"
+    truths = [gt for gt in truths if gt is not None and not (isinstance(gt, float) and gt != gt)]
     ok = any(is_equivalent(answer, str(gt)) for gt in truths)
     return {"score": 1.0 if ok else 0.0, "extracted_answer": answer, "rule": rule}
 

@@ -60,17 +60,45 @@ def _last_command_arg(text: str, command: str) -> str | None:
         end = idx
 
 
+_DISPLAY_OPENINGS = (("$$", "$$"), ("\\[", "\\]"))
+# what makes a display block one of several candidates: "or" / "and", or another block
+# (a line "and this completes the proof" is not one)
+_NEXT_CANDIDATE_RE = re.compile(
+    r"\s*(?:\$\$|\\\[|(?:\\text\{\s*)?(?:or|and)\s*\}?\s*(?:\$|\\\[|\\\(|[-+]?\d|$))",
+    re.IGNORECASE,
+)
+
+
 def _display_block(text: str) -> str | None:
     """The display-math block ``text`` opens with (``$$...$$`` or ``\\[...\\]``, over one
-    line or several), on one line; None when it opens with something else."""
+    line or several), on one line; None when it opens with something else, or when its line
+    goes on after it (``$$5$$ or $$7$$``, ``$$5$$ hmm, no: 7``) or the next line offers
+    another candidate (`_display_hedge`): then the block is not all of the answer."""
     text = text.strip()
-    for opening, closing in (("$$", "$$"), ("\\[", "\\]")):
+    for opening, closing in _DISPLAY_OPENINGS:
         if text.startswith(opening):
             end = text.find(closing, len(opening))
             if end < 0:
                 return None
+            after = text[end + len(closing) :].split("\n", 1)[0]
+            if after.strip(" \t.,;!*") or _display_hedge(text):
+                return None
             return " ".join(text[: end + len(closing)].split())
     return None
+
+
+def _display_hedge(text: str) -> bool:
+    """``text`` opens with a display block whose next line offers another candidate
+    (``$$5$$`` / ``or`` / ``$$7$$``, ``$$5$$`` / ``$$7$$``): a hedge, not an answer."""
+    text = text.strip()
+    for opening, closing in _DISPLAY_OPENINGS:
+        if text.startswith(opening):
+            end = text.find(closing, len(opening))
+            if end < 0:
+                return False
+            rest = text[end + len(closing) :].split("\n", 1)
+            return len(rest) == 2 and bool(_NEXT_CANDIDATE_RE.match(rest[1]))
+    return False
 
 
 def _clean_phrase_answer(raw: str) -> str | None:
@@ -80,6 +108,8 @@ def _clean_phrase_answer(raw: str) -> str | None:
     block = _display_block(raw)
     if block is not None:
         return _strip_math_delims(block) or None
+    if _display_hedge(raw):
+        return None
     line = _strip_remark(raw.strip().split("\n", 1)[0])
     m = _SENTENCE_END_RE.search(line)
     if m:
@@ -149,6 +179,8 @@ def _label_answer(text: str) -> str | None:
     if not rest.strip("*$ "):
         # the value on the next line(s): a display block, over several lines or one
         after = text[last.end() :].strip()
+        if _display_hedge(after):
+            return None
         rest = _display_block(after) or after.split("\n", 1)[0]
     sentence = _clean_phrase_answer(rest)
     if sentence is None:

@@ -47,8 +47,9 @@ _ARRAY_RE = re.compile(
 _RATIO_RE = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?::|∶|\bto\b)\s*(-?\d+(?:\.\d+)?)")
 # "2 or 5", "2 \\text{ and } 5", "1, 2, or 3": one list ("and" only between values: "x > 1 and
 # x < 3" is an intersection, not a list)
-_OR_RE = re.compile(r"\s*,?\s+or\s+")
-_AND_RE = re.compile(r"\s*,?\s+and\s+")
+# (?:\s*,)? and not \s*,?: the same strings, without cubic backtracking on a run of spaces
+_OR_RE = re.compile(r"(?:\s*,)?\s+or\s+")
+_AND_RE = re.compile(r"(?:\s*,)?\s+and\s+")
 _RELATION_RE = re.compile(r"[<>≤≥]|\\[lg]eq?(?![a-zA-Z])|\\[lg]t(?![a-zA-Z])")
 # 3.1 \times 10^{8}, 2\cdot 10^{-3}: scientific notation, as 3.1e8 (a decimal)
 _SCI_RE = re.compile(

@@ -33,6 +33,9 @@ def _to_number(s: str) -> tuple[Fraction, bool] | None:
     if _INT_RE.fullmatch(s):
         return Fraction(int(s)), True
     if _DEC_RE.fullmatch(s):
+        _, _, exponent = s.lower().partition("e")
+        if exponent and abs(int(exponent)) > _MAX_NUMBER_LEN:
+            return None  # 1e99999999 would be built digit by digit: as long as a long number
         return Fraction(s), False
     m = _TEX_FRAC_RE.fullmatch(s) or _SLASH_FRAC_RE.fullmatch(s)
     if m:

@@ -172,9 +172,12 @@ def _assignments_equal(p: Assignments, g: Assignments, eq: Callable[[str, str], 
     def same(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:
         if len(a) != len(b):
             return False
-        if {v for v, _ in a} == {v for v, _ in b}:
+        names_a, names_b = {v for v, _ in a}, {v for v, _ in b}
+        if names_a == names_b:
             values = dict(a)
             return all(eq(values[v], x) for v, x in b)
+        if names_a & names_b:
+            return False  # y=3,z=2 for x=3,y=2: y has another value; no order to fall back on
         return all(eq(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
 
     return _match_unordered(p, g, same)
@@ -420,6 +423,8 @@ def _equation_value(s: str) -> str:
     sides = _split_top(s, "=")
     if len(sides) < 2 or not all(sides):
         return s
+    if len(sides) == 2 and _is_variable_tuple(sides[0]):
+        return _strip_equation_lhs(s)  # (y,x)=(3,2) names its values: y=3,x=2, not (3,2)
     if _SIMPLE_LHS_RE.fullmatch(sides[-1]) and not _SIMPLE_LHS_RE.fullmatch(sides[0]):
         return sides[0]
     return sides[-1]
