@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--n-eval", type=int, default=100)
     parser.add_argument("--no-hub", action="store_true", help="skip the Hub, convert the GGUF")
     args = parser.parse_args(argv)
+    if not Path("/proc/driver/nvidia").exists():  # as examples/arithmetic/prepare.py says why
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     prepare(args.out, seed=args.seed, n_train=args.n_train, n_eval=args.n_eval, hub=not args.no_hub)
 
 
