@@ -128,6 +128,11 @@ def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., i
             bufsize=1, env=env, start_new_session=True,
         ) as proc:  # fmt: skip
             _live.add(proc)
+            nice = int(env.get("RLVR_NICE") or 0)
+            if nice:  # before it starts its OpenMP threads, which inherit the main thread's
+                with contextlib.suppress(OSError):
+                    own = os.getpriority(os.PRIO_PROCESS, 0)  # relative, as `nice -n` is
+                    os.setpriority(os.PRIO_PROCESS, proc.pid, min(19, own + nice))
             try:
                 assert proc.stdout is not None
                 for line in iter(proc.stdout.readline, ""):

@@ -145,3 +145,25 @@ def test_the_demo_base_is_a_fixed_number_of_steps() -> None:
     assert WarmupConfig().target is None and WarmupConfig().max_steps == 700
     assert WarmupConfig().threads == 1  # the same on every machine
     assert (DEFAULTS.target, DEFAULTS.max_steps, DEFAULTS.threads) == (0.15, 1500, 2)
+
+
+def test_local_evaluation_runs_niced_below_the_training_loop(workspace: Path, tmp_path) -> None:
+    """Evaluation beside generate on 2 cores slowed generate 3-8x at equal priority (issue 33):
+    local evaluate workers are started niced, and only they."""
+
+    from pipelines import local_runner
+    from pipelines.cli import EVAL_NICE, local_thread_env
+
+    env = local_thread_env(load_config(workspace))
+    assert env("evaluate-worker")["RLVR_NICE"] == str(EVAL_NICE)
+    assert all("RLVR_NICE" not in env(t) for t in ("generate-worker", "train-worker", "verify"))
+
+    run = local_runner._make_subprocess_runner(tmp_path, env)
+    local_runner._current.task = "evaluate-worker"
+    try:
+        cmd = [sys.executable, "-c", "import os; print('nice', os.nice(0))"]
+        assert run(cmd) == 0
+    finally:
+        del local_runner._current.task
+    logs = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    assert f"nice {min(19, os.nice(0) + EVAL_NICE)}" in logs, logs
