@@ -131,7 +131,7 @@ def stage_generate(model, tok, prompts, spec, batch: int) -> int:
         out = OutputDir(LocalStore(), tmp, "bench")
         stats = generate_rollouts(
             out, backend, tok, prompts, spec, iteration=0, checkpoint_uri="bench",
-            max_prompt_tokens=512, rows_per_part=4096, desc="stage",
+            max_prompt_tokens=512, rows_per_part=4096, desc="stage", policy_version=0,
         )  # fmt: skip
     return stats["response_tokens"]
 
