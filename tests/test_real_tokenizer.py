@@ -90,7 +90,7 @@ def smol_cfg(tmp_path, smol_assets):
             "prompts_per_iteration": 4,
         },
         generate={"n": 4, "max_new_tokens": 12, "batch_size": 16},
-        verify={"rewards": {"smollm2_arith": "examples.smollm2.task:boxed_score"}},
+        verify={"rewards": {"smollm2_arith": "math"}},
         train={"lr": 1e-3, "micro_batch_tokens": 512, "kl_metric": True},
     )
     return load_config(path)
@@ -170,3 +170,31 @@ def test_trainer_logprobs_equal_the_samplers_at_a_49k_vocabulary(smol_cfg, monke
         sampler = torch.tensor(rows[i]["response_logprobs"])
         assert torch.allclose(lp[i, : len(r)], sampler, atol=1e-4, rtol=0), i
     assert bool((ent[mb.response_mask] > 0).all())
+
+
+def test_check_names_a_missing_chat_template_and_an_overlong_response(smol_cfg, smol_assets,
+                                                                     tmp_path):  # fmt: skip
+    """What `rlvr check` says about a real model: chat prompts with no template to render them
+    (a warning: they would reach the model as bare text), and prompt + response past the
+    model's context (an error naming the setting)."""
+    import shutil
+
+    from pipelines.preflight import check_run
+
+    base = tmp_path / "no-template"
+    shutil.copytree(smol_assets / "base", base)
+    (base / "chat_template.jinja").unlink()
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    smol_cfg.model.base = str(base)
+    problems = check_run(smol_cfg)
+    warned = [str(w) for w in problems.warnings if "no chat template" in str(w)]
+    assert len(warned) == 1 and "train.parquet" in warned[0] and str(base) in warned[0]
+    assert not problems.errors
+
+    smol_cfg.model.base = str(smol_assets / "base")
+    assert not [w for w in check_run(smol_cfg).warnings if "chat template" in str(w)]
+    smol_cfg.generate.max_new_tokens = 250  # the tiny model's context is 256 positions
+    errors = [str(e) for e in check_run(smol_cfg).errors]
+    assert any("generate.max_new_tokens" in e and "context of 256" in e for e in errors), errors
