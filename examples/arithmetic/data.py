@@ -56,14 +56,21 @@ EXTRA_INFO_TYPE = pa.struct(
         ("expression", pa.string()),
     ]
 )
-SCHEMA = pa.schema(
-    [
-        ("data_source", pa.string()),
-        ("prompt", PROMPT_TYPE),
-        ("reward_model", REWARD_MODEL_TYPE),
-        ("extra_info", EXTRA_INFO_TYPE),
-    ]
-)
+
+
+def verl_schema(extra_info: pa.DataType) -> pa.Schema:
+    """verl's dataset columns, with an example's own `extra_info` struct."""
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", PROMPT_TYPE),
+            ("reward_model", REWARD_MODEL_TYPE),
+            ("extra_info", extra_info),
+        ]
+    )
+
+
+SCHEMA = verl_schema(EXTRA_INFO_TYPE)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from examples.arithmetic.data import PROMPT_TYPE, REWARD_MODEL_TYPE
+from examples.arithmetic.data import verl_schema
 
 DATA_SOURCE = "smollm2_arith"
 INSTRUCTION = "Put the final answer in \\boxed{}."
@@ -44,14 +44,7 @@ EXTRA_INFO_TYPE = pa.struct(
         ("split", pa.string()),
     ]
 )
-SCHEMA = pa.schema(
-    [
-        ("data_source", pa.string()),
-        ("prompt", PROMPT_TYPE),
-        ("reward_model", REWARD_MODEL_TYPE),
-        ("extra_info", EXTRA_INFO_TYPE),
-    ]
-)
+SCHEMA = verl_schema(EXTRA_INFO_TYPE)
 
 
 @dataclass(frozen=True)
