@@ -115,9 +115,16 @@ HEAD_CHUNK_ELEMENTS = 1 << 24
 """Logit elements per chunk of `logprobs_from_hidden` (64 MB in float32): 341 positions at a
 49k vocabulary; at a small vocabulary every position in one chunk."""
 
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier")
+LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "output_multiplier",
+    "lm_head_multiplier",
+)
 """Config attributes of models whose logits are not just the projection of the last hidden
-state (Gemma 2's soft cap, Cohere's and Granite's scales): they keep the model's own logits."""
+state (Gemma 2's soft cap, Cohere's, Granite's and HyperCLOVA X's scales, Falcon-H1's head
+multiplier), on the config or its text config: they keep the model's own logits."""
 
 
 def head_chunk_tokens(vocab: int) -> int:
@@ -142,7 +149,11 @@ def output_head(model) -> tuple[torch.nn.Module, torch.Tensor] | None:
         type(head) is not torch.nn.Linear
         or head.bias is not None
         or hasattr(head.weight, "ds_id")  # ZeRO-3
-        or any(getattr(config, a, None) not in (None, 1, 1.0) for a in LOGIT_TRANSFORMS)
+        or any(
+            getattr(c, a, None) not in (None, 1, 1.0)
+            for c in (config, getattr(config, "text_config", None))
+            for a in LOGIT_TRANSFORMS
+        )
         or "logits_to_keep" not in inspect.signature(type(base).forward).parameters
     ):
         return None
