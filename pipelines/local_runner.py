@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -123,13 +124,18 @@ def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., i
 
         task = _current_task()
         env = {**os.environ, **task_env(task), **(env_vars or {})}
+        nice = int(env.get("RLVR_NICE") or 0)
+        # Niced from its first instruction by `nice -n` (relative to this process, clamped at
+        # 19): set after Popen, it raced the worker's start, and on Linux setpriority on a pid
+        # reaches only its main thread, not threads it already started.
+        launcher = shutil.which("nice", path=env.get("PATH")) if nice else None
+        command = [launcher, "-n", str(nice), *full_command] if launcher else full_command
         with open_log(task) as write, subprocess.Popen(
-            full_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             bufsize=1, env=env, start_new_session=True,
         ) as proc:  # fmt: skip
             _live.add(proc)
-            nice = int(env.get("RLVR_NICE") or 0)
-            if nice:  # before it starts its OpenMP threads, which inherit the main thread's
+            if nice and not launcher:  # no `nice` program: as soon as it is started
                 with contextlib.suppress(OSError):
                     own = os.getpriority(os.PRIO_PROCESS, 0)  # relative, as `nice -n` is
                     os.setpriority(os.PRIO_PROCESS, proc.pid, min(19, own + nice))

@@ -80,3 +80,26 @@ def test_saved_tokenizer_loads_in_either_transformers_major(tmp_path, tiny_asset
     portable_tokenizer_config(tmp_path / "t")
     written = json.loads((tmp_path / "t" / "tokenizer_config.json").read_text())
     assert written == {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>"}
+
+
+def test_import_names_a_tokenizer_class_transformers_4_loads(tmp_path, tiny_assets):
+    """A base saved by transformers 5 names `TokenizersBackend`; the run's copy names
+    `PreTrainedTokenizerFast` (the images pin 4.x) and loads with the same ids; the source is
+    left as it was."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    src = tmp_path / "base5"
+    shutil.copytree(tiny_assets / "base", src)
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "TokenizersBackend"
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    out = OutputDir(LocalStore(), str(tmp_path / "run" / "checkpoints" / "00000"), "init")
+    import_checkpoint(str(src), out)
+    dst = tmp_path / "run" / "checkpoints" / "00000"
+    copied = json.loads((dst / "tokenizer_config.json").read_text())
+    assert copied == {**config, "tokenizer_class": "PreTrainedTokenizerFast"}
+    assert json.loads((src / "tokenizer_config.json").read_text()) == config
+    tok, again = AutoTokenizer.from_pretrained(src), AutoTokenizer.from_pretrained(dst)
+    assert again("12+7=")["input_ids"] == tok("12+7=")["input_ids"]

@@ -167,3 +167,32 @@ def test_local_evaluation_runs_niced_below_the_training_loop(workspace: Path, tm
         del local_runner._current.task
     logs = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
     assert f"nice {min(19, os.nice(0) + EVAL_NICE)}" in logs, logs
+
+
+def test_a_niced_worker_is_niced_before_its_first_instruction(tmp_path, monkeypatch) -> None:
+    """The niceness reaches every thread of the worker however late the runner is scheduled
+    after starting it: set by os.setpriority after Popen it raced the worker's start (here
+    the runner is held back 1.5 s there), and on Linux reached only the main thread."""
+    import time
+
+    from pipelines import local_runner
+
+    if os.nice(0) >= 19:
+        pytest.skip("this process runs at niceness 19: a niced worker cannot be told apart")
+    real = os.setpriority
+    monkeypatch.setattr(os, "setpriority", lambda *a: (time.sleep(1.5), real(*a))[1])
+    run = local_runner._make_subprocess_runner(tmp_path, lambda task: {"RLVR_NICE": "7"})
+    local_runner._current.task = "evaluate-worker"
+    code = (
+        "import os, threading\n"
+        "t = threading.Thread(target=lambda: print('thread nice',"
+        " os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))\n"
+        "t.start(); t.join(); print('main nice', os.nice(0))\n"
+    )
+    try:
+        assert run([sys.executable, "-c", code]) == 0
+    finally:
+        del local_runner._current.task
+    logs = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    want = min(19, os.nice(0) + 7)
+    assert f"thread nice {want}" in logs and f"main nice {want}" in logs, logs

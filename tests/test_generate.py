@@ -364,3 +364,39 @@ def test_load_weights_in_place_equals_a_fresh_load(tiny_assets, tmp_path):
     save_checkpoint(wider, tok, tmp_path / "wider")
     with pytest.raises(ValueError, match=r"model.embed_tokens.weight has shape \(\d+, 48\)"):
         backend.load_weights(tmp_path / "wider")
+
+
+def test_stop_in_tail_agrees_with_a_full_decode():
+    """The generate loop looks for stop strings in the text of its last tokens only; it must stop
+    at the same step as a decode of the whole response would: across a run of special tokens
+    (skipped, no characters: they held a window of 2 * len(stop) + 8 tokens without the start
+    of "\\n\\n"), and across characters split over byte-level tokens."""
+    from transformers import AutoTokenizer
+
+    from components.generate.backends import cut_at_stop
+    from components.generate.hf_backend import stop_in_tail, stop_window
+    from tests.test_real_tokenizer import _gguf
+
+    gguf = _gguf()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    cases = [
+        (enc("x = 5\n") + [start] * 12 + enc("\nmore"), ("\n\n",)),
+        (enc("ok") + [start] * 40 + enc(" then Answer: 7"), ("Answer:",)),
+        (enc("前文答案是答案是答案是答案是！后文"), ("答案是答案是答案是答案是！",)),
+        (enc("🙂🙂🙂🙂🙂🙂🙂🙂🙂 done"), ("🙂🙂🙂🙂🙂🙂🙂🙂🙂",)),
+    ]
+    for ids, stop in cases:
+        row = torch.tensor(ids)
+        full = next(
+            (e for e in range(1, len(ids) + 1)
+             if cut_at_stop(tok.decode(ids[:e], skip_special_tokens=True), stop)[1]),
+            None,
+        )  # fmt: skip
+        tail = next(
+            (e for e in range(1, len(ids) + 1)
+             if stop_in_tail(tok, row, e, stop, stop_window(stop))),
+            None,
+        )  # fmt: skip
+        assert tail == full, (stop, tok.decode(ids), tail, full)

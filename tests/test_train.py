@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -470,3 +471,67 @@ def test_cpu_start_compiles_no_deepspeed_op(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "shm op: None" in out.stdout
     assert not (tmp_path / "ext").exists() or not any((tmp_path / "ext").rglob("*.so"))
+
+
+def _logprobs_against_the_models_logits(model, V: int) -> None:
+    from components.train import update
+    from components.train.batching import Rollouts, collate
+
+    ro = Rollouts(
+        prompt_ids=["a", "b"],
+        prompt_tokens=[[5, 6, 7], [8, 9]],
+        response_tokens=[[10, 11, 12, 13], [14, 15]],
+        rollout_logprobs=[[0.0] * 4, [0.0] * 2],
+        rewards=np.zeros(2),
+        truncated=np.array([False, False]),
+    )
+    mb = collate(ro, [0, 1], 0)
+    with torch.no_grad():
+        lp, _ = update.sequence_logprobs(model, mb, 1.0, "cpu")
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits.float()
+    idx = mb.response_index
+    want = torch.log_softmax(logits, -1).gather(1, idx.unsqueeze(-1).expand(-1, -1, V))
+    want = want.gather(-1, mb.response_tokens.unsqueeze(-1)).squeeze(-1)
+    m = mb.response_mask
+    assert torch.allclose(lp[m], want[m], atol=1e-5), (lp[m] - want[m]).abs().max()
+
+
+def test_sequence_logprobs_keep_the_logits_of_a_forward_that_changes_them():
+    """A model whose logits are not hidden @ W^T by a transform no config attribute names (here a
+    hook halving the head's output) passes `output_head`'s static checks; the last position's
+    logits, which the model computes anyway (logits_to_keep=1), show the difference, and the
+    trainer takes the model's own logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from components.train import update
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    assert update.output_head(model) is not None
+    _logprobs_against_the_models_logits(model, 64)  # the chunked path, identical values
+    model.lm_head.register_forward_hook(lambda _m, _a, out: out * 0.5)
+    _logprobs_against_the_models_logits(model, 64)
+
+
+def test_sequence_logprobs_keep_the_logits_of_a_model_that_scales_its_head():
+    """Falcon-H1 multiplies its head's output by config.lm_head_multiplier: the chunked
+    hidden-state path (hidden @ W^T) would drop the factor, so such a model keeps its own logits,
+    and the trainer's logprobs equal log_softmax of the model's logits either way."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    from components.train import update
+
+    torch.manual_seed(0)
+    cfg = FalconH1Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, mamba_d_ssm=32, mamba_n_heads=4,
+        mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=8,
+        lm_head_multiplier=0.25,
+    )  # fmt: skip
+    model = FalconH1ForCausalLM(cfg).eval()
+    assert update.output_head(model) is None
+    _logprobs_against_the_models_logits(model, 64)

@@ -259,13 +259,11 @@ class TransformersBackend:
             finished |= hit_eos
             stopped |= hit_eos
             if spec.stop:
-                # Text-level, per row, over the last `window` tokens only: a stop string that
-                # completes at this step lies within them (every earlier step was checked), and
-                # decoding the whole response each step costs O(T^2) per row.
-                lo = max(0, t + 1 - window)
+                # Text-level, per row, over the last tokens only (`stop_in_tail`): a stop string
+                # that completes at this step lies within them (every earlier step was checked),
+                # and decoding the whole response each step costs O(T^2) per row.
                 for i in torch.nonzero(live & ~hit_eos).flatten().tolist():
-                    text = self.tokenizer.decode(tokens[i, lo : t + 1], skip_special_tokens=True)
-                    if cut_at_stop(text, spec.stop)[1]:
+                    if stop_in_tail(self.tokenizer, tokens[i], t + 1, spec.stop, window):
                         finished[i] = True
                         stopped[i] = True
             if bool(finished.all()) or t == T - 1:
@@ -303,12 +301,31 @@ class TransformersBackend:
 
 
 def stop_window(stop: tuple[str, ...]) -> int:
-    """Tokens to decode when looking for a stop string that completes at the newest token.
+    """Tokens first decoded when looking for a stop string that completes at the newest token.
 
-    Every token decodes to at least one character, except special tokens (skipped) and the bytes
-    of a character split across byte-level BPE tokens (a replacement character until the last
-    byte): twice the longest stop string's length, plus a margin, covers both."""
+    Most tokens decode to at least one character; special tokens (skipped) and the bytes of a
+    character split across byte-level BPE tokens do not, so twice the longest stop string's
+    length plus a margin usually suffices, and `stop_in_tail` widens it where it does not."""
     return 2 * max((len(s) for s in stop), default=0) + 8
+
+
+def stop_in_tail(tokenizer, row, end: int, stop: tuple[str, ...], window: int) -> bool:
+    """Whether the text of ``row[:end]`` contains a stop string, decoding only its last tokens.
+
+    Starts from the last `window` tokens and widens the window (to the whole row at most) until
+    its text holds the longest stop string plus the newest token's text: special tokens decode to
+    nothing and a character split across byte-level BPE tokens takes several, so a fixed count
+    of tokens can hold fewer characters than a stop string that completed at the newest token
+    (a run of skipped special tokens inside "\n\n", a stop string of CJK characters). The
+    replacement characters of a character cut at the window's start do not count."""
+    longest = max(len(s) for s in stop)
+    need = longest + len(tokenizer.decode(row[end - 1 : end], skip_special_tokens=True))
+    lo = max(0, end - window)
+    while True:
+        text = tokenizer.decode(row[lo:end], skip_special_tokens=True)
+        if lo == 0 or len(text.lstrip("\ufffd")) >= need:
+            return cut_at_stop(text, stop)[1]
+        lo = max(0, lo - max(window, end - lo))  # double the window
 
 
 def cache_kwarg(model) -> str:

@@ -75,8 +75,9 @@ def sequence_logprobs(
             )
         )
         try:
-            # logits_to_keep=1: the model's own head computes one position, which nothing uses
-            model(
+            # logits_to_keep=1: the model's own head computes the last position only, which
+            # checks that its logits are hidden @ W^T (`head_matches`)
+            out = model(
                 input_ids=mb.input_ids.to(device),
                 attention_mask=mb.attention_mask.to(device),
                 use_cache=False,
@@ -85,16 +86,19 @@ def sequence_logprobs(
         finally:
             hook.remove()
         hidden = captured[-1]
-        hidden = hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        return algos.logprobs_from_hidden(
-            hidden,
-            weight,
-            tokens,
-            temperature,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-            chunk_tokens=head_chunk_tokens(weight.shape[0]),
-        )
+        if head_matches(out.logits[:, -1], hidden[:, -1], weight):
+            hidden = hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+            return algos.logprobs_from_hidden(
+                hidden,
+                weight,
+                tokens,
+                temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                chunk_tokens=head_chunk_tokens(weight.shape[0]),
+            )
+        # a transform of the logits that no config attribute names: the model's own logits
+        del out, hidden, captured
     out = model(
         input_ids=mb.input_ids.to(device),
         attention_mask=mb.attention_mask.to(device),
@@ -115,13 +119,31 @@ HEAD_CHUNK_ELEMENTS = 1 << 24
 """Logit elements per chunk of `logprobs_from_hidden` (64 MB in float32): 341 positions at a
 49k vocabulary; at a small vocabulary every position in one chunk."""
 
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier")
+LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "output_multiplier",
+    "lm_head_multiplier",
+)
 """Config attributes of models whose logits are not just the projection of the last hidden
-state (Gemma 2's soft cap, Cohere's and Granite's scales): they keep the model's own logits."""
+state (Gemma 2's soft cap, Cohere's, Granite's and HyperCLOVA X's scales, Falcon-H1's head
+multiplier), on the config or its text config: they keep the model's own logits."""
 
 
 def head_chunk_tokens(vocab: int) -> int:
     return max(16, HEAD_CHUNK_ELEMENTS // max(vocab, 1))
+
+
+def head_matches(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the model's own logits at one position per row equal ``hidden @ weight.T`` within
+    rounding (a bf16 logit of magnitude m rounds by m/256): a model whose forward scales, caps
+    or shifts its logits in a way `LOGIT_TRANSFORMS` does not name, or whose decoder output is
+    not what its head reads, fails it.  # logits [b, V], hidden [b, H], weight [V, H]"""
+    with torch.no_grad():
+        own = logits.float()
+        mine = torch.nn.functional.linear(hidden.to(weight.dtype), weight).float()
+        return bool((mine - own).abs().max() <= 1e-2 * (1.0 + own.abs().max()))
 
 
 def output_head(model) -> tuple[torch.nn.Module, torch.Tensor] | None:
@@ -142,7 +164,11 @@ def output_head(model) -> tuple[torch.nn.Module, torch.Tensor] | None:
         type(head) is not torch.nn.Linear
         or head.bias is not None
         or hasattr(head.weight, "ds_id")  # ZeRO-3
-        or any(getattr(config, a, None) not in (None, 1, 1.0) for a in LOGIT_TRANSFORMS)
+        or any(
+            getattr(c, a, None) not in (None, 1, 1.0)
+            for c in (config, getattr(config, "text_config", None))
+            for a in LOGIT_TRANSFORMS
+        )
         or "logits_to_keep" not in inspect.signature(type(base).forward).parameters
     ):
         return None
