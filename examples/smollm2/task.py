@@ -12,8 +12,9 @@ temperature 0.8 it answers about one time in four, often at length and seldom in
 truncated answers earn nothing; word problems ("Anna has 7 coins and finds 5 more...") were
 tried first and are hopeless for it (1.5% at temperature 1.0). The reward is the math verifier
 (`math`: the last box, else an answer phrase or the last line, by math equivalence). The
-held-out set takes whole (family, a, b) combinations, so no eval problem's numbers appear in
-train.
+held-out set takes whole (family, a, b) combinations: no eval problem appears in train as
+written, but a held-out sum of one digit may have its commuted twin there (3 + 5 held out,
+5 + 3 trained on: 12 of the 20 held-out `add` problems); `sub` and `add2` have no twins.
 
 Rows are in verl's format: ``data_source`` "smollm2_arith", ``prompt`` a one-message chat,
 ``reward_model.ground_truth`` the answer, ``extra_info`` the family and numbers.
