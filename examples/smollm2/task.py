@@ -8,7 +8,7 @@ integer answer. Families:
 * ``add2``: a + b with a in 10..40, b in 1..9.
 
 Calibrated on the packaged base (SmolLM2-135M-Instruct, its 4-bit weights dequantized): at
-temperature 0.8 it answers about one time in four, often at length and seldom in a box, and
+temperature 0.8 it answers about one time in eight (held-out pass@1 0.123), wordily, and
 truncated answers earn nothing; word problems ("Anna has 7 coins and finds 5 more...") were
 tried first and are hopeless for it (1.5% at temperature 1.0). The reward is the math verifier
 (`math`: the last box, else an answer phrase or the last line, by math equivalence). The
