@@ -102,6 +102,9 @@ def bare_generate(model, tok, prompts: list[PromptRow], spec: SamplingSpec, batc
     ]
     per_batch = max(1, batch // spec.n)
     tokens = 0
+    # Left padding, as a decoder-only batch needs (a real tokenizer's default is right padding:
+    # the rows would continue after their pads and end early).
+    tok.padding_side = "left"
     for s in range(0, len(texts), per_batch):
         chunk = [t for t in texts[s : s + per_batch] for _ in range(spec.n)]
         enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
