@@ -239,8 +239,14 @@ class TransformersBackend:
         lengths = torch.zeros(B, dtype=torch.long, device=dev)
         finished = torch.zeros(B, dtype=torch.bool, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
-        pad_col = torch.full((B,), pad, dtype=torch.long, device=dev)
         uniforms = uniforms.to(dev)
+        # The rows still sampling (`act`, indices into the batch): the per-step tensors (logits,
+        # mask, positions, uniforms, the KV cache) hold these rows only. Finished rows are dropped
+        # from them once they are an eighth of the rows: a static batch otherwise computes every
+        # row until its longest response ends (with real models' response lengths, most of the
+        # decode work went to rows that were done).
+        act = torch.arange(B, device=dev)
+        compact = hasattr(past, "batch_select_indices")
         for t in range(T):
             scaled = logits.float()
             if spec.temperature > 0:
@@ -251,24 +257,30 @@ class TransformersBackend:
             else:
                 tok = sample_inverse_cdf(sampling_probs(logits.float(), spec), uniforms[:, t])
             lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-            live = ~finished
-            tokens[:, t] = torch.where(live, tok, pad_col)
-            logps[:, t] = torch.where(live, lp, 0.0)
-            lengths += live
+            live = ~finished[act]
+            tokens[act, t] = torch.where(live, tok, pad)
+            logps[act, t] = torch.where(live, lp, 0.0)
+            lengths[act] += live
             hit_eos = torch.isin(tok, eos) & live
-            finished |= hit_eos
-            stopped |= hit_eos
+            finished[act] = finished[act] | hit_eos
+            stopped[act] = stopped[act] | hit_eos
             if spec.stop:
                 # Text-level, per row, over the last tokens only (`stop_in_tail`): a stop string
                 # that completes at this step lies within them (every earlier step was checked),
                 # and decoding the whole response each step costs O(T^2) per row.
-                for i in torch.nonzero(live & ~hit_eos).flatten().tolist():
+                for i in act[live & ~hit_eos].tolist():
                     if stop_in_tail(self.tokenizer, tokens[i], t + 1, spec.stop, window):
                         finished[i] = True
                         stopped[i] = True
             if bool(finished.all()) or t == T - 1:
                 break
-            feed = torch.where(finished, pad_col, tok)
+            done = finished[act]
+            if compact and 8 * int(done.sum()) >= len(act):
+                keep = torch.nonzero(~done).flatten()
+                past.batch_select_indices(keep)
+                act, tok, done = act[keep], tok[keep], done[keep]
+                attn_all, next_pos, uniforms = attn_all[keep], next_pos[keep], uniforms[keep]
+            feed = torch.where(done, pad, tok)
             out = self.model(
                 input_ids=feed.unsqueeze(-1),
                 attention_mask=attn_all[:, : P + t + 1],
