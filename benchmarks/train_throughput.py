@@ -195,6 +195,16 @@ def main() -> None:
     else:
         tok = build_tokenizer()
     ro = synthetic_rollouts(args.rollouts, len(tok))
+    peak = None
+    if args.model:  # first, while this process holds no model: two at once need 2x the memory
+        peak = peak_rss_mb(
+            args.rollouts,
+            max(1, args.rollouts // args.mini_batches),
+            0,
+            0,
+            args.model,
+            args.micro_tokens,
+        )
     mean_len = float(np.mean(ro.lengths()))
     rows_per_micro = max(1, int(args.micro_tokens // max(ro.lengths())))  # the same memory bound
     t = TrainSection(lr=1e-5, mini_batches=args.mini_batches, micro_batch_tokens=args.micro_tokens)
@@ -237,10 +247,7 @@ def main() -> None:
     print(f"padding      stage {100 * stage_waste[0]:.1f}% of computed tokens   "
           f"bare (arrival order) {100 * bare_waste[0]:.1f}%")  # fmt: skip
 
-    if args.model:
-        del engine, model, bare_model, opt
-        peak = peak_rss_mb(args.rollouts, max(1, args.rollouts // args.mini_batches), 0, 0,
-                           args.model, args.micro_tokens)  # fmt: skip
+    if peak is not None:
         floor = (16 * params + activations) / 2**20
         print(f"memory       peak RSS of one iteration {peak:,.0f} MB; floor {floor:,.0f} MB = "
               f"weights+grads+Adam {16 * params / 2**20:,.0f} MB + one micro-batch's saved "
