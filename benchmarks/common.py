@@ -12,6 +12,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it (the platform's word elsewhere)."""
+    import platform
+    import re
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return re.sub(r"\s+", " ", line.split(":", 1)[1]).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def bench_setup(name: str, config: str, iterations: int | None, overrides=()):
     """A fresh output folder `benchmarks/out/<name>-<time>/` and the config of its runs: the
     store under `runs/`, the inputs prepared (built offline on first use, untimed)."""

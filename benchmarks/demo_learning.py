@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--store", default=str(ROOT / "rlvr-runs"))
     ap.add_argument("--set", action="append", default=[], help="config override a.b=v")
     args = ap.parse_args()
-    from benchmarks.generate_throughput import cpu_model
+    from benchmarks.common import cpu_model
 
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores")
 

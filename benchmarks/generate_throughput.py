@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,22 +35,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import cpu_model  # noqa: E402
 from components.core.commit import OutputDir  # noqa: E402
 from components.core.store import LocalStore  # noqa: E402
 from components.generate.backends import SamplingSpec  # noqa: E402
 from components.generate.hf_backend import TransformersBackend  # noqa: E402
-from components.generate.stage import PromptRow, generate_rollouts  # noqa: E402
+from components.generate.stage import PromptRow, generate_rollouts, prompts_from  # noqa: E402
 from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def make_prompts(k: int) -> list[PromptRow]:
@@ -63,15 +53,11 @@ def make_prompts(k: int) -> list[PromptRow]:
     ]
 
 
-def prompts_from(path: Path, k: int) -> list[PromptRow]:
+def read_prompts(path: Path, k: int) -> list[PromptRow]:
     """The first `k` prompts of a verl-format Parquet file (an example's eval set)."""
     import pyarrow.parquet as pq
 
-    rows = pq.read_table(path).to_pylist()[:k]
-    return [
-        PromptRow(f"p{i}", r["data_source"], r["reward_model"]["ground_truth"], r["prompt"], None)
-        for i, r in enumerate(rows)
-    ]
+    return prompts_from(pq.read_table(path), str(path), "p", list(range(k)))
 
 
 def matmul_params(model) -> int:

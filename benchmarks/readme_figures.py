@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -41,6 +40,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import cpu_model  # noqa: E402
+
 README = ROOT / "README.md"
 TIME_NOISE = 1 / 3
 FIXED_SHARE_NOISE = 0.10
@@ -63,14 +66,7 @@ def load_average() -> float:
 
 
 def machine(load_before: float) -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = re.sub(r"\s+", " ", line.split(":", 1)[1]).strip()
-                break
-    except OSError:
-        model = platform.processor() or model
+    model = cpu_model()
     return (f"{model}, {os.cpu_count()} cores; load average {load_before:.2f} before the run, "
             f"{load_average():.2f} after")  # fmt: skip
 
@@ -232,5 +228,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

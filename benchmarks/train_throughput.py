@@ -185,7 +185,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="an HF checkpoint directory")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    from benchmarks.generate_throughput import cpu_model
+    from benchmarks.common import cpu_model
 
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}")
     if args.model:
