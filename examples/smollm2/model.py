@@ -41,24 +41,25 @@ def packaged_gguf() -> Path | None:
 
 
 def from_hub(out: Path, hub_id: str = HUB_ID, timeout_s: float = 10.0) -> bool:
-    """Download the model's files from the Hub into `out`; False when the Hub is unreachable."""
+    """Copy the model's files from the Hub into `out` (through rlvr's own Hub input, which
+    `model.base: OWNER/NAME` uses too); False when the Hub cannot be reached."""
     import os
+    import shutil
+
+    from components.core.checkpoint import portable_tokenizer_config
+    from components.core.hub import HubError, materialize
 
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(int(timeout_s)))
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(timeout_s)))
     try:
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(
-            hub_id,
-            local_dir=str(out),
-            allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt"],
+        local, _revision = materialize(f"hf://{hub_id}")
+    except (HubError, OSError) as e:  # offline is expected here; the GGUF path follows
+        print(
+            f"the Hub is not available for {hub_id} ({str(e).splitlines()[0][:120]}); "
+            "using the GGUF"
         )
-    except Exception as e:  # noqa: BLE001 - offline is expected here; the GGUF path follows
-        print(f"the Hub is not reachable for {hub_id} ({type(e).__name__}); using the GGUF")
         return False
-    from components.core.checkpoint import portable_tokenizer_config
-
+    shutil.copytree(local, out)
     portable_tokenizer_config(out)
     return True
 
