@@ -178,7 +178,7 @@ def main() -> None:
     spec = SamplingSpec(n=args.n, temperature=args.temperature, top_p=1.0, top_k=0,
                         max_new_tokens=args.max_new_tokens)  # fmt: skip
     prompts = (
-        prompts_from(args.prompts_from, args.prompts)
+        read_prompts(args.prompts_from, args.prompts)
         if args.prompts_from
         else make_prompts(args.prompts)
     )

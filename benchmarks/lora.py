@@ -1,13 +1,17 @@
 """LoRA vs full fine-tuning on the demo: what crosses from train to generate each iteration,
-how long a warm engine takes to load it, the train step, and learning at equal rollouts.
+how long a warm engine takes to load it, its share of an iteration, the train step, and learning
+at equal rollouts.
 
     python benchmarks/lora.py [--lora 16:16:5e-3 4:4:5e-3:head ...] [--seeds 0 1]
+    python benchmarks/lora.py --config examples/smollm2/config.yaml --iterations 4 \
+        --lora 16:32:2e-4 --set evaluate.every=4       # the handoff at 135M parameters
 
 For every seed, the baseline (full fine-tuning at the config's lr) and one run per `--lora
 RANK:ALPHA:LR[:head]` setting (`:head` sets `model.lora.output_head`), all from the same base
 with the same run seed (the same prompts, samples per prompt and updates: equal rollouts), side
 by side in one invocation. Printed: bytes per handoff (the train stage's committed weights) and
-their ratio; generate's warm policy load
+their ratio; the handoff's seconds (train's checkpoint commit plus generate's load) and their
+share of an iteration; generate's warm policy load
 (median over iterations); train work per iteration (median); held-out pass@1 with its 95% CI at
 the middle and the last checkpoint, per seed and as the mean over seeds; and, from parameter
 counts on the meta device, the handoff of a Qwen2.5-7B-shaped model at each rank against its
@@ -39,7 +43,14 @@ def figures(root: Path) -> dict:
     warm = [g["policy_load_s"] for g in gens if g.get("policy_load") in ("weights", "adapter")]
     evals = {int(p.parent.name): json.loads(p.read_text())["overall"]
              for p in root.glob("evals/[0-9]*/metrics.json")}  # fmt: skip
+    from components.core.store import get_store
+    from components.evaluate.timeline import load_timeline, summary
+
+    tl = summary(load_timeline(get_store(str(root)), str(root)))
     return {
+        "handoff_s": tl["handoff_s"],
+        "handoff_share": tl["handoff_share"],
+        "iteration_s": tl["iteration_s"],
         "bytes": statistics.median(
             sum(f["bytes"] for f in m["files"] if f["path"].endswith(".safetensors"))
             for m in manifests
@@ -116,6 +127,7 @@ def main() -> int:
                     help="RANK:ALPHA:LR[:head], one run per setting")  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--iterations", type=int, default=None)
+    ap.add_argument("--set", action="append", default=[], help="config override a.b=v, all sides")
     ap.add_argument(
         "--replot",
         nargs="+",
@@ -133,7 +145,7 @@ def main() -> int:
     from components.core.adapter import adapter_parameter_count
     from components.core.config import LoraSection
 
-    bench, cfg = bench_setup("lora", args.config, args.iterations)
+    bench, cfg = bench_setup("lora", args.config, args.iterations, args.set)
     sides = {"full": []}
     settings: dict[str, LoraSection] = {}
     for rank, alpha, lr, head in args.lora:
@@ -147,7 +159,8 @@ def main() -> int:
             run_id = f"s{seed}-" + name.replace(" ", "-").replace("+", "")
             cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", run_id,
                    "--set", f"run.store={cfg.run.store}", "--set", f"run.seed={seed}",
-                   "--iterations", str(cfg.run.iterations), *extra]  # fmt: skip
+                   "--iterations", str(cfg.run.iterations),
+                   *[f"--set={o}" for o in args.set], *extra]  # fmt: skip
             print(f"running {run_id} ...", flush=True)
             wall = timed(cmd, bench / f"{run_id}.log")
             root = Path(cfg.run.store, run_id)
@@ -171,6 +184,11 @@ def main() -> int:
         ft = statistics.median(r["train_s"] for r in full)
         print(f"\n== {name} ==")
         print(f"  handoff per iteration: {b:,.0f} B ({fb / b:.1f}x smaller than full)")
+        hs = statistics.median(r["handoff_s"] for r in rs)
+        share = statistics.median(r["handoff_share"] for r in rs)
+        it = statistics.median(r["iteration_s"] for r in rs)
+        print(f"  handoff time (train's commit + generate's load, median): {hs:.2f} s, "
+              f"{100 * share:.1f}% of an iteration ({it:.1f} s)")  # fmt: skip
         cold = statistics.median(r["cold_s"] for r in rs)
         fc = statistics.median(r["cold_s"] for r in full)
         print(f"  warm policy load in generate (median): {load * 1e3:.1f} ms "

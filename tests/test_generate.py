@@ -400,3 +400,105 @@ def test_stop_in_tail_agrees_with_a_full_decode():
             None,
         )  # fmt: skip
         assert tail == full, (stop, tok.decode(ids), tail, full)
+
+
+@pytest.mark.parametrize(
+    "temperature, top_p, top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5), (0.0, 1.0, 0)]
+)
+def test_sample_step_is_the_inverse_cdf_draw_and_its_logprob(temperature, top_p, top_k):
+    """sample_step draws what sample_inverse_cdf(sampling_probs) draws (greedy: the argmax), and
+    its logprob is log_softmax(logits/T) of that token before truncation, computed here in
+    float64. Tolerance: the step's float64 result rounded to float32 (1 ulp at |logp| < 16)."""
+    from components.generate.hf_backend import sample_step, sampling_probs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 3000, generator=g) * 4
+    u = torch.rand(64, generator=g, dtype=torch.float64)
+    spec = SamplingSpec(n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=1)
+    tok, lp = sample_step(logits, u, spec)
+    if temperature == 0:
+        want = logits.argmax(-1)
+        ref = torch.log_softmax(logits.double(), -1)
+    else:
+        want = sample_inverse_cdf(sampling_probs(logits, spec), u)
+        ref = torch.log_softmax(logits.double() / temperature, -1)
+    assert torch.equal(tok, want)
+    assert lp.dtype == torch.float32
+    torch.testing.assert_close(lp, ref.gather(-1, want[:, None])[:, 0].float(), rtol=0, atol=2e-6)
+
+
+def test_sample_step_never_draws_a_zero_probability_token():
+    """Rows whose tail underflows to probability 0 (logits 1e4 apart) and a uniform at the top
+    of the CDF still draw a token of positive probability."""
+    from components.generate.hf_backend import sample_step
+
+    logits = torch.full((2, 6), -1e4)
+    logits[:, :2] = torch.tensor([0.0, 0.5])
+    spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1)
+    tok, lp = sample_step(logits, torch.tensor([1 - 1e-17, 0.0], dtype=torch.float64), spec)
+    assert tok.tolist() == [1, 0] and torch.isfinite(lp).all()
+
+
+def test_reserved_kv_cache_decodes_like_the_dynamic_one(policy):
+    """kv_cache.reserve: the same logits as transformers' concatenating cache over prefill,
+    decode steps past the reservation (where it grows), a dropped row and a crop. Tolerance
+    1e-5: attention reads a strided view of the buffer instead of a contiguous tensor, and
+    the kernels may sum in another order."""
+    from transformers import DynamicCache
+
+    from components.generate.hf_backend import cache_kwarg
+    from components.generate.kv_cache import ReservedLayer, reserve
+
+    model, _ = policy
+    kw = cache_kwarg(model)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 60, (4, 7), generator=g)
+    steps = torch.randint(3, 60, (4, 6), generator=g)
+
+    def run(reserved: bool) -> list[torch.Tensor]:
+        with torch.no_grad():
+            cache = DynamicCache(config=model.config)
+            out = model(input_ids=ids, use_cache=True, **{kw: cache})
+            cache = getattr(out, kw)
+            if reserved:
+                assert reserve(cache, 7 + 3)  # room for 3 steps; the 4th grows
+                assert all(isinstance(layer, ReservedLayer) for layer in cache.layers)
+            seen = [out.logits[:, -1]]
+            rows = torch.arange(4)
+            for t in range(6):
+                if t == 4:  # drop row 1, as the backend drops finished rows
+                    rows = torch.tensor([0, 2, 3])
+                    cache.batch_select_indices(rows)
+                out = model(input_ids=steps[rows, t : t + 1], use_cache=True, **{kw: cache})
+                cache = getattr(out, kw)
+                seen.append(out.logits[:, -1])
+            assert cache.get_seq_length() == 7 + 6
+            cache.crop(-2)
+            assert cache.get_seq_length() == 7 + 4
+            out = model(input_ids=steps[rows, 5:6], use_cache=True, **{kw: cache})
+            seen.append(out.logits[:, -1])
+        return seen
+
+    for a, b in zip(run(False), run(True), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_shared_prefill_equals_prefilling_every_row(policy):
+    """The prompt's forward, once per prompt and repeated to its n rows, gives each row the
+    cache and logits of prefilling it alone (tolerance 1e-5: the batch holds n times fewer rows,
+    and matmul kernels may block the sums differently by batch size)."""
+    model, tok = policy
+    backend = TransformersBackend(model, tok)
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(3, 60, (3, 5), generator=g).repeat_interleave(4, dim=0)
+    attn = torch.ones_like(prompts)
+    attn[:4, :2] = 0  # the first prompt is left-padded
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        shared, logits_shared = backend._prefill(prompts, attn, pos, 4)
+        alone, logits_alone = backend._prefill(prompts, attn, pos, 1)
+    assert logits_shared.shape == logits_alone.shape == (12, model.config.vocab_size)
+    torch.testing.assert_close(logits_shared, logits_alone, rtol=0, atol=1e-5)
+    for a, b in zip(shared.layers, alone.layers, strict=True):
+        torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-5)
+        torch.testing.assert_close(a.values, b.values, rtol=0, atol=1e-5)

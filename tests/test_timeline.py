@@ -62,3 +62,20 @@ def test_a_run_made_stage_by_stage_is_its_own_timeline(tmp_path: Path) -> None:
         )
     s = summary(load_timeline(get_store(str(tmp_path)), str(tmp_path)))
     assert s["steps"] == 3 and s["reruns"] == [] and s["wall_s"] == pytest.approx(23.0)
+
+
+def test_the_policy_handoff_is_the_load_and_commit_inside_each_iteration(tmp_path: Path) -> None:
+    """Per iteration: generate loads for 0.5 s, works 1 s; verify works 1 s; train works 2 s and
+    commits for 1.5 s. An iteration (end of train i-1 to end of train i) is 6 s, of it 2 s the
+    handoff (0.5 + 1.5): 1/3."""
+    t = 0.0
+    for i in range(3):
+        _commit(tmp_path, "generate", i, [["load", t, t + 0.5], ["work", t + 0.5, t + 1.5]])
+        _commit(tmp_path, "verify", i, [["work", t + 1.5, t + 2.5]])
+        _commit(tmp_path, "train", i, [["work", t + 2.5, t + 4.5], ["commit", t + 4.5, t + 6.0]])
+        t += 6.0
+    s = summary(load_timeline(get_store(str(tmp_path)), str(tmp_path)))
+    assert s["iteration_s"] == pytest.approx(6.0)
+    assert s["handoff_s"] == pytest.approx(2.0)
+    assert s["handoff_share"] == pytest.approx(1 / 3)
+    assert "policy handoff, checkpoint commit and load, 2.00 s: 33%" in format_summary(s)

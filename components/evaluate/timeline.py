@@ -237,11 +237,25 @@ def iteration_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
     return out
 
 
+def handoff_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
+    """(iteration, seconds, iteration seconds) of the policy handoff in each iteration after the
+    first (the intervals of `iteration_times`): generate i loading checkpoint i plus train i
+    committing checkpoint i+1, the time a policy spends crossing from train to generate."""
+    by_key = {(s.stage, s.iteration): s for s in tl.steps}
+    out = []
+    for i, seconds, _ in iteration_times(tl):
+        gen, train = by_key.get(("generate", i)), by_key[("train", i)]
+        moved = train.seconds("commit") + (gen.seconds("load") if gen else 0.0)
+        out.append((i, moved, seconds))
+    return out
+
+
 def summary(tl: RunTimeline) -> dict[str, Any]:
     length, path = critical_path(tl)
     work_on_path = sum(s.seconds("work") for s in path)
     iters = iteration_times(tl)
     total = sum(t for _, t, _ in iters)
+    handoff = sum(h for _, h, _ in handoff_times(tl))
     first_work = min((s for st in path for k, s, _ in st.spans if k == "work"), default=tl.start)
     return {
         "wall_s": tl.wall,
@@ -251,6 +265,8 @@ def summary(tl: RunTimeline) -> dict[str, Any]:
         "fixed_share": 1.0 - work_on_path / tl.wall if tl.wall > 0 else 0.0,
         "iteration_s": total / len(iters) if iters else 0.0,
         "iteration_fixed_share": 1.0 - sum(w for *_, w in iters) / total if total > 0 else 0.0,
+        "handoff_s": handoff / len(iters) if iters else 0.0,
+        "handoff_share": handoff / total if total > 0 else 0.0,
         "stages": tl.by_stage(),
         "steps": len(tl.steps),
         "reruns": sorted(f"{s.stage} {s.iteration:05d}" for s in tl.reruns),
@@ -260,8 +276,9 @@ def summary(tl: RunTimeline) -> dict[str, Any]:
 def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"time: {s['wall_s']:.1f} s wall, of it {s['startup_s']:.1f} s start-up; an iteration "
-        f"{s['iteration_s']:.2f} s, fixed cost {100 * s['iteration_fixed_share']:.0f}% of it; "
-        f"critical path {s['critical_path_s']:.1f} s ({s['critical_path_work_s']:.1f} s stage "
+        f"{s['iteration_s']:.2f} s, fixed cost {100 * s['iteration_fixed_share']:.0f}% of it "
+        f"(the policy handoff, checkpoint commit and load, {s.get('handoff_s', 0.0):.2f} s: "
+        f"{100 * s.get('handoff_share', 0.0):.0f}%); critical path {s['critical_path_s']:.1f} s ({s['critical_path_work_s']:.1f} s stage "
         f"work; fixed cost {100 * s['fixed_share']:.0f}% of the wall time)",
         f"{'stage':>10} " + " ".join(f"{k:>8}" for k in SPAN_KINDS),
     ]
