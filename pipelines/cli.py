@@ -121,7 +121,22 @@ def eval_table(cfg_or_root: RunConfig | str, label: str | None = None) -> Table:
     return table
 
 
-@click.group(help="rlvr: RL from verifiable rewards as Kubeflow Pipelines stages.")
+class _Cli(click.Group):
+    """The `rlvr` group: a user error from any command (components/core/errors.py: bad input,
+    or the store's own failure) is one line and exit status 2; anything else keeps its
+    traceback."""
+
+    def invoke(self, ctx: click.Context):
+        from components.core.errors import USER_ERRORS
+
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Cli, help="rlvr: RL from verifiable rewards as Kubeflow Pipelines stages.")
 @click.version_option(package_name="rlvr", prog_name="rlvr")
 def main() -> None:
     pass
@@ -129,7 +144,7 @@ def main() -> None:
 
 def _check(cfg: RunConfig, *, inputs: bool, for_cluster: bool = False) -> float:
     """`rlvr check`'s work; every error at once, exit status 2."""
-    from components.core.preflight import PreflightError
+    from components.core.errors import PreflightError
     from pipelines.preflight import run_check
 
     try:
@@ -415,11 +430,7 @@ def _build(cfg: RunConfig, pipeline: str, stage_name: str | None, iteration: int
 
     if stage_name and pipeline == "train":
         pipeline = "stage"
-    try:
-        return build(cfg, pipeline, stage=stage_name, iteration=iteration)
-    except ValueError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    return build(cfg, pipeline, stage=stage_name, iteration=iteration)
 
 
 @main.command(name="compile", help="Compile a pipeline to KFP v2 IR YAML.")
@@ -514,15 +525,11 @@ def schedule(config, host, experiment, namespace, token, cron, run_id, overrides
     from pipelines.evaluation import build_eval_pipeline
 
     cfg = _load(config, overrides, run_id=run_id)
-    try:
-        rr = do_schedule(
-            cfg, build_eval_pipeline(cfg), host=host, cron=cron, experiment=experiment,
-            namespace=namespace, token=token, arguments=_arguments(cfg, "eval", "latest"),
-            job_name=f"{cfg.run_id}-eval-latest",
-        )  # fmt: skip
-    except ValueError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    rr = do_schedule(
+        cfg, build_eval_pipeline(cfg), host=host, cron=cron, experiment=experiment,
+        namespace=namespace, token=token, arguments=_arguments(cfg, "eval", "latest"),
+        job_name=f"{cfg.run_id}-eval-latest",
+    )  # fmt: skip
     click.echo(f"recurring run id: {rr}")
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.core.config import RunConfig
+from components.core.errors import UserError
 
 PIPELINES = ("train", "eval", "stage")
 
@@ -28,9 +29,9 @@ def build(
         return build_eval_pipeline(cfg)
     if pipeline == "stage":
         if not stage:
-            raise ValueError("--pipeline stage needs --stage NAME (and --iteration I)")
+            raise UserError("--pipeline stage needs --stage NAME (and --iteration I)")
         return build_stage_pipeline(cfg, stage, iteration)
-    raise ValueError(f"unknown pipeline {pipeline!r}; valid: {', '.join(PIPELINES)}")
+    raise UserError(f"unknown pipeline {pipeline!r}; valid: {', '.join(PIPELINES)}")
 
 
 def compile_to(fn: Callable, path: str | Path) -> str:
@@ -193,7 +194,7 @@ def schedule(
 ) -> str:
     """A recurring run (KFP's six-field cron), one at a time, with no catch-up of missed runs."""
     if len(cron.split()) != 6:
-        raise ValueError(
+        raise UserError(
             f"--cron {cron!r} must have six fields (seconds first), e.g. '0 0 */6 * * *'"
         )
     c = client(host, namespace, token)

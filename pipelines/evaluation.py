@@ -12,6 +12,7 @@ from collections.abc import Callable
 from kfp import dsl
 
 from components.core.config import RunConfig, code_stages
+from components.core.errors import UserError
 from pipelines.ops import make_ops
 from pipelines.placement import place, submits_job
 from pipelines.train import STAGES
@@ -66,7 +67,7 @@ def build_stage_pipeline(
     cfg: RunConfig, stage: str, iteration: int, *, for_cluster: bool = True
 ) -> Callable:
     if stage not in ("init", *STAGES):
-        raise ValueError(f"unknown stage {stage!r}; valid: init, {', '.join(STAGES)}")
+        raise UserError(f"unknown stage {stage!r}; valid: init, {', '.join(STAGES)}")
     ops = _ops(cfg)
     op = getattr(ops, stage)
     display = f"{stage}-{iteration:05d}"  # the compile-time default; the parameter may differ

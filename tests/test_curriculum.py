@@ -357,7 +357,7 @@ def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
 
 
 def test_a_bad_group_by_is_caught_by_check(tmp_path, tiny_assets):
-    from components.core.preflight import Problems
+    from components.core.errors import Problems
     from components.generate.checks import check_curriculum
 
     path = write_config(tmp_path, tiny_assets,
@@ -368,7 +368,7 @@ def test_a_bad_group_by_is_caught_by_check(tmp_path, tiny_assets):
 
 
 def test_a_return_after_within_the_lag_warns(tmp_path, tiny_assets):
-    from components.core.preflight import Problems
+    from components.core.errors import Problems
     from components.generate.checks import check_curriculum
 
     path = write_config(tmp_path, tiny_assets, train={"max_staleness": 1},

@@ -91,7 +91,8 @@ def test_a_pod_without_its_resolved_config_is_refused_clearly(monkeypatch):
                          env=env, timeout=120)  # fmt: skip
     assert ran.returncode == 2 and "Traceback" not in ran.stderr
     assert "error: env:RLVR_CONFIG_JSON: environment variable RLVR_CONFIG_JSON is not set" in (
-        ran.stderr)
+        ran.stderr
+    )
 
 
 def test_node_runs_torchrun_with_a_static_rendezvous_at_node_0():
@@ -117,7 +118,7 @@ def test_nodes_enter_the_lineage_only_when_more_than_one():
 
 
 def test_check_flags_a_multi_node_config_that_cannot_be_placed():
-    from components.core.preflight import Problems
+    from components.core.errors import Problems
     from components.train.checks import check_train
 
     base = {"model": {"base": "b"}, "data": {"train": "t.parquet"}}

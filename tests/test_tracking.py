@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from components.core.config import RunConfig
-from components.core.preflight import Problems
+from components.core.errors import Problems
 from components.core.tracking import (
     MultiTracker,
     StageTracking,

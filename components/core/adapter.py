@@ -25,6 +25,7 @@ from typing import Any
 
 from components.core.commit import sha256_file
 from components.core.config import LoraSection
+from components.core.errors import UserError
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -51,7 +52,7 @@ BASE_FILE = "rlvr_base.json"
 _BASE_FILES = ("config.json",)  # with every *.safetensors
 
 
-class AdapterError(ValueError):
+class AdapterError(UserError):
     """An adapter that cannot be used: wrong base, missing files; the message says what to do."""
 
 

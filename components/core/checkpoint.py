@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from components.core.commit import OutputDir, materialize
+from components.core.errors import Problems, UserError
 from components.core.store import Store, StoreError, get_store, is_s3
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 MAX_SHARD_SIZE = "2GB"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint directory that cannot be used; the message says why and what to do."""
 
 
@@ -47,6 +49,83 @@ def check_hf_dir(path: Path, source: str) -> None:
         raise CheckpointError(f"checkpoint {source} has no tokenizer files (tokenizer.json)")
 
 
+def safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is unusable (truncated, not safetensors), or None. Reads only the
+    header: 8 bytes of length, the JSON header, and the file size."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                return f"is {size} bytes long, too short to be safetensors"
+            (n,) = struct.unpack("<Q", raw)
+            if n > min(size - 8, 100 << 20):
+                return "has no valid safetensors header (not a safetensors file, or truncated)"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        return f"cannot be read as safetensors ({e})"
+    if not isinstance(header, dict):
+        return "has a malformed safetensors header"
+    end = max(
+        (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
+    )
+    if 8 + n + end > size:
+        return f"is truncated: its header describes {8 + n + end} bytes, the file has {size}"
+    return None
+
+
+def check_checkpoint_dir(path: Path, where: str, problems: Problems) -> bool:
+    """A local HF checkpoint directory is loadable: config.json parses and names a known
+    architecture, every safetensors file is whole, the tokenizer loads and has a pad token.
+    Returns whether it is usable."""
+    try:
+        check_hf_dir(path, where)
+    except CheckpointError as e:
+        problems.error(where, str(e).removeprefix(f"checkpoint {where} "), "")
+        return False
+    ok = True
+    try:
+        config = json.loads((path / "config.json").read_text())
+        if not isinstance(config, dict) or "model_type" not in config:
+            raise ValueError("it has no 'model_type'")
+    except (OSError, ValueError) as e:
+        problems.error(f"{path / 'config.json'}", f"is not a valid model config ({e})",
+                       "replace it with the config.json saved by save_pretrained")  # fmt: skip
+        ok = False
+    for f in sorted(path.glob("*.safetensors")):
+        why = safetensors_problem(f)
+        if why:
+            problems.error(str(f), why, "copy the checkpoint again or re-save it")
+            ok = False
+    if ok:
+        try:
+            from transformers import AutoConfig, AutoTokenizer
+
+            config = AutoConfig.from_pretrained(path)
+            tok = AutoTokenizer.from_pretrained(path)
+            vocab = getattr(config, "vocab_size", None) or getattr(
+                getattr(config, "text_config", None), "vocab_size", None
+            )
+            if tok.pad_token_id is None:
+                problems.error(f"{path}/tokenizer_config.json", "the tokenizer has no pad token",
+                               "set pad_token (e.g. to the eos token) in tokenizer_config.json")  # fmt: skip
+            special = {"pad": tok.pad_token_id, "eos": tok.eos_token_id, "bos": tok.bos_token_id}
+            for name, tid in special.items():
+                if vocab and tid is not None and not 0 <= tid < vocab:
+                    problems.error(
+                        f"{path}/tokenizer_config.json",
+                        f"the {name} token ({getattr(tok, name + '_token')!r}, id {tid}) is outside "
+                        f"the model's vocabulary of {vocab} (a token the tokenizer made up?)",
+                        f"set {name}_token to a token of the vocabulary (e.g. the eos token)",
+                    )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/KeyError...
+            problems.error(str(path), f"cannot be loaded by transformers ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})",
+                           "check config.json and the tokenizer files")  # fmt: skip
+            ok = False
+    return ok
+
+
 def local_checkpoint(store: Store, uri: str) -> Path:
     """A local directory with a committed checkpoint's files (downloaded when remote)."""
     path = materialize(store, uri)
@@ -61,12 +140,8 @@ def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from components.core.preflight import Problems, check_checkpoint_dir
-
     path = Path(path)
     for f in sorted(path.glob("*.safetensors")):  # cheap: the headers only
-        from components.core.preflight import safetensors_problem
-
         why = safetensors_problem(f)
         if why:
             raise CheckpointError(f"{f} {why}; copy the checkpoint again or re-save it")

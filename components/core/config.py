@@ -19,8 +19,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from components.core.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """A config file or override that cannot be used; the message says what to fix."""
 
 

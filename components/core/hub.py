@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.core.errors import UserError
+
 PREFIX = "hf://"
 _NAME = r"[A-Za-z0-9][\w.-]*"
 _MODEL_ID = re.compile(rf"^{_NAME}/{_NAME}(@[\w./-]+)?$")
@@ -31,7 +33,7 @@ _DATASET_FILE = re.compile(rf"^{_NAME}/{_NAME}/[\w./-]+\.parquet(@[\w./-]+)?$")
 MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
 
 
-class HubError(ValueError):
+class HubError(UserError):
     """A Hub input that cannot be had: names the spec, what failed and the fix."""
 
 

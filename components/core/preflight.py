@@ -13,76 +13,19 @@ all for `rlvr check`, `run`, `compile` and `submit`.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.core.errors import StageError
+from components.core.errors import Problems
 from components.core.schemas import SchemaError, validate_dataset
 from components.core.store import Store, StoreError, is_s3, join
 
 MAX_ROWS_NAMED = 5
-
-
-@dataclass
-class Problem:
-    where: str
-    what: str
-    fix: str = ""
-    warning: bool = False
-
-    def __str__(self) -> str:
-        text = f"{self.where}: {self.what}"
-        return f"{text}; {self.fix}" if self.fix else text
-
-
-@dataclass
-class Problems:
-    items: list[Problem] = field(default_factory=list)
-
-    def error(self, where: str, what: str, fix: str = "") -> None:
-        self.items.append(Problem(where, what, fix))
-
-    def warn(self, where: str, what: str, fix: str = "") -> None:
-        self.items.append(Problem(where, what, fix, warning=True))
-
-    @property
-    def errors(self) -> list[Problem]:
-        return [p for p in self.items if not p.warning]
-
-    @property
-    def warnings(self) -> list[Problem]:
-        return [p for p in self.items if p.warning]
-
-    def render(self) -> str:
-        lines = [f"error: {p}" for p in self.errors]
-        lines += [f"warning: {p}" for p in self.warnings]
-        return "\n".join(lines)
-
-    def raise_if_any(self, context: str = "") -> None:
-        if self.errors:
-            raise PreflightError(self, context)
-
-
-class PreflightError(StageError):
-    """One or more problems found before any work; the message lists every one."""
-
-    def __init__(self, problems: Problems, context: str = "") -> None:
-        self.problems = problems
-        errors = problems.errors
-        head = f"{context}: " if context else ""
-        if len(errors) == 1:
-            super().__init__(f"{head}{errors[0]}")
-        else:
-            body = "\n".join(f"  - {p}" for p in errors)
-            super().__init__(f"{head}{len(errors)} problems\n{body}")
 
 
 def rows_text(rows: np.ndarray) -> str:
@@ -124,88 +67,6 @@ def check_store(store: Store, root: str, problems: Problems) -> None:
     except (StoreError, OSError) as e:
         problems.error(f"run.store {root}", f"cannot write there ({e})",
                        "choose a writable directory for run.store")  # fmt: skip
-
-
-# --- checkpoints -------------------------------------------------------------------------------
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """Why a .safetensors file is unusable (truncated, not safetensors), or None. Reads only the
-    header: 8 bytes of length, the JSON header, and the file size."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                return f"is {size} bytes long, too short to be safetensors"
-            (n,) = struct.unpack("<Q", raw)
-            if n > min(size - 8, 100 << 20):
-                return "has no valid safetensors header (not a safetensors file, or truncated)"
-            header = json.loads(f.read(n))
-    except (OSError, ValueError) as e:
-        return f"cannot be read as safetensors ({e})"
-    if not isinstance(header, dict):
-        return "has a malformed safetensors header"
-    end = max(
-        (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
-    )
-    if 8 + n + end > size:
-        return f"is truncated: its header describes {8 + n + end} bytes, the file has {size}"
-    return None
-
-
-def check_checkpoint_dir(path: Path, where: str, problems: Problems) -> bool:
-    """A local HF checkpoint directory is loadable: config.json parses and names a known
-    architecture, every safetensors file is whole, the tokenizer loads and has a pad token.
-    Returns whether it is usable."""
-    from components.core.checkpoint import CheckpointError, check_hf_dir
-
-    try:
-        check_hf_dir(path, where)
-    except CheckpointError as e:
-        problems.error(where, str(e).removeprefix(f"checkpoint {where} "), "")
-        return False
-    ok = True
-    try:
-        config = json.loads((path / "config.json").read_text())
-        if not isinstance(config, dict) or "model_type" not in config:
-            raise ValueError("it has no 'model_type'")
-    except (OSError, ValueError) as e:
-        problems.error(f"{path / 'config.json'}", f"is not a valid model config ({e})",
-                       "replace it with the config.json saved by save_pretrained")  # fmt: skip
-        ok = False
-    for f in sorted(path.glob("*.safetensors")):
-        why = safetensors_problem(f)
-        if why:
-            problems.error(str(f), why, "copy the checkpoint again or re-save it")
-            ok = False
-    if ok:
-        try:
-            from transformers import AutoConfig, AutoTokenizer
-
-            config = AutoConfig.from_pretrained(path)
-            tok = AutoTokenizer.from_pretrained(path)
-            vocab = getattr(config, "vocab_size", None) or getattr(
-                getattr(config, "text_config", None), "vocab_size", None
-            )
-            if tok.pad_token_id is None:
-                problems.error(f"{path}/tokenizer_config.json", "the tokenizer has no pad token",
-                               "set pad_token (e.g. to the eos token) in tokenizer_config.json")  # fmt: skip
-            special = {"pad": tok.pad_token_id, "eos": tok.eos_token_id, "bos": tok.bos_token_id}
-            for name, tid in special.items():
-                if vocab and tid is not None and not 0 <= tid < vocab:
-                    problems.error(
-                        f"{path}/tokenizer_config.json",
-                        f"the {name} token ({getattr(tok, name + '_token')!r}, id {tid}) is outside "
-                        f"the model's vocabulary of {vocab} (a token the tokenizer made up?)",
-                        f"set {name}_token to a token of the vocabulary (e.g. the eos token)",
-                    )  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/KeyError...
-            problems.error(str(path), f"cannot be loaded by transformers ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''})",
-                           "check config.json and the tokenizer files")  # fmt: skip
-            ok = False
-    return ok
 
 
 # --- datasets ----------------------------------------------------------------------------------

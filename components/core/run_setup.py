@@ -14,12 +14,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from components.core.checkpoint import import_checkpoint
+from components.core.checkpoint import check_checkpoint_dir, import_checkpoint
 from components.core.commit import OutputDir
 from components.core.config import RunConfig
+from components.core.errors import Problems
 from components.core.hub import HubError, is_hub, materialize
 from components.core.layout import RunLayout, store_for
-from components.core.preflight import Problems, check_checkpoint_dir, scan_dataset
+from components.core.preflight import scan_dataset
 from components.core.schemas import SchemaError, read_dataset, read_parquet
 from components.core.store import StoreError, get_store
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from components.core.errors import UserError
 from components.core.store import Store
 
 SCHEMA_VERSION = 3
@@ -86,7 +87,7 @@ OPTIONAL: dict[str, pa.DataType] = {
 FINISH_REASONS = ("stop", "length", "turns", "error")
 
 
-class SchemaError(ValueError):
+class SchemaError(UserError):
     """Data that does not follow its contract; the message names the file, column and fix."""
 
 

@@ -44,7 +44,7 @@ from components.core.store import Store, join
 
 if TYPE_CHECKING:
     from components.core.config import RunConfig
-    from components.core.preflight import Problems
+    from components.core.errors import Problems
     from components.core.warm import Timeline
 
 __all__ = [

@@ -322,7 +322,7 @@ class EvaluateStage:
 
     def check(self) -> None:
         """Eval sets and ks, and the verifiers that score the samples, before anything loads."""
-        from components.core.preflight import Problems
+        from components.core.errors import Problems
         from components.verify.checks import check_verifier_specs
 
         validate_eval_sets(self.cfg)

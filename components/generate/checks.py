@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from components.core.config import RunConfig
-from components.core.preflight import Problems, prompt_byte_lengths, rows_text
+from components.core.errors import Problems
+from components.core.preflight import prompt_byte_lengths, rows_text
 
 
 def _template_overhead(tokenizer, messages: int) -> int:

@@ -72,7 +72,8 @@ def load_prompts(
 ) -> list[PromptRow]:
     """Rows of a verl-format dataset as PromptRows; prompt_id is `<prefix>-<row index>`. The
     whole dataset is checked first (null or empty prompts, missing ground truths)."""
-    from components.core.preflight import Problems, scan_dataset
+    from components.core.errors import Problems
+    from components.core.preflight import scan_dataset
 
     table = read_dataset(store, uri)
     problems = Problems()
@@ -497,7 +498,8 @@ class GenerateStage:
         """The run's train set, read once per worker (again only if its content changed)."""
         digest = content_digest(self.store, self.layout.train_data)
         if self._train is None or self._train[0] != digest:
-            from components.core.preflight import Problems, scan_dataset
+            from components.core.errors import Problems
+            from components.core.preflight import scan_dataset
 
             uri = dataset_uri(self.store, self.layout.train_data)
             table = read_dataset(self.store, uri)

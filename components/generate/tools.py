@@ -25,13 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.core.errors import UserError
 from components.core.turns import TOOL_CALL
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
                dict: "object"}  # fmt: skip
 
 
-class ToolError(ValueError):
+class ToolError(UserError):
     """A tool that cannot be offered (bad signature or spec); the message names the fix."""
 
 

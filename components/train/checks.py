@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from components.core.config import RunConfig
-from components.core.preflight import Problems
+from components.core.errors import Problems
 from components.train import algorithms as algos
 
 _UNEXPECTED = re.compile(r"unexpected keyword argument '([^']+)'")

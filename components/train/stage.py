@@ -129,7 +129,7 @@ class TrainStage:
 
     def check(self) -> None:
         """Names, option keys and the objective on a test batch (components/train/checks.py)."""
-        from components.core.preflight import Problems
+        from components.core.errors import Problems
         from components.train.checks import check_train
 
         problems = Problems()
@@ -207,7 +207,7 @@ class TrainStage:
             self.ref_model.eval().requires_grad_(False)
         model.config.use_cache = False
         if t.gradient_checkpointing:
-            from components.core.preflight import Problems
+            from components.core.errors import Problems
             from components.train.checks import check_checkpointing
 
             problems = Problems()

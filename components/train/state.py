@@ -17,11 +17,13 @@ from typing import Any
 
 import torch
 
+from components.core.errors import UserError
+
 STATE_VERSION = 1
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-class TrainStateError(ValueError):
+class TrainStateError(UserError):
     """A train state that does not belong to this model or cannot be restored."""
 
 
@@ -154,7 +156,7 @@ def read(state_dir, uri: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
     from safetensors.torch import load_file
 
-    from components.core.preflight import safetensors_problem
+    from components.core.checkpoint import safetensors_problem
 
     tensors_path, meta_path = (
         Path(state_dir) / "optimizer.safetensors",

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.core.config import RunConfig
-from components.core.preflight import Problems
+from components.core.errors import Problems
 from components.verify.executor import ScoreItem, score_batch
 from components.verify.rewards import resolve_verifier
 from components.verify.stage import DEFAULT_REWARDS, resolve_rewards

@@ -218,7 +218,7 @@ class VerifyStage:
 
     def check(self) -> None:
         """Every verifier spec resolves (plugins import) before any rollout is read."""
-        from components.core.preflight import Problems
+        from components.core.errors import Problems
         from components.verify.checks import check_verifier_specs
 
         problems = Problems()

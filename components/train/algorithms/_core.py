@@ -11,6 +11,8 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
+from components.core.errors import UserError
+
 F = TypeVar("F", bound=Callable[..., object])
 
 # Bound on log-ratios before exponentiation; same safety bound verl uses (exp(20) ~ 4.9e8).
@@ -22,7 +24,7 @@ _LOG_RATIO_BOUND = 20.0
 # ----------------------------------------------------------------------------------------------
 
 
-class UnknownNameError(KeyError, ValueError):
+class UnknownNameError(KeyError, UserError):
     """Raised by ``Registry.get`` for an unknown name; catchable as ``KeyError`` or ``ValueError``.
 
     ``str(err)`` is the plain message (``KeyError`` would otherwise wrap it in quotes).

@@ -6,12 +6,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from components.core.errors import UserError
+
 __all__ = ["InvalidTestCases", "TestCase", "extract_code", "parse_test_cases"]
 
 _PY_TAGS = frozenset({"python", "py", "python3"})
 
 
-class InvalidTestCases(ValueError):
+class InvalidTestCases(UserError):
     """The ground truth does not describe usable test cases (a data problem)."""
 
 
