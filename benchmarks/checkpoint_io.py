@@ -73,7 +73,7 @@ def main() -> int:
     from components.core.checkpoint import load_policy
     from components.core.commit import OutputDir
     from components.core.store import LocalStore
-    from components.core.warm import Timeline
+    from components.core.timing import Timeline
     from components.generate.hf_backend import TransformersBackend
     from components.train.stage import write_hf
     from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint

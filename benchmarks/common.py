@@ -62,7 +62,8 @@ def evaluate_run(cfg, run_id: str) -> dict[int, dict]:
     without evaluation: the eval sets are copied into it first)."""
     from components.core import run_setup
     from components.core.layout import RunLayout
-    from components.core.warm import Timeline, eval_checkpoints
+    from components.core.timing import Timeline
+    from components.core.warm import eval_checkpoints
     from components.evaluate.stage import EvaluateStage
 
     rcfg = cfg.model_copy(deep=True)

@@ -33,6 +33,7 @@ from rich.table import Table
 from components.core.config import ConfigError, RunConfig, load_config
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.stage_cli import run_stage, setup_logging
+from components.core.stages import STEPS
 from components.core.store import get_store, join
 
 console = Console(stderr=True)
@@ -368,7 +369,7 @@ def tensorboard_hint(logdir: str) -> str:
 
 
 @main.command(help="Run one stage of one iteration (what that stage's container runs).")
-@click.argument("name", type=click.Choice(["init", "generate", "verify", "train", "evaluate"]))
+@click.argument("name", type=click.Choice(list(STEPS)))
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--run-id", default=None)
 @click.option(
@@ -426,7 +427,7 @@ def _pipeline_options(f):
 
 
 def _build(cfg: RunConfig, pipeline: str, stage_name: str | None, iteration: int):
-    from pipelines.cluster import build
+    from pipelines.builders import build
 
     if stage_name and pipeline == "train":
         pipeline = "stage"
@@ -489,7 +490,7 @@ def submit(config, host, experiment, namespace, token, pipeline, stage_name, ite
     kind = "stage" if stage_name else pipeline
     if kind == "train":
         from components.core.warm import segments
-        from pipelines.cluster import submit_segment
+        from pipelines.train import submit_segment
 
         n = len(segments(cfg))
         if not 0 <= segment < n:

@@ -13,13 +13,13 @@ from kfp import dsl
 
 from components.core.config import RunConfig, code_stages
 from components.core.errors import UserError
+from components.core.stages import STAGES, STEPS
 from pipelines.ops import make_ops
 from pipelines.placement import place, submits_job
-from pipelines.train import STAGES
 
 
 def _ops(cfg: RunConfig):
-    return make_ops({s: cfg.cluster.image(s) for s in ("init", *STAGES)})
+    return make_ops({s: cfg.cluster.image(s) for s in STEPS})
 
 
 def _apply(task: dsl.PipelineTask, stage: str, cfg: RunConfig, for_cluster: bool):
@@ -66,7 +66,7 @@ def build_eval_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable
 def build_stage_pipeline(
     cfg: RunConfig, stage: str, iteration: int, *, for_cluster: bool = True
 ) -> Callable:
-    if stage not in ("init", *STAGES):
+    if stage not in STEPS:
         raise UserError(f"unknown stage {stage!r}; valid: init, {', '.join(STAGES)}")
     ops = _ops(cfg)
     op = getattr(ops, stage)

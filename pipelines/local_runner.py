@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from components.core.stages import STAGES
+
 if TYPE_CHECKING:
     from pipelines.local_docker import DockerPlan
 
@@ -384,7 +386,7 @@ def failure_hints(
     hints = []
     stage = task.split("-")[0]
     iteration = record.get("iteration")
-    if stage in ("generate", "verify", "train", "evaluate") and iteration is not None:
+    if stage in STAGES and iteration is not None:
         shard = re.search(r"shard-(\d+)-of-(\d+)", task)
         extra = f" --shard {int(shard[1])} --num-shards {int(shard[2])}" if shard else ""
         what = "checkpoint" if stage == "evaluate" else "iteration"

@@ -288,31 +288,6 @@ def evaluate_worker(
                                retried=not attempt)  # fmt: skip
 
 
-def next_segment(
-    config_json: str,
-    run_id: str,
-    segment: int,
-    chain: bool = False,
-    experiment: str = "rlvr",
-    namespace: str = "",
-    store: str = "",
-    base_checkpoint: str = "",
-    eval_sets: str = "",
-    attempt: str = "",
-    job_id: str = "",
-) -> str:
-    """After the segment's training: submit the next segment as a new run of this pipeline
-    (through the KFP API, with the pod's service account token), so a run of any length goes on
-    without a client attached. Does nothing for the last segment, or when `chain` is off (the
-    local runner drives segments itself)."""
-    from pipelines.cluster import chain_next_segment
-
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-    return chain_next_segment(params, segment=segment, chain=chain, experiment=experiment,
-                              namespace=namespace, attempt=attempt or job_id)  # fmt: skip
-
-
 def resolve_stage(
     config_json: str,
     run_id: str,
@@ -341,7 +316,6 @@ STAGE_FUNCS: dict[str, Callable] = {
     "verify_worker": verify_worker,
     "train_worker": train_worker,
     "evaluate_worker": evaluate_worker,
-    "next_segment": next_segment,
 }
 
 
@@ -358,7 +332,6 @@ class Ops:
     verify_worker: Callable
     train_worker: Callable
     evaluate_worker: Callable
-    next_segment: Callable
 
 
 def make_ops(images: dict[str, str]) -> Ops:
@@ -370,7 +343,6 @@ def make_ops(images: dict[str, str]) -> Ops:
         "verify_worker": images["verify"],
         "train_worker": images["train"],
         "evaluate_worker": images["evaluate"],
-        "next_segment": images["init"],
         **images,
     }
     # install_kfp_package=False: the images carry the exact kfp that compiles the pipeline

@@ -102,7 +102,7 @@ def test_each_segment_submits_the_next_until_the_last(workspace, kfp_server, mon
     from components.core.commit import OutputDir
     from components.core.config import load_config
     from components.core.layout import RunLayout, store_for
-    from pipelines.cluster import chain_next_segment
+    from pipelines.train import chain_next_segment
 
     cfg = load_config(workspace, ["run.iterations=5", "run.segment_iterations=2",
                                   f"cluster.kfp_api={kfp_server.url}"])  # fmt: skip

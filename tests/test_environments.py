@@ -140,7 +140,7 @@ def test_an_environment_episode_end_to_end_through_generate_and_verify(tmp_path,
     """Each trajectory plays its own session (reset with its seed) until the server says
     "correct" (reward 1, done) and answers: the rollouts keep the turns and `env_reward`, and
     verify adds the environment's reward to the verifier's as the component 'env'."""
-    from components.verify.stage import score_table
+    from components.verify.scoring import score_table
 
     server = GuessServer()
     try:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from components.core.config import load_config
-from pipelines.cluster import build, compile_to
+from pipelines.builders import build
+from pipelines.cluster import compile_to
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "pipelines" / "golden"

@@ -225,7 +225,7 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
     from components.core import run_setup
     from components.core.config import load_config
     from components.core.layout import RunLayout
-    from components.core.warm import Timeline
+    from components.core.timing import Timeline
     from components.generate.stage import GenerateStage
     from components.generate.stage import run as generate
     from components.train.stage import run as train
@@ -320,7 +320,7 @@ def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, 
     from components.core import run_setup
     from components.core.config import load_config
     from components.core.layout import RunLayout
-    from components.core.warm import Timeline
+    from components.core.timing import Timeline
     from components.generate.stage import run as generate
     from components.train.stage import TrainStage
     from components.train.stage import run as train

@@ -16,7 +16,7 @@ from components.evaluate.stage import EVAL_SEED_ITERATION
 from components.evaluate.stage import run as evaluate
 from components.generate.stage import run as generate
 from components.generate.stage import spec_from
-from components.verify.stage import resolve_rewards
+from components.verify.scoring import resolve_rewards
 from components.verify.stage import run as verify
 from tests.invariance import assert_equal_up_to_rounding
 
@@ -152,7 +152,7 @@ def test_weighted_reward_components_and_overlong_penalty():
 
     from components.core.config import OverlongPenalty, RewardSpec
     from components.core.schemas import ROLLOUTS
-    from components.verify.stage import score_table
+    from components.verify.scoring import score_table
 
     rows = {name: [] for name in ROLLOUTS.names}
     cases = [

@@ -16,6 +16,7 @@ import pytest
 
 from components.core.config import RunConfig
 from components.core.errors import Problems
+from components.core.timing import Timeline
 from components.core.tracking import (
     MultiTracker,
     StageTracking,
@@ -26,7 +27,7 @@ from components.core.tracking import (
     step_figures,
     wandb_run_id,
 )
-from components.core.warm import Timeline, run_once, serve_stage
+from components.core.warm import run_once, serve_stage
 
 RUN_ID = "r1"
 

@@ -15,7 +15,7 @@ from components.core.commit import committed_files
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
-from components.core.warm import Timeline
+from components.core.timing import Timeline
 from components.generate.stage import GenerateStage
 from components.generate.stage import run as generate
 from components.train.stage import TrainStage

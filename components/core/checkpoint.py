@@ -133,6 +133,19 @@ def local_checkpoint(store: Store, uri: str) -> Path:
     return path
 
 
+def device_and_dtype(name: str):
+    """The device a stage runs on (one CUDA GPU where there is one, else the CPU) and the
+    torch dtype a config names (`auto`: bf16 on a GPU, fp32 on the CPU)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "auto":
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    else:
+        dtype = getattr(torch, name)
+    return device, dtype
+
+
 def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
     """Load model and tokenizer from a local checkpoint directory (safetensors only). A
     damaged checkpoint (truncated weights, an invalid config.json, a broken tokenizer) is a

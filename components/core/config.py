@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from components.core.errors import UserError
+from components.core.stages import STEPS
 
 
 class ConfigError(UserError):
@@ -542,7 +543,7 @@ class ClusterSection(_Strict):
         `--set cluster.stages.train.accelerator_count=8` keeps the train pool's selectors."""
         if not isinstance(v, dict):
             return v
-        unknown = sorted(set(v) - {"init", "generate", "verify", "train", "evaluate"})
+        unknown = sorted(set(v) - set(STEPS))
         if unknown:
             raise ValueError(
                 f"unknown stage(s) {unknown}; valid: init, generate, verify, train, evaluate"

@@ -40,12 +40,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from components.core.stages import ITERATION_STAGES
 from components.core.store import Store, join
 
 if TYPE_CHECKING:
     from components.core.config import RunConfig
     from components.core.errors import Problems
-    from components.core.warm import Timeline
+    from components.core.timing import Timeline
 
 __all__ = [
     "MultiTracker",
@@ -181,7 +182,7 @@ def step_figures(task: str, result: Mapping[str, Any]) -> dict[str, float]:
         metrics = result.get("metrics")
         return eval_figures(metrics, result.get("stats")) if metrics else {}
     stats = result.get("stats")
-    if stats is None or stage not in ("generate", "verify", "train"):
+    if stats is None or stage not in ITERATION_STAGES:
         return {}
     return stage_figures(stage, stats)
 

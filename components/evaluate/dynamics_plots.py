@@ -19,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import Formatter, MaxNLocator
 
+from components.core.stages import STAGES
 from components.evaluate.dynamics import Dynamics, family_of
 
 __all__ = ["Panel", "family_panels", "format_number", "plot_family", "short_name", "y_label"]
@@ -122,7 +123,7 @@ def _eval_panels(dyn: Dynamics, names: Sequence[str]) -> list[Panel]:
 
 def _time_panels(names: Sequence[str]) -> list[Panel]:
     panels = []
-    stages = ("generate", "verify", "train", "evaluate")
+    stages = STAGES
 
     def key(n: str) -> tuple[int, str]:
         stage = n.split("/")[1].split("_")[0]

@@ -68,7 +68,7 @@ from components.generate.stage import (
     load_prompts,
     spec_from,
 )
-from components.verify.stage import resolve_rewards, score_table
+from components.verify.scoring import resolve_rewards, score_table
 
 log = logging.getLogger("rlvr.evaluate")
 EVAL_SEED_ITERATION = -1  # the same sample seeds for every checkpoint

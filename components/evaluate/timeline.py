@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.commit import SUCCESS
+from components.core.stages import ITERATION_STAGES, STAGES
 from components.core.store import Store, StoreError, get_store, join
 
 SPAN_KINDS = ("start", "wait", "load", "read", "work", "commit")
@@ -44,7 +45,7 @@ COLORS = {
     "work": "#4caf50",
     "commit": "#9c27b0",
 }
-STAGE_ORDER = ("generate", "verify", "train", "evaluate")
+STAGE_ORDER = STAGES
 #: Points of the iteration number over each step of the chart (the tick labels are 10).
 ITERATION_LABEL_SIZE = 8.5
 
@@ -231,7 +232,7 @@ def iteration_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
         b = max(e for _, _, e in trains[i].spans)
         work = 0.0
         for st in tl.steps:
-            if st.iteration == i and st.stage in ("generate", "verify", "train"):
+            if st.iteration == i and st.stage in ITERATION_STAGES:
                 work += sum(max(0.0, min(e, b) - max(s, a)) for k, s, e in st.spans if k == "work")
         out.append((i, b - a, work))
     return out

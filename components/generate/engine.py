@@ -26,12 +26,42 @@ from components.core.adapter import (
     is_adapter_dir,
     load_adapter,
 )
-from components.core.checkpoint import local_checkpoint
+from components.core.checkpoint import device_and_dtype, load_policy, local_checkpoint
 from components.core.commit import content_digest, read_manifest
 from components.core.config import GenerateSection
 from components.core.store import Store
+from components.generate.backends import Backend
 
 WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+
+
+def make_backend(
+    gen: GenerateSection, ckpt_dir: Path, seed: int, *, max_lora_rank: int | None = None
+) -> tuple[Backend, Any]:
+    """The configured backend and its tokenizer; `max_lora_rank`: the policy is `ckpt_dir` (a
+    base) with LoRA adapters of up to that rank (vLLM starts with LoRA enabled)."""
+    if gen.backend == "vllm":
+        from components.generate.vllm_backend import VLLMBackend
+
+        b = VLLMBackend(
+            str(ckpt_dir),
+            tensor_parallel_size=gen.tensor_parallel_size,
+            gpu_memory_utilization=gen.gpu_memory_utilization,
+            max_model_len=gen.max_model_len,
+            enable_prefix_caching=gen.enable_prefix_caching,
+            dtype=gen.dtype,
+            seed=seed,
+            max_lora_rank=max_lora_rank,
+        )
+        return b, b.tokenizer
+    from components.generate.hf_backend import TransformersBackend
+
+    device, dtype = device_and_dtype(gen.dtype)
+    model, tokenizer = load_policy(ckpt_dir, dtype=dtype, device=device)
+    backend = TransformersBackend(
+        model, tokenizer, batch_size=gen.batch_size, batch_tokens=gen.batch_tokens, device=device
+    )
+    return backend, tokenizer
 
 
 @dataclass
@@ -116,8 +146,6 @@ class PolicyEngine:
         return self._bases[base_uri]
 
     def ensure(self, store: Store, checkpoint_uri: str) -> tuple[Any, Any, LoadInfo]:
-        from components.generate.stage import make_backend
-
         t0 = time.time()
         digest = content_digest(store, checkpoint_uri)
         if self.backend is not None and digest == self.digest:

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from components.core.checkpoint import load_policy
 from components.core.commit import (
     OutputDir,
     check_shard,
@@ -40,7 +39,8 @@ from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
 from components.core.store import Store
-from components.core.warm import Timeline, policy_version, run_once, segment_summary, serve_stage
+from components.core.timing import Timeline
+from components.core.warm import policy_version, run_once, segment_summary, serve_stage
 from components.core.warm import segment as warm_segment
 from components.generate.backends import Backend, PromptRequest, SamplingSpec, sample_seed
 from components.generate.engine import PolicyEngine
@@ -131,46 +131,6 @@ def spec_from(gen: GenerateSection, seed: int, **override: Any) -> SamplingSpec:
     )
     values.update({k: v for k, v in override.items() if v is not None})
     return SamplingSpec(**values)
-
-
-def device_and_dtype(name: str):
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "auto":
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    else:
-        dtype = getattr(torch, name)
-    return device, dtype
-
-
-def make_backend(
-    gen: GenerateSection, ckpt_dir: Path, seed: int, *, max_lora_rank: int | None = None
-) -> tuple[Backend, Any]:
-    """The configured backend and its tokenizer; `max_lora_rank`: the policy is `ckpt_dir` (a
-    base) with LoRA adapters of up to that rank (vLLM starts with LoRA enabled)."""
-    if gen.backend == "vllm":
-        from components.generate.vllm_backend import VLLMBackend
-
-        b = VLLMBackend(
-            str(ckpt_dir),
-            tensor_parallel_size=gen.tensor_parallel_size,
-            gpu_memory_utilization=gen.gpu_memory_utilization,
-            max_model_len=gen.max_model_len,
-            enable_prefix_caching=gen.enable_prefix_caching,
-            dtype=gen.dtype,
-            seed=seed,
-            max_lora_rank=max_lora_rank,
-        )
-        return b, b.tokenizer
-    from components.generate.hf_backend import TransformersBackend
-
-    device, dtype = device_and_dtype(gen.dtype)
-    model, tokenizer = load_policy(ckpt_dir, dtype=dtype, device=device)
-    backend = TransformersBackend(
-        model, tokenizer, batch_size=gen.batch_size, batch_tokens=gen.batch_tokens, device=device
-    )
-    return backend, tokenizer
 
 
 def generate_rollouts(

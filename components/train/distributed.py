@@ -10,7 +10,20 @@ from typing import Any
 import torch
 
 from components.core.config import TrainSection
-from components.train.launch import free_port, launched
+
+
+def launched() -> bool:
+    """A rank torchrun started (it sets TORCHELASTIC_RUN_ID for its workers)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def free_port() -> int:
+    """A loopback port no one listens on now (for a rendezvous about to start)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def init_distributed(device: str) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from components.core.config import RunConfig
 from components.core.errors import StageError
+from components.train.distributed import free_port, launched
 
 
 def processes(cfg: RunConfig) -> int:
@@ -35,20 +36,6 @@ def processes(cfg: RunConfig) -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
-
-
-def launched() -> bool:
-    """A rank torchrun started (it sets TORCHELASTIC_RUN_ID for its workers)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ
-
-
-def free_port() -> int:
-    """A loopback port no one listens on now (for a rendezvous about to start)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def on_cluster() -> bool:

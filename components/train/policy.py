@@ -15,7 +15,7 @@ import torch
 from components.core.checkpoint import write_checkpoint
 from components.core.commit import OutputDir
 from components.core.errors import StageError
-from components.core.warm import Timeline
+from components.core.timing import Timeline
 from components.generate.engine import WEIGHT_SUFFIXES
 
 

@@ -38,7 +38,8 @@ from components.core.config import RunConfig, TrainSection, unused_keys
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
-from components.core.warm import Timeline, run_once, segment_summary, serve_stage
+from components.core.timing import Timeline
+from components.core.warm import run_once, segment_summary, serve_stage
 from components.core.warm import segment as warm_segment
 from components.generate.backends import LOGPROB_DEFINITION
 from components.train import algorithms as algos
@@ -178,7 +179,7 @@ class TrainStage:
 
             self.close()
             gc.collect()
-        from components.generate.stage import device_and_dtype
+        from components.core.checkpoint import device_and_dtype
 
         device, dtype = device_and_dtype(t.dtype)
         self.rank, self.world = init_distributed(device)

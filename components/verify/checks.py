@@ -14,7 +14,7 @@ from components.core.config import RunConfig
 from components.core.errors import Problems
 from components.verify.executor import ScoreItem, score_batch
 from components.verify.rewards import resolve_verifier
-from components.verify.stage import DEFAULT_REWARDS, resolve_rewards
+from components.verify.scoring import DEFAULT_REWARDS, resolve_rewards
 
 
 def _specs(cfg: RunConfig) -> dict[str, list[tuple[str, str]]]:

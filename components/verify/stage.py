@@ -13,12 +13,10 @@ verifier cannot pass as a bad policy.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,171 +36,18 @@ from components.core.commit import (
 )
 from components.core.config import (
     CurriculumSection,
-    OverlongPenalty,
-    RewardSpec,
     RunConfig,
     unused_keys,
 )
 from components.core.curriculum import PROMPT_STATS, group_shares, scored_prompt_stats
-from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
-from components.core.schemas import COMPONENTS, SCORED, read_records, stamp
-from components.core.warm import Timeline, run_once, segment_summary, serve_stage
+from components.core.schemas import read_records, stamp
+from components.core.timing import Timeline
+from components.core.warm import run_once, segment_summary, serve_stage
 from components.core.warm import segment as warm_segment
-from components.verify.executor import ScoreItem, score_batch
-from components.verify.format import soft_overlong_penalty
+from components.verify.scoring import score_table
 
 log = logging.getLogger("rlvr.verify")
-
-# verl's well-known data sources and the verifier that scores them; config entries win.
-DEFAULT_REWARDS: dict[str, str] = {
-    "openai/gsm8k": "math",
-    "lighteval/MATH": "math",
-    "DigitalLearningGmbH/MATH-lighteval": "math",
-    "math_dapo": "math",
-}
-
-
-Component = tuple[str, str, float]  # (name, verifier spec, weight)
-
-
-def resolve_rewards(
-    data_sources: set[str], rewards: dict[str, str | RewardSpec]
-) -> dict[str, list[Component]]:
-    """data_source -> its reward components, or StageError listing what is registered."""
-    table = {**DEFAULT_REWARDS, **rewards}
-    missing = sorted(d for d in data_sources if d not in table)
-    if missing:
-        raise StageError(
-            f"no verifier registered for data_source {missing}; registered data sources: "
-            f"{sorted(table)}. Add e.g. `verify.rewards: {{{missing[0]!r}: math}}` to the config "
-            "(built-ins: math, exact, code, format; or a plugin 'module:function' / 'file.py:function')"
-        )
-    out: dict[str, list[Component]] = {}
-    for d in data_sources:
-        spec = table[d]
-        if isinstance(spec, str):
-            out[d] = [(spec, spec, 1.0)]
-        else:
-            out[d] = [(c.key, c.verifier, c.weight) for c in spec.components]
-    return out
-
-
-def describe(components: list[Component]) -> str:
-    """The `verifier` column: the spec, or `w*name:spec + ...` for a weighted sum."""
-    if len(components) == 1 and components[0][2] == 1.0:
-        return components[0][1]
-    return " + ".join(f"{w:g}*{name}:{spec}" for name, spec, w in components)
-
-
-def score_table(
-    table: pa.Table,
-    rewards: dict[str, str | RewardSpec],
-    *,
-    num_workers: int,
-    timeout_s: float,
-    max_error_fraction: float,
-    overlong: OverlongPenalty | None = None,
-    env_reward_weight: float = 1.0,
-) -> tuple[pa.Table, dict[str, Any]]:
-    """Score a rollouts table; returns the scored table and stats.
-
-    reward = sum_k weight_k * component_k (+ the overlong penalty, + the environment's reward
-    times `env_reward_weight` where the rollouts carry `env_reward`); every component's value is
-    kept in `reward_components`. A component that raises or times out contributes 0 and its
-    error goes to `verify_error`; the stage fails when more than `max_error_fraction` of the
-    samples had an error.
-    """
-    sources = table.column("data_source").to_pylist()
-    plan = resolve_rewards(set(sources), rewards)
-    responses = table.column("response").to_pylist()
-    truths = table.column("ground_truth").to_pylist()
-    extras = [json.loads(e) if e else None for e in table.column("extra_info").to_pylist()]
-    items: list[ScoreItem] = []
-    owner: list[tuple[int, str, float]] = []  # (row, component name, weight) per item
-    for row, ds in enumerate(sources):
-        for name, spec, weight in plan[ds]:
-            items.append(ScoreItem(spec, ds, responses[row], truths[row], extras[row]))
-            owner.append((row, name, weight))
-    t0 = time.perf_counter()
-    results = score_batch(items, num_workers=num_workers, timeout_s=timeout_s)
-    elapsed = time.perf_counter() - t0
-
-    n = len(sources)
-    reward = [0.0] * n
-    components: list[dict[str, float]] = [{} for _ in range(n)]
-    answer: list[str | None] = [None] * n
-    row_errors: list[list[str]] = [[] for _ in range(n)]
-    errors: Counter[str] = Counter()
-    timeouts: Counter[str] = Counter()
-    for item, res, (row, name, weight) in zip(items, results, owner, strict=True):
-        components[row][name] = res.reward
-        reward[row] += weight * res.reward
-        if answer[row] is None:
-            answer[row] = res.extracted_answer
-        if res.timed_out:
-            timeouts[item.verifier] += 1
-        elif res.error is not None:
-            errors[item.verifier] += 1
-        if res.error is not None:
-            row_errors[row].append(
-                res.error if len(plan[item.data_source]) == 1 else f"{name}: {res.error}"
-            )
-    if overlong is not None:
-        lengths = [len(t) for t in table.column("response_token_ids").to_pylist()]
-        for row, length in enumerate(lengths):
-            pen = soft_overlong_penalty(
-                length,
-                max_length=overlong.max_length,
-                buffer=overlong.buffer,
-                penalty=overlong.penalty,
-            )
-            components[row]["overlong"] = pen
-            reward[row] += pen
-    if "env_reward" in table.column_names and env_reward_weight:
-        for row, value in enumerate(table.column("env_reward").to_pylist()):
-            components[row]["env"] = env_reward_weight * float(value or 0.0)
-            reward[row] += components[row]["env"]
-    bad = sum(1 for e in row_errors if e)
-    stats: dict[str, Any] = {
-        "samples": n,
-        "reward_mean": sum(reward) / n if n else 0.0,
-        "errors": dict(errors),
-        "timeouts": dict(timeouts),
-        "error_fraction": bad / n if n else 0.0,
-        "verifications_per_s": len(items) / elapsed if elapsed > 0 else 0.0,
-        "verifiers": {d: describe(c) for d, c in plan.items()},
-    }
-    by_source: dict[str, list[float]] = {}
-    for ds, r in zip(sources, reward, strict=True):
-        by_source.setdefault(ds, []).append(r)
-    stats["reward_mean_by_data_source"] = {k: sum(v) / len(v) for k, v in by_source.items()}
-    keys = sorted({k for c in components for k in c})
-    stats["reward_components_mean"] = (
-        {k: sum(c.get(k, 0.0) for c in components) / n for k in keys} if n else {}
-    )
-    if n and bad / n > max_error_fraction:
-        first = next(e[0] for e in row_errors if e)
-        raise StageError(
-            f"{bad}/{n} samples errored or timed out (> verify.max_error_fraction="
-            f"{max_error_fraction}); first error: {first}. Fix the verifier or raise the limit"
-        )
-    scored = (
-        table.append_column("reward", pa.array(reward, pa.float32()))
-        .append_column("verifier", pa.array([describe(plan[d]) for d in sources], pa.string()))
-        .append_column("extracted_answer", pa.array(answer, pa.string()))
-        .append_column(
-            "verify_error", pa.array(["; ".join(e) if e else None for e in row_errors], pa.string())
-        )
-        .append_column(
-            "reward_components",
-            pa.array(
-                [[{"name": k, "value": v} for k, v in c.items()] for c in components], COMPONENTS
-            ),
-        )
-    )
-    extra_cols = [c for c in scored.column_names if c not in SCORED.names]
-    return scored.select(SCORED.names + extra_cols), stats
 
 
 class VerifyStage:
