@@ -30,7 +30,7 @@ def bench_setup(name: str, config: str, iterations: int | None, overrides=()):
     """A fresh output folder `benchmarks/out/<name>-<time>/` and the config of its runs: the
     store under `runs/`, the inputs prepared (built offline on first use, untimed)."""
     from components.core.config import load_config
-    from pipelines.cli import prepare_inputs
+    from pipelines.local import prepare_inputs
 
     bench = ROOT / "benchmarks" / "out" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     bench.mkdir(parents=True)

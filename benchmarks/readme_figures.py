@@ -73,7 +73,7 @@ def machine(load_before: float) -> str:
 
 def run_demo(store: Path) -> tuple[Path, float]:
     from components.core.config import load_config
-    from pipelines.cli import prepare_inputs
+    from pipelines.local import prepare_inputs
 
     config = ROOT / "examples/arithmetic/config.yaml"
     prepare_inputs(load_config(config))  # untimed: a one-off of a fresh clone

@@ -125,7 +125,7 @@ def test_the_example_warm_up_says_nothing_alarming(tmp_path: Path) -> None:
 
 
 def test_local_workers_tell_deepspeed_the_accelerator(workspace: Path, monkeypatch) -> None:
-    from pipelines.cli import local_thread_env
+    from pipelines.local import local_thread_env
 
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     env = local_thread_env(load_config(workspace))("train")
@@ -152,7 +152,7 @@ def test_local_evaluation_runs_niced_below_the_training_loop(workspace: Path, tm
     local evaluate workers are started niced, and only they."""
 
     from pipelines import local_runner
-    from pipelines.cli import EVAL_NICE, local_thread_env
+    from pipelines.local import EVAL_NICE, local_thread_env
 
     env = local_thread_env(load_config(workspace))
     assert env("evaluate-worker")["RLVR_NICE"] == str(EVAL_NICE)

@@ -1,6 +1,6 @@
 """Warm stages: set up once, step through many iterations, commit each one.
 
-A stage object keeps the recipe's shape (STYLE.md): its model, tokenizer, engine and optimizer are
+A stage object keeps the shape of a torchtune recipe: its model, tokenizer, engine and optimizer are
 set up once (lazily, on the first step that has work), `step(iteration)` reads that iteration's
 inputs, works and commits its output, and `close()` releases everything. `run_once` is what
 `rlvr stage NAME -i I` and a one-iteration KFP task run; `serve` is what a long-running worker
@@ -29,9 +29,9 @@ import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from components.core.commit import NotCommittedError, committed_parts
+from components.core.commit import NotCommittedError, check_shard, committed_parts, shard_name
 from components.core.config import RunConfig
 from components.core.layout import RunLayout, store_for
 from components.core.store import Store, StoreError, join
@@ -43,30 +43,78 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlvr.warm")
 
 
-class WarmStage(Protocol):
-    """What `serve` and `run_once` drive (every stage implements it)."""
+class Stage:
+    """One stage's worker: set up once (lazily, on the first step with work), `step` through
+    iterations, `close`. Every stage subclasses it and writes `needs` and `step`; the hooks
+    below have defaults. `run` (one iteration, cold: `rlvr stage NAME -i I`) and `serve` (a
+    segment, warm: a pipeline's worker task) are the same for every stage."""
 
-    task: str
-    """The worker's name: `generate`, `verify-shard-00001-of-00002`, `train`, ..."""
+    name: ClassVar[str]
+    """The stage's name (components/core/stages.py)."""
+    prewarms: ClassVar[bool] = False
+    """Whether `warm(i)` loads the model or engine before step i's inputs are all in (train
+    builds its engine from checkpoint i while generate and verify of iteration i run)."""
+
+    def __init__(self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1) -> None:
+        check_shard(shard, num_shards)
+        self.cfg, self.shard, self.num_shards = cfg, shard, num_shards
+        self.task = self.task_name()
+
+    def task_name(self) -> str:
+        """The worker's name, which also names its failure marker: `generate`,
+        `verify-shard-00001-of-00002`, `train`, ..."""
+        if self.num_shards == 1:
+            return self.name
+        return f"{self.name}-{shard_name(self.shard, self.num_shards)}"
+
+    def check(self) -> None:
+        """Checks of the stage's own config section, before it waits for or reads anything."""
 
     def needs(self, iteration: int) -> list[str]:
         """URIs that must be committed before `step(iteration)` can run."""
-        ...
+        raise NotImplementedError
 
     def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
         """Do one iteration (or skip it when its output is up to date) and commit."""
-        ...
+        raise NotImplementedError
 
-    def close(self) -> None: ...
+    def warm_needs(self, iteration: int) -> list[str]:
+        """With `prewarms`: URIs that must be committed before `warm(iteration)`."""
+        return []
 
+    def warm(self, iteration: int) -> None:
+        """With `prewarms`: load what step `iteration` needs before its inputs are in."""
 
-class Prewarms(Protocol):
-    """Optional: a stage that can load its model or engine before a step's inputs are all in
-    (train builds its engine from checkpoint i while generate and verify of iteration i run)."""
+    def close(self) -> None:
+        """Release the model, engine and pools."""
 
-    def warm_needs(self, iteration: int) -> list[str]: ...
+    def iterations(self, index: int) -> list[int]:
+        """The steps this worker serves in segment `index`: its iterations."""
+        return list(segment(self.cfg, index).iterations)
 
-    def warm(self, iteration: int) -> None: ...
+    def first(self, index: int) -> int:
+        """Segment `index`'s first iteration: the waits for this worker's inputs are timed
+        from it (`run.wait_timeout_s` per iteration since)."""
+        return segment(self.cfg, index).start
+
+    @classmethod
+    def run(
+        cls, cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0,
+        num_shards: int = 1,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One iteration (or one shard of it), cold."""
+        return run_once(cls(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
+
+    @classmethod
+    def serve(
+        cls, cfg: RunConfig, segment: int, *, shard: int = 0, num_shards: int = 1,
+        attempt: str | None = None, retried: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
+        """The worker of one segment: every step of it, warm."""
+        stage = cls(cfg, shard=shard, num_shards=num_shards)
+        results = serve_stage(stage, stage.iterations(segment), cfg=cfg, attempt=attempt,
+                              start=stage.first(segment), retried=retried)  # fmt: skip
+        return segment_summary(stage, segment, results)
 
 
 class PeerFailed(RuntimeError):
@@ -233,7 +281,7 @@ def _cold_start(timeline: Timeline) -> None:
         timeline.add("start", process_start_time(), time.time())
 
 
-def _tracking(stage: WarmStage) -> StageTracking:
+def _tracking(stage: Stage) -> StageTracking:
     """The worker's tracking (components/core/tracking.py). Imported here, not at the top: the
     module is loaded only by a worker that serves, and its backends only on the first commit."""
     from components.core.tracking import StageTracking
@@ -241,13 +289,13 @@ def _tracking(stage: WarmStage) -> StageTracking:
     return StageTracking(stage)
 
 
-def run_once(stage: WarmStage, iteration: int, *, force: bool = False) -> dict[str, Any]:
+def run_once(stage: Stage, iteration: int, *, force: bool = False) -> dict[str, Any]:
     """One iteration, cold: what `rlvr stage` and the one-stage pipeline run."""
     timeline = Timeline(stage.task, iteration, one_shot=True)
     _cold_start(timeline)
     tracking = _tracking(stage)
     try:
-        _check(stage)
+        stage.check()
         result = stage.step(iteration, force=force, timeline=timeline)
         tracking.after_step(iteration, result, timeline)
         return result
@@ -256,15 +304,8 @@ def run_once(stage: WarmStage, iteration: int, *, force: bool = False) -> dict[s
         stage.close()
 
 
-def _check(stage: WarmStage) -> None:
-    """A stage's checks of its own config section, before it waits for or reads anything."""
-    check = getattr(stage, "check", None)
-    if check is not None:
-        check()
-
-
 def serve(
-    stage: WarmStage,
+    stage: Stage,
     iterations: Iterable[int],
     *,
     status: RunStatus,
@@ -289,7 +330,7 @@ def serve(
     i = None
     tracking = _tracking(stage)
     try:
-        _check(stage)
+        stage.check()
         previous = start
         for i in iterations:
             timeline = Timeline(stage.task, i)
@@ -301,7 +342,7 @@ def serve(
                 t0 = time.time()
                 wait_committed(store, [status.plan], **wait)
                 timeline.add("wait", t0, time.time())
-            if hasattr(stage, "warm"):
+            if stage.prewarms:
                 t0 = time.time()
                 wait_committed(store, stage.warm_needs(i), **wait)
                 timeline.add("wait", t0, time.time())
@@ -323,14 +364,14 @@ def serve(
     return results
 
 
-def segment_summary(stage: WarmStage, segment: int, results: list[dict]) -> dict:
+def segment_summary(stage: Stage, segment: int, results: list[dict]) -> dict:
     """What a stage's segment worker returns: its task, how many steps it served, skipped."""
     return {"task": stage.task, "segment": segment, "steps": len(results),
             "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
 
 
 def serve_stage(
-    stage: WarmStage,
+    stage: Stage,
     iterations: Iterable[int],
     *,
     cfg: RunConfig,

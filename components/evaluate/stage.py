@@ -30,13 +30,11 @@ import pyarrow.parquet as pq
 
 from components.core.commit import (
     OutputDir,
-    check_shard,
     clear_other_layouts,
     committed_files,
     content_digest,
     lineage,
     shard_dir,
-    shard_name,
     shard_of,
 )
 from components.core.config import EvalSetConfig, RunConfig, unused_keys
@@ -45,11 +43,10 @@ from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.schemas import read_records, stamp
 from components.core.store import Store, StoreError, join
 from components.core.warm import (
+    Stage,
     Timeline,
     run_once,
     segment_eval_checkpoints,
-    segment_summary,
-    serve_stage,
 )
 from components.core.warm import segment as warm_segment
 from components.evaluate.metrics import (
@@ -295,7 +292,7 @@ def greedy_metrics(table) -> dict[str, Any]:
     return {"overall": acc(problems), "by_data_source": {k: acc(v) for k, v in sorted(by.items())}}
 
 
-class EvaluateStage:
+class EvaluateStage(Stage):
     """Warm evaluate worker (components/core/warm.py): the policy stays loaded and each step takes
     checkpoint c's weights in place.
 
@@ -308,17 +305,22 @@ class EvaluateStage:
     def __init__(
         self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1, label: str | None = None
     ) -> None:
-        check_shard(shard, num_shards)
-        self.cfg, self.shard, self.num_shards = cfg, shard, num_shards
+        super().__init__(cfg, shard=shard, num_shards=num_shards)
         # what its log lines call the checkpoint: its index, or (`rlvr eval --checkpoint`) the
         # checkpoint evaluated, which is index 0 of a run of its own that the user never named
         self.label = label
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
-        if num_shards > 1:
-            self.task = f"evaluate-{shard_name(shard, num_shards)}"
-        else:
-            self.task = "evaluate-gather" if cfg.evaluate.num_shards > 1 else "evaluate"
         self.engine = PolicyEngine(cfg.generate, cfg.evaluate.seed)
+
+    def task_name(self) -> str:
+        """With sharded evaluation the unsharded worker gathers the shards: `evaluate-gather`."""
+        if self.num_shards == 1 and self.cfg.evaluate.num_shards > 1:
+            return "evaluate-gather"
+        return super().task_name()
+
+    def iterations(self, index: int) -> list[int]:
+        """The checkpoints of segment `index` to evaluate (every `evaluate.every`-th)."""
+        return segment_eval_checkpoints(self.cfg, warm_segment(self.cfg, index))
 
     def check(self) -> None:
         """Eval sets and ks, and the verifiers that score the samples, before anything loads."""
@@ -470,34 +472,9 @@ def _write_outputs(
     return top
 
 
-def run(
-    cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
-) -> dict[str, Any]:
-    """Evaluate checkpoint `iteration` (or sample one shard of it), cold."""
-    return run_once(EvaluateStage(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
-
-
-def serve(
-    cfg: RunConfig,
-    segment: int,
-    *,
-    shard: int = 0,
-    num_shards: int = 1,
-    attempt: str | None = None,
-    retried: bool = False,
-) -> dict[str, Any]:
-    """The evaluate worker of one segment: each checkpoint to evaluate, as it lands, warm."""
-    seg = warm_segment(cfg, segment)
-    stage = EvaluateStage(cfg, shard=shard, num_shards=num_shards)
-    results = serve_stage(
-        stage,
-        segment_eval_checkpoints(cfg, seg),
-        cfg=cfg,
-        attempt=attempt,
-        start=seg.start,
-        retried=retried,
-    )
-    return segment_summary(stage, segment, results)
+#: `rlvr stage evaluate` (checkpoint `iteration`, or one shard of its samples, cold) and the
+#: worker task.
+run, serve = EvaluateStage.run, EvaluateStage.serve
 
 
 def _plots(

@@ -24,9 +24,8 @@ from components.core.curriculum import (
     row_of,
     scored_prompt_stats,
 )
-from components.core.errors import SchemaError
 from components.core.layout import RunLayout
-from components.core.schemas import read_parquet, read_records
+from components.core.schemas import SchemaError, read_parquet, read_records
 from components.core.store import Store
 from components.core.warm import is_committed
 

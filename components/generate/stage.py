@@ -25,13 +25,11 @@ from tqdm import tqdm
 
 from components.core.commit import (
     OutputDir,
-    check_shard,
     clear_other_layouts,
     committed_files,
     content_digest,
     lineage,
     shard_dir,
-    shard_name,
     shard_of,
 )
 from components.core.config import GenerateSection, RunConfig, unused_keys
@@ -40,8 +38,7 @@ from components.core.layout import RunLayout, store_for
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
 from components.core.store import Store
 from components.core.timing import Timeline
-from components.core.warm import policy_version, run_once, segment_summary, serve_stage
-from components.core.warm import segment as warm_segment
+from components.core.warm import Stage, policy_version
 from components.generate.backends import Backend, PromptRequest, SamplingSpec, sample_seed
 from components.generate.engine import PolicyEngine
 from components.generate.sampler import PromptSampler, select_indices
@@ -341,7 +338,7 @@ class _TrajectorySample:
         self.env_reward = tr.env_reward
 
 
-class GenerateStage:
+class GenerateStage(Stage):
     """Warm generate worker (components/core/warm.py): the policy stays loaded; each step takes
     checkpoint max(0, i - train.max_staleness) in place and samples iteration i's prompts.
 
@@ -351,11 +348,11 @@ class GenerateStage:
     depend on batch or shard; docs/contracts.md, "Batch and shard invariance").
     """
 
+    name = "generate"
+
     def __init__(self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1) -> None:
-        check_shard(shard, num_shards)
-        self.cfg, self.shard, self.num_shards = cfg, shard, num_shards
+        super().__init__(cfg, shard=shard, num_shards=num_shards)
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
-        self.task = "generate" + (f"-{shard_name(shard, num_shards)}" if num_shards > 1 else "")
         self.engine = PolicyEngine(cfg.generate, cfg.run.seed)
         self.sampler = PromptSampler(cfg, self.store, self.layout)
         self._train: tuple[str, str, Any] | None = None
@@ -476,24 +473,5 @@ class GenerateStage:
             self.tools.close()
 
 
-def run(
-    cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
-) -> dict[str, Any]:
-    """Generate the rollouts of one iteration (or of one shard of its prompts), cold."""
-    return run_once(GenerateStage(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
-
-
-def serve(
-    cfg: RunConfig,
-    segment: int,
-    *,
-    shard: int = 0,
-    num_shards: int = 1,
-    attempt: str | None = None,
-    retried: bool = False,
-) -> dict[str, Any]:
-    """The generate worker of one segment: every iteration of it, warm."""
-    seg = warm_segment(cfg, segment)
-    stage = GenerateStage(cfg, shard=shard, num_shards=num_shards)
-    results = serve_stage(stage, seg.iterations, cfg=cfg, attempt=attempt, retried=retried)
-    return segment_summary(stage, segment, results)
+#: `rlvr stage generate` (one iteration, or one shard of its prompts, cold) and the worker task.
+run, serve = GenerateStage.run, GenerateStage.serve

@@ -39,8 +39,7 @@ from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
 from components.core.timing import Timeline
-from components.core.warm import run_once, segment_summary, serve_stage
-from components.core.warm import segment as warm_segment
+from components.core.warm import Stage
 from components.generate.backends import LOGPROB_DEFINITION
 from components.train import algorithms as algos
 from components.train import state as train_state
@@ -104,7 +103,7 @@ def check_staleness(table, iteration: int, max_staleness: int, source: str) -> d
     }
 
 
-class TrainStage:
+class TrainStage(Stage):
     """Warm train worker (components/core/warm.py). The DeepSpeed engine, its optimizer state and
     the reference model stay in memory across iterations: step i trains checkpoint i into i+1 and
     commits both the checkpoint and the train state (so any iteration can be resumed or rerun
@@ -112,10 +111,14 @@ class TrainStage:
     checkpoint and state of iteration i (first step, or an iteration redone out of band), so a
     warm run and N cold invocations train identically (tested)."""
 
-    task = "train"
+    name = "train"
+    prewarms = True
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg, self.t = cfg, cfg.train
+    def __init__(self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1) -> None:
+        if num_shards != 1:
+            raise ValueError("train is not sharded: its ranks split the work (train.gpus)")
+        super().__init__(cfg)
+        self.t = cfg.train
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
         self.engine: Any = None
         self.tokenizer: Any = None
@@ -423,17 +426,6 @@ class TrainStage:
             self.holds = None
 
 
-def run(cfg: RunConfig, iteration: int, *, force: bool = False) -> dict[str, Any]:
-    """Take one iteration's policy update, cold (`rlvr stage train`, a rerun)."""
-    return run_once(TrainStage(cfg), iteration, force=force)
-
-
-def serve(
-    cfg: RunConfig, segment: int, *, attempt: str | None = None, retried: bool = False
-) -> dict[str, Any]:
-    """The train worker of one segment: the engine stays warm across its iterations."""
-    stage = TrainStage(cfg)
-    results = serve_stage(
-        stage, warm_segment(cfg, segment).iterations, cfg=cfg, attempt=attempt, retried=retried
-    )
-    return segment_summary(stage, segment, results)
+#: `rlvr stage train` (one policy update, cold) and the worker task; components/train/launch.py
+#: wraps them in torchrun for several ranks.
+run, serve = TrainStage.run, TrainStage.serve

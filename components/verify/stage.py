@@ -26,12 +26,10 @@ import pyarrow.parquet as pq
 from components.core.commit import (
     SUCCESS,
     OutputDir,
-    check_shard,
     clear_other_layouts,
     committed_files,
     lineage,
     shard_dir,
-    shard_name,
     shard_of,
 )
 from components.core.config import (
@@ -43,23 +41,22 @@ from components.core.curriculum import PROMPT_STATS, group_shares, scored_prompt
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records, stamp
 from components.core.timing import Timeline
-from components.core.warm import run_once, segment_summary, serve_stage
-from components.core.warm import segment as warm_segment
+from components.core.warm import Stage
 from components.verify.scoring import score_table
 
 log = logging.getLogger("rlvr.verify")
 
 
-class VerifyStage:
+class VerifyStage(Stage):
     """Warm verify worker (components/core/warm.py): scores iteration i's rollouts (or one shard
     of them, by prompt_id hash). Verifier plugins and the math verifier's imports are loaded once
     per process, not once per iteration."""
 
+    name = "verify"
+
     def __init__(self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1) -> None:
-        check_shard(shard, num_shards)
-        self.cfg, self.shard, self.num_shards = cfg, shard, num_shards
+        super().__init__(cfg, shard=shard, num_shards=num_shards)
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
-        self.task = "verify" + (f"-{shard_name(shard, num_shards)}" if num_shards > 1 else "")
 
     def check(self) -> None:
         """Every verifier spec resolves (plugins import) before any rollout is read."""
@@ -193,25 +190,6 @@ def _commit_stats(out: OutputDir, per_prompt: pa.Table, inputs: dict[str, str], 
     out.commit({"prompts": per_prompt.num_rows, "schema": PROMPT_STATS.names}, inputs)
 
 
-def run(
-    cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0, num_shards: int = 1
-) -> dict[str, Any]:
-    """Score the rollouts of one iteration (or one shard of them, by prompt_id hash), cold."""
-    return run_once(VerifyStage(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
-
-
-def serve(
-    cfg: RunConfig,
-    segment: int,
-    *,
-    shard: int = 0,
-    num_shards: int = 1,
-    attempt: str | None = None,
-    retried: bool = False,
-) -> dict[str, Any]:
-    """The verify worker of one segment."""
-    stage = VerifyStage(cfg, shard=shard, num_shards=num_shards)
-    results = serve_stage(
-        stage, warm_segment(cfg, segment).iterations, cfg=cfg, attempt=attempt, retried=retried
-    )
-    return segment_summary(stage, segment, results)
+#: `rlvr stage verify` (one iteration, or one shard of it by prompt_id hash, cold) and the
+#: worker task.
+run, serve = VerifyStage.run, VerifyStage.serve

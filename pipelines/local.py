@@ -1,0 +1,243 @@
+"""`rlvr run`'s work on one machine: build missing inputs, give each local worker its threads
+and priority, and drive the segments of a run on the concurrent local runner
+(pipelines/local_runner.py) with live progress, then print the evaluations and write the
+report. The CLI (pipelines/cli.py) only parses options and checks the config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from components.core.config import RunConfig
+from components.core.layout import RunLayout, committed_indices, store_for
+from components.core.store import get_store, join
+
+console = Console(stderr=True)
+
+
+def prepare_inputs(cfg: RunConfig) -> None:
+    """Run the config's prepare module when the base model or a dataset is missing."""
+    inputs = {"model.base": cfg.model.base, "data.train": cfg.data.train}
+    inputs |= {f"data.eval.{i}.path": e.path for i, e in enumerate(cfg.data.eval)}
+    missing = [p for p in inputs.values() if "://" not in p and not Path(p).exists()]
+    if not missing or cfg.prepare is None or not cfg.prepare.module:
+        return  # nothing to build (`rlvr check` names whatever is missing)
+    cmd = [sys.executable, "-m", cfg.prepare.module]
+    if cfg.prepare.out:
+        cmd += ["--out", cfg.prepare.out]
+    console.print(f"[bold]preparing inputs[/]: {' '.join(cmd)}")
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(cmd, cwd=root)
+    if proc.returncode != 0:
+        click.echo(f"error: prepare step {cfg.prepare.module} failed ({proc.returncode})", err=True)
+        sys.exit(proc.returncode)
+    still = [f"{key} ({p})" for key, p in inputs.items() if "://" not in p and not Path(p).exists()]
+    if still:
+        click.echo(
+            f"error: prepare step {cfg.prepare.module} ran, but {', '.join(still)} still "
+            f"{'does' if len(still) == 1 else 'do'} not exist: fix the path in the config "
+            f"(the prepare step writes {cfg.prepare.out or 'its own outputs'})",
+            err=True,
+        )
+        sys.exit(2)
+
+
+EVAL_NICE = 10
+"""Niceness of local evaluation workers: CFS then gives a contending evaluation thread about a
+tenth of a core's time against a training one."""
+
+
+def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
+    """CPU threads per local worker (OMP_NUM_THREADS), by task.
+
+    Workers share one machine, and OpenMP threads that outnumber the cores slow everything down
+    (measured: 7x on 2 cores when three workers spin at once). On-policy (max_staleness 0),
+    generate and train never compute at the same time, so each gets every core; with bounded
+    staleness they overlap and split the cores. Evaluation runs beside them on a quarter of the
+    cores (at least one). `run.local_threads` sets one count for every worker instead.
+
+    Evaluation also runs at a lower CPU priority (RLVR_NICE, applied by the local runner): its
+    threads on top of generate's or train's outnumber the cores, and at equal priority they
+    slowed generate 3-8x on 2 cores (SmolLM2 example: 15-31 tokens/s in the iterations an
+    evaluation overlapped, 90-150 alone). Niced, it takes the cycles the training loop leaves
+    (verify, commits, waits) and the cores once the loop is done; no checkpoint goes unevaluated.
+
+    On a machine with no NVIDIA driver, DS_ACCELERATOR=cpu too: DeepSpeed warns "Setting
+    accelerator to CPU. If you have GPU ..." in every worker that imports it otherwise."""
+    import os
+
+    accelerator = {}
+    if "DS_ACCELERATOR" not in os.environ and not Path("/proc/driver/nvidia").exists():
+        accelerator = {"DS_ACCELERATOR": "cpu"}
+    cores = os.cpu_count() or 1
+    evals = cfg.evaluate.num_shards if cfg.data.eval else 0
+    eval_threads = max(1, cores // 4)
+    compute = cores if cfg.train.max_staleness == 0 else max(1, cores // 2)
+    compute = max(1, compute // cfg.generate.num_shards) if cfg.generate.num_shards > 1 else compute
+
+    def env(task: str) -> dict[str, str]:
+        extra = {}
+        if cfg.run.local_threads:
+            n = cfg.run.local_threads
+        elif task.startswith("evaluate"):
+            n = max(1, eval_threads // max(evals, 1))
+        elif task.startswith(("generate", "train")):
+            n = compute
+        else:
+            n = 1  # init, verify (Python, and its own process pool), report, next-segment
+        if task.startswith("evaluate"):
+            extra = {"RLVR_NICE": str(EVAL_NICE)}
+        return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), **accelerator, **extra}
+
+    return env
+
+
+def eval_table(cfg_or_root: RunConfig | str, label: str | None = None) -> Table:
+    """A rich table of every committed evaluation of a run (``label``: what to call the
+    checkpoint column's entries, for a one-checkpoint evaluation of an outside model)."""
+    if isinstance(cfg_or_root, RunConfig):
+        store, root = store_for(cfg_or_root), RunLayout.of(cfg_or_root).root
+    else:
+        store, root = get_store(cfg_or_root), cfg_or_root.rstrip("/")
+    table = Table(title=f"held-out evaluation: {root}")
+    table.add_column("checkpoint")
+    table.add_column("eval set")
+    table.add_column("pass@1", justify="right")
+    table.add_column("95% CI", justify="right")
+    table.add_column("mean@n", justify="right")
+    table.add_column("best pass@k", justify="right")
+    for c in committed_indices(store, join(root, "evals")):
+        top = json.loads(store.read_text(join(root, "evals", f"{c:05d}", "metrics.json")))
+        for name, m in top["sets"].items():
+            ov, n = m["overall"], m["n"]
+            ci = ov.get("pass@1_ci95")
+            ks = [int(k.split("@")[1]) for k in ov if k.startswith("pass@") and "_" not in k]
+            kmax = max(ks)
+            table.add_row(
+                label or f"{c:05d}",
+                name,
+                f"{ov['pass@1']:.3f}",
+                f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-",
+                f"{ov[f'mean@{n}']:.3f}",
+                f"pass@{kmax} {ov[f'pass@{kmax}']:.3f}",
+            )
+    return table
+
+
+def tensorboard_hint(logdir: str) -> str:
+    """How to view a run's event files: the `tensorboard` program comes with the `tensorboard`
+    extra (or `dev`), not with the install that writes them (tensorboardX)."""
+    import shutil
+
+    command = f"tensorboard --logdir {logdir}"
+    if shutil.which("tensorboard"):
+        return f"training figures: {command}"
+    return f'training figures: pip install -e ".[tensorboard]", then {command}'
+
+
+def run_local(
+    cfg: RunConfig, *, config_path: str, overrides: tuple[str, ...], runner: str,
+    docker_user: str,
+) -> None:  # fmt: skip
+    """`rlvr run` after its checks: every segment of the run on the concurrent local runner
+    (subprocesses here, or each task in its stage's image), with live progress; then the
+    evaluations' table, the timeline's summary and the run report. Exits 2 on a user error of a
+    task (its hints printed), 1 on any other failure. `config_path` and `overrides` go into the
+    hints, which give the command that resumes the run."""
+    config = config_path
+
+    from components.core.warm import RunStatus, segments
+    from pipelines.local_runner import LocalRunError, failure_hints, print_error, run_pipeline
+    from pipelines.plan import segment_up_to_date
+    from pipelines.progress import RunMonitor
+    from pipelines.train import build_train_pipeline
+
+    layout, store = RunLayout.of(cfg), store_for(cfg)
+    local_root = Path(layout.root) if "://" not in layout.root else Path("./local_outputs")
+    docker, owner = None, None
+    if runner == "docker":  # the machine checked before anything of the run is written
+        from pipelines.local_docker import DockerSetupError, check_machine, hand_over, plan_for
+
+        docker = plan_for(cfg, local_root, user=docker_user)
+        try:
+            owner = check_machine(docker)
+        except DockerSetupError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+    store.write_text(layout.run_yaml, cfg.to_yaml())
+    segs = segments(cfg)
+    console.print(
+        f"[bold]rlvr run[/] {cfg.run_id}: {cfg.run.iterations} iterations in {len(segs)} "
+        f"segment(s) -> {layout.root}"
+    )
+    t0 = time.perf_counter()
+    pipeline = build_train_pipeline(cfg, for_cluster=False)
+    task_env = local_thread_env(cfg)
+
+    for seg in segs:
+        if segment_up_to_date(cfg, seg):
+            console.print(f"segment {seg.index} (iterations {seg.start}..{seg.stop - 1}): done")
+            continue
+        attempt = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        status = RunStatus.of(cfg, attempt)
+        log_dir = local_root / "logs" / f"segment-{seg.index:05d}"
+
+        def record_crash(task: str, status: RunStatus = status) -> None:
+            if task not in status.failures():  # a worker that died without recording why
+                status.mark_failed(task, "its process exited with an error")
+
+        if owner is not None:  # last: it hands what exists of the run over to the images' uid
+            (local_root / "kfp").mkdir(parents=True, exist_ok=True)
+            log_dir.mkdir(parents=True, exist_ok=True)
+            if "://" not in layout.root:  # failure markers: written by tasks and by this process
+                Path(status.dir).mkdir(parents=True, exist_ok=True)
+            hand_over(local_root, owner)
+        try:
+            with RunMonitor(cfg, seg, console):
+                run_pipeline(
+                    pipeline,
+                    {"config_json": cfg.to_json(), "run_id": cfg.run_id, "segment": seg.index,
+                     "attempt": attempt},
+                    pipeline_root=str(local_root / "kfp"),
+                    log_dir=log_dir,
+                    on_failure=record_crash,
+                    failure_message=lambda task, status=status: (
+                        status.failures().get(task) or {}).get("error"),
+                    task_env=task_env,
+                    docker=docker,
+                )  # fmt: skip
+        except LocalRunError as e:
+            cause = status.root_cause()
+            task, record = cause if cause else (e.task, {})
+            if task != e.task:  # the first task to exit only stopped because of another
+                log_file = log_dir / f"{task}.log"
+                e = LocalRunError(task, record.get("error", ""), log_file if log_file.exists()
+                                  else None)  # fmt: skip
+            options = "" if docker is None else f" --runner docker --docker-user {docker_user}"
+            print_error(e, failure_hints(task, record, config, cfg, overrides, options))
+            sys.exit(2 if record.get("user_error") else 1)
+    elapsed = time.perf_counter() - t0
+    if cfg.data.eval:
+        Console().print(eval_table(cfg))
+    from components.evaluate.run_report import write_run_report
+    from components.evaluate.timeline import summarize_run
+
+    summary = summarize_run(store, layout.root)
+    if summary:
+        console.print(summary)
+    paths = write_run_report(store, layout.root)  # the whole run's timeline, every evaluation
+    console.print(f"done in {elapsed:.0f} s; outputs under {layout.root}")
+    console.print(f"report with plots: {paths['report.md']}")
+    if "index.html" in paths:
+        console.print(f"dashboard (training dynamics): {paths['index.html']}")
+    if "tensorboard" in cfg.tracking.backends:
+        console.print(tensorboard_hint(join(layout.root, "tensorboard")), highlight=False)
