@@ -10,7 +10,8 @@ return a stale result).
 
 from kfp import dsl, kubernetes
 
-from components.core.config import OBJECT_STORE_SECRET_KEYS, ClusterSection, RunConfig
+from components.core.config import RunConfig
+from components.core.config_cluster import OBJECT_STORE_SECRET_KEYS, ClusterSection
 
 # the pods of stages that run model-written code (components.core.config.code_stages) get this
 # label, which the code-sandbox overlay matches (the seccomp profile that lets the sandbox build

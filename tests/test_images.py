@@ -472,7 +472,8 @@ def _run_build(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPr
 
 @pytest.mark.parametrize("tag", ["0.2.0", "1.0", "20250101", "v3-rc1", "on"])
 def test_build_script_tags_flow_into_the_config(tmp_path, tag):
-    from components.core.config import ClusterSection, apply_overrides
+    from components.core.config import apply_overrides
+    from components.core.config_cluster import ClusterSection
 
     proc = _run_build(tmp_path, "registry.example.com/team", tag, "--push")
     assert proc.returncode == 0, proc.stderr

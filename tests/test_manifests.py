@@ -400,7 +400,7 @@ def test_bucket_job_uses_the_secret_and_the_configured_bucket(rendered):
 
 
 def test_defaults_match_the_config_and_the_dev_object_store(rendered):
-    from components.core.config import DEFAULT_IMAGE_REPO, DEFAULT_IMAGE_TAG, ClusterSection
+    from components.core.config_cluster import DEFAULT_IMAGE_REPO, DEFAULT_IMAGE_TAG, ClusterSection
 
     base = _one(rendered["base"], "ConfigMap", "rlvr-defaults")["data"]
     assert base["RLVR_IMAGE_REPO"] == DEFAULT_IMAGE_REPO == ClusterSection().image_repo
@@ -566,7 +566,7 @@ def test_multi_node_runtime_matches_what_the_train_task_submits(rendered):
 
 
 def test_multi_node_rbac_lets_the_runner_manage_its_jobs(rendered):
-    from components.core.config import ClusterSection
+    from components.core.config_cluster import ClusterSection
 
     objs = rendered["overlays/multi-node"]
     role = _one(objs, "Role", "rlvr-train-launcher")

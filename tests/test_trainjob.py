@@ -11,7 +11,8 @@ import re
 import pytest
 import yaml
 
-from components.core.config import RESERVED_NODE_ENV, ConfigError, RunConfig, load_config
+from components.core.config import ConfigError, RunConfig, load_config
+from components.core.config_cluster import RESERVED_NODE_ENV
 from components.train import jobspec
 from tests.crd import assert_valid
 

@@ -44,7 +44,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from components.core.config import RunConfig, TrainJobSection
+from components.core.config import RunConfig
+from components.core.config_cluster import TrainJobSection
 from components.core.errors import StageError
 from components.train import jobspec
 from components.train.jobstatus import (
