@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from components.core.errors import UserError
 
@@ -247,6 +255,15 @@ class OverlongPenalty(_Strict):
     buffer: int = Field(ge=1)
     """The penalty ramps linearly over the last `buffer` tokens before max_length."""
     penalty: float = Field(1.0, ge=0.0)
+
+    @field_validator("buffer")
+    @classmethod
+    def _buffer_within_max_length(cls, v: int, info: ValidationInfo) -> int:
+        max_length = info.data.get("max_length")
+        if max_length is not None and v > max_length:
+            raise ValueError(f"must be at most max_length ({max_length}): the penalty ramps "
+                             "over the last `buffer` tokens before max_length")  # fmt: skip
+        return v
 
 
 class VerifySection(_Strict):
