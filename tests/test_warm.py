@@ -10,6 +10,7 @@ import pytest
 
 from components.core.commit import OutputDir, shard_dir
 from components.core.config import load_config
+from components.core.errors import UserError
 from components.core.store import LocalStore, join
 from components.core.warm import (
     PeerFailed,
@@ -49,7 +50,7 @@ def test_a_peer_failure_stops_the_wait_but_not_ones_own(tmp_path):
     store = LocalStore()
     status = RunStatus(store, str(tmp_path))
     status.mark_failed("me", "an old failure of my own")  # a retried task ignores its own
-    threading.Timer(0.1, status.mark_failed, ("verify-worker", ValueError("bad plugin"))).start()
+    threading.Timer(0.1, status.mark_failed, ("verify-worker", UserError("bad plugin"))).start()
     with pytest.raises(PeerFailed, match=r"task verify-worker of this run failed \(bad plugin\)"):
         wait_committed(store, [str(tmp_path / "never")], status=status, task="me", timeout_s=10)
     assert set(status.failures()) == {"me", "verify-worker"}
@@ -79,7 +80,7 @@ class FakeStage:
 
     def step(self, i: int, *, force: bool = False, timeline: Timeline) -> dict:
         if i == self.fail_at:
-            raise ValueError(f"iteration {i} is bad")
+            raise UserError(f"iteration {i} is bad")
         self.steps.append((i, [s[0] for s in timeline.spans]))
         return {"skipped": False}
 
@@ -93,7 +94,7 @@ def test_serve_steps_in_order_records_waits_and_marks_failures(tmp_path):
     for i in range(3):
         _commit(store, str(tmp_path / f"in{i}"))
     stage = FakeStage(str(tmp_path), fail_at=2)
-    with pytest.raises(ValueError, match="iteration 2 is bad"):
+    with pytest.raises(UserError, match="iteration 2 is bad"):
         serve(stage, range(3), status=status, store=store, timeout_s=5, poll_max_s=0.02)
     assert [i for i, _ in stage.steps] == [0, 1] and stage.closed
     assert stage.steps[1][1] == ["wait"]
@@ -114,7 +115,7 @@ def test_segments_eval_checkpoints_and_policy_versions(workspace):
     # Each segment's evaluate worker takes the checkpoints its train worker writes (+ the base).
     assert [segment_eval_checkpoints(cfg, s) for s in segments(cfg)] == [[0, 2], [4, 6], [7]]
     assert [policy_version(cfg, i) for i in range(5)] == [0, 0, 0, 1, 2]
-    with pytest.raises(ValueError, match=r"segment 3 does not exist: .* makes 3 segment\(s\)"):
+    with pytest.raises(UserError, match=r"segment 3 does not exist: .* makes 3 segment\(s\)"):
         segment(cfg, 3)
 
 

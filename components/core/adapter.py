@@ -130,7 +130,10 @@ def _output_head_name(model) -> str:
     for name, module in model.named_modules():
         if head is not None and module is head:
             return name
-    raise ValueError(f"{type(model).__name__} has no output head to adapt (model.lora.output_head)")
+    raise AdapterError(
+        f"{type(model).__name__} has no output head to adapt (model.lora.output_head); "
+        "set model.lora.output_head: false for this model"
+    )
 
 
 def attach(model, section: LoraSection):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.core.errors import UserError
 from components.core.store import Store, StoreError, is_s3, join
 
 SUCCESS = "_SUCCESS"
@@ -172,7 +173,7 @@ def shard_of(key: str, num_shards: int) -> int:
 
 def check_shard(shard: int, num_shards: int) -> None:
     if num_shards < 1 or not 0 <= shard < num_shards:
-        raise ValueError(
+        raise UserError(
             f"--shard {shard} --num-shards {num_shards}: need num_shards >= 1 and "
             "0 <= shard < num_shards"
         )

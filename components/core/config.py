@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from components.core.config_base import ConfigError, _Strict, apply_overrides, format_error
 from components.core.config_cluster import ClusterSection
@@ -240,6 +240,15 @@ class OverlongPenalty(_Strict):
     buffer: int = Field(ge=1)
     """The penalty ramps linearly over the last `buffer` tokens before max_length."""
     penalty: float = Field(1.0, ge=0.0)
+
+    @field_validator("buffer")
+    @classmethod
+    def _buffer_within_max_length(cls, v: int, info: ValidationInfo) -> int:
+        max_length = info.data.get("max_length")
+        if max_length is not None and v > max_length:
+            raise ValueError(f"must be at most max_length ({max_length}): the penalty ramps "
+                             "over the last `buffer` tokens before max_length")  # fmt: skip
+        return v
 
 
 class VerifySection(_Strict):

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from components.core.config import CurriculumSection
+from components.core.errors import UserError
 
 __all__ = [
     "PROMPT_STATS",
@@ -135,14 +136,14 @@ def group_keys(table: pa.Table, group_by: str | None) -> np.ndarray:
         return np.zeros(table.num_rows, dtype=np.int64)
     column, _, fieldname = group_by.partition(".")
     if column not in table.column_names:
-        raise ValueError(
+        raise UserError(
             f"data.curriculum.group_by={group_by!r}: the train set has no column {column!r} "
             f"(columns: {table.column_names}); name one of them, extra_info.<field>, or null"
         )
     values = table.column(column)
     if fieldname:
         if not pa.types.is_struct(values.type) or values.type.get_field_index(fieldname) < 0:
-            raise ValueError(
+            raise UserError(
                 f"data.curriculum.group_by={group_by!r}: column {column!r} has no field "
                 f"{fieldname!r} (type {values.type}); name an existing field or null"
             )
@@ -186,7 +187,7 @@ class History:
         rows = np.array([row_of(p) for p in stats.column("prompt_id").to_pylist()], np.int64)
         if rows.size:
             if rows.max() >= self.num_rows:
-                raise ValueError(
+                raise UserError(
                     f"prompt stats of iteration {iteration} name row {rows.max()}, but the "
                     f"train set has {self.num_rows} rows: the train set changed during the run"
                 )
@@ -249,7 +250,7 @@ def curriculum_indices(
     """
     n = history.num_rows
     if count > n:
-        raise ValueError(
+        raise UserError(
             f"data.prompts_per_iteration={count} exceeds the {n} rows of the train set; "
             "lower it or use a larger train set"
         )

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.core.commit import NotCommittedError, check_shard, committed_parts, shard_name
 from components.core.config import RunConfig
+from components.core.errors import UserError
 from components.core.layout import RunLayout, store_for
 from components.core.store import Store, StoreError, join
 from components.core.timing import Timeline, process_start_time
@@ -413,7 +414,7 @@ def segments(cfg: RunConfig) -> list[Segment]:
 def segment(cfg: RunConfig, index: int) -> Segment:
     segs = segments(cfg)
     if not 0 <= index < len(segs):
-        raise ValueError(
+        raise UserError(
             f"segment {index} does not exist: run.iterations={cfg.run.iterations} with "
             f"run.segment_iterations={cfg.run.segment_iterations} makes {len(segs)} segment(s)"
         )

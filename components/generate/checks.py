@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from components.core.config import RunConfig
-from components.core.errors import Problems
+from components.core.errors import Problems, UserError
 from components.core.preflight import prompt_byte_lengths, rows_text
 
 
@@ -118,7 +118,7 @@ def check_curriculum(cfg: RunConfig, problems: Problems, table: pa.Table | None 
         table = pq.read_table(cfg.data.train)
     try:
         group_keys(table, cfg.data.curriculum.group_by)
-    except ValueError as e:
+    except UserError as e:
         problems.error(f"config data.curriculum.group_by ({cfg.data.train})", str(e))
     lag = cfg.train.max_staleness + 1
     if cfg.data.curriculum.return_after <= lag:

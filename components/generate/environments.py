@@ -25,6 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from components.core.errors import UserError
+
 
 class EnvError(RuntimeError):
     """The environment server failed this episode; the message says where and why."""
@@ -43,7 +45,9 @@ def ws_url(url: str) -> str:
         if url.startswith(http):
             url = ws + url[len(http) :]
     if not url.startswith(("ws://", "wss://")):
-        raise ValueError(f"environment url {url!r}: expected http(s):// or ws(s)://")
+        raise UserError(
+            f"generate.environment.url {url!r}: expected http(s)://HOST:PORT or ws(s)://HOST:PORT"
+        )
     return url if url.rstrip("/").endswith("/ws") else url.rstrip("/") + "/ws"
 
 

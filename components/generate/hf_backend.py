@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from components.core.errors import UserError
 from components.generate.backends import (
     BackendInfo,
     PromptRequest,
@@ -161,7 +162,7 @@ class TransformersBackend:
         import transformers
 
         if tokenizer.pad_token_id is None:
-            raise ValueError(
+            raise UserError(
                 "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token) "
                 "in the checkpoint's tokenizer_config.json"
             )
@@ -417,5 +418,8 @@ def _eos_ids(model, tokenizer) -> set[int]:
     elif isinstance(eos, list | tuple):
         ids.update(int(e) for e in eos)
     if not ids:
-        raise ValueError("neither the tokenizer nor generation_config defines an eos token id")
+        raise UserError(
+            "neither the tokenizer nor generation_config defines an eos token id; set eos_token "
+            "in the checkpoint's tokenizer_config.json or eos_token_id in its generation_config.json"
+        )
     return ids

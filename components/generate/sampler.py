@@ -24,6 +24,7 @@ from components.core.curriculum import (
     row_of,
     scored_prompt_stats,
 )
+from components.core.errors import UserError
 from components.core.layout import RunLayout
 from components.core.schemas import SchemaError, read_parquet, read_records
 from components.core.store import Store
@@ -37,7 +38,7 @@ def select_indices(num_rows: int, count: int, seed: int, iteration: int) -> list
     epoch. An epoch holds floor(num_rows / count) iterations, so within an epoch no prompt
     repeats; the remainder waits for the next shuffle."""
     if count > num_rows:
-        raise ValueError(
+        raise UserError(
             f"data.prompts_per_iteration={count} exceeds the {num_rows} rows of the train set; "
             "lower it or use a larger train set"
         )

@@ -153,7 +153,7 @@ def generate_rollouts(
 
     `out` is cleared only once the prompts are rendered and checked."""
     if not prompts and not allow_empty:
-        raise ValueError("the prompt set is empty; check data.train / data.eval and the filters")
+        raise StageError("the prompt set is empty; check data.train / data.eval and the filters")
     by_id: dict[str, PromptRow] = {}
     texts: dict[str, tuple[str, list[int]]] = {}
     requests: list[PromptRequest] = []

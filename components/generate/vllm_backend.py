@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from components.core.errors import UserError
 from components.generate.backends import (
     BackendInfo,
     PromptRequest,
@@ -34,7 +35,7 @@ def vllm_max_lora_rank(rank: int) -> int:
     for allowed in VLLM_MAX_LORA_RANKS:
         if rank <= allowed:
             return allowed
-    raise ValueError(
+    raise UserError(
         f"model.lora.rank {rank}: vLLM serves LoRA adapters up to rank "
         f"{VLLM_MAX_LORA_RANKS[-1]}; lower model.lora.rank or use generate.backend: transformers"
     )

@@ -35,7 +35,7 @@ from components.core.commit import (
     read_manifest,
 )
 from components.core.config import RunConfig, TrainSection, unused_keys
-from components.core.errors import StageError
+from components.core.errors import StageError, UserError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
 from components.core.timing import Timeline
@@ -73,7 +73,7 @@ def check_algorithm_names(t: TrainSection) -> None:
         algos.LOSS_AGGREGATIONS.get(t.loss_agg)
         if t.kl_coef > 0 or t.kl_metric:
             algos.get_kl_fn(t.kl_estimator)
-    except (KeyError, ValueError) as e:
+    except UserError as e:  # UnknownNameError lists the valid names
         raise StageError(f"train config: {e.args[0] if e.args else e}") from None
 
 

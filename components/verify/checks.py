@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.core.config import RunConfig
-from components.core.errors import Problems
+from components.core.errors import Problems, UserError
 from components.verify.executor import ScoreItem, score_batch
 from components.verify.rewards import resolve_verifier
 from components.verify.scoring import DEFAULT_REWARDS, resolve_rewards
@@ -37,7 +37,7 @@ def check_verifier_specs(cfg: RunConfig, problems: Problems) -> set[str]:
             try:
                 resolve_verifier(spec)
                 good.add(spec)
-            except (ValueError, ImportError, OSError, SyntaxError) as e:
+            except (UserError, ImportError, OSError, SyntaxError) as e:
                 problems.error(f"config {key}", str(e),
                                "fix the spec, or make the plugin importable (PYTHONPATH)")  # fmt: skip
     return good

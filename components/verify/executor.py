@@ -274,7 +274,7 @@ def score_batch(
     """Score ``items`` with a per-sample deadline; results are in input order.
 
     Each distinct verifier spec is resolved in the calling process first, so a malformed
-    spec or a plugin that cannot be imported raises ``ValueError`` before any work starts.
+    spec or a plugin that cannot be imported raises ``UserError`` before any work starts.
     After that nothing raises: a verifier that raises gives ``reward=0.0`` and
     ``error="ValueError: ..."``, one that runs longer than ``timeout_s`` gives
     ``reward=0.0``, ``timed_out=True`` and ``error="timeout after 2.0s"``.
@@ -294,7 +294,7 @@ def score_batch(
     specs: dict[str, str] = {}
     for spec in dict.fromkeys(map(_verifier_of, items)):  # distinct, in order of appearance
         canon = canonical_spec(spec)
-        resolve_verifier(canon)  # raises ValueError for a bad spec
+        resolve_verifier(canon)  # raises UserError for a bad spec
         specs[spec] = canon
     batch = items
     if any(canon != spec for spec, canon in specs.items()):

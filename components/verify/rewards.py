@@ -28,6 +28,7 @@ from collections.abc import Callable
 from numbers import Real
 from typing import Any, Literal
 
+from components.core.errors import UserError
 from components.verify.code import score_or_raise as code_score
 from components.verify.format import format_score
 from components.verify.math import compute_score as math_compute_score
@@ -83,13 +84,13 @@ def _valid_names() -> str:
 
 def get_verifier(name: str) -> Verifier:
     """Return the verifier called ``name``: a built-in name, or a plugin spec containing
-    ``:`` (loaded with ``load_plugin``). Unknown names raise ``ValueError`` listing the
-    valid ones."""
+    ``:`` (loaded with ``load_plugin``). Unknown names raise ``UserError`` (a ``ValueError``)
+    listing the valid ones."""
     if name in VERIFIERS:
         return VERIFIERS[name]
     if ":" in name:
         return load_plugin(name)
-    raise ValueError(f"unknown verifier {name!r}; {_SPEC_HELP.format(names=_valid_names())}")
+    raise UserError(f"unknown verifier {name!r}; {_SPEC_HELP.format(names=_valid_names())}")
 
 
 def _as_finite_score(value: Any, spec: str) -> float:
@@ -97,9 +98,7 @@ def _as_finite_score(value: Any, spec: str) -> float:
         score = float(value)
         if math.isfinite(score):
             return score
-    raise ValueError(
-        f"reward plugin {spec!r} returned {value!r}; the score must be a finite number"
-    )
+    raise UserError(f"reward plugin {spec!r} returned {value!r}; the score must be a finite number")
 
 
 class PluginVerifier:
@@ -130,7 +129,7 @@ class PluginVerifier:
         out = self.fn(data_source, solution_str, ground_truth, extra_info)
         if isinstance(out, dict):
             if "score" not in out:
-                raise ValueError(
+                raise UserError(
                     f"reward plugin {self.spec!r} returned a dict without a 'score' key: "
                     f"{sorted(out)}"
                 )
@@ -192,12 +191,12 @@ class TRLPluginVerifier(PluginVerifier):
             columns = {k: v for k, v in columns.items() if k in self._names}
         out = self.fn(**columns)
         if not isinstance(out, list | tuple) or len(out) != 1:
-            raise ValueError(
+            raise UserError(
                 f"TRL reward plugin {self.spec!r} must return a list with one score per "
                 f"completion (1 here), got {out!r}"
             )
         if out[0] is None:
-            raise ValueError(
+            raise UserError(
                 f"TRL reward plugin {self.spec!r} returned None for this sample (it does "
                 "not apply); map this data_source to a reward function that scores it"
             )
@@ -222,7 +221,7 @@ def _detect_signature(fn: Callable[..., Any]) -> Literal["verl", "trl"]:
 def _split_spec(spec: str) -> tuple[str, str]:
     target, sep, func = spec.rpartition(":")
     if not sep or not target or not func or not func.isidentifier():
-        raise ValueError(
+        raise UserError(
             f"invalid verifier spec {spec!r}: expected 'package.module:function' or "
             f"'path/to/file.py:function' ({_SPEC_HELP.format(names=_valid_names())})"
         )
@@ -247,7 +246,7 @@ def canonical_spec(spec: str) -> str:
 def _load_module_from_file(path: str, spec: str) -> Any:
     path = os.path.abspath(path)
     if not os.path.isfile(path):
-        raise ValueError(
+        raise UserError(
             f"verifier spec {spec!r}: file {path!r} does not exist; pass an existing "
             "'path/to/file.py:function' (relative paths are resolved from the working "
             "directory)"
@@ -257,14 +256,14 @@ def _load_module_from_file(path: str, spec: str) -> Any:
         return sys.modules[name]
     mod_spec = importlib.util.spec_from_file_location(name, path)
     if mod_spec is None or mod_spec.loader is None:
-        raise ValueError(f"verifier spec {spec!r}: cannot load {path!r} as a Python module")
+        raise UserError(f"verifier spec {spec!r}: cannot load {path!r} as a Python module")
     module = importlib.util.module_from_spec(mod_spec)
     sys.modules[name] = module
     try:
         mod_spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(name, None)
-        raise ValueError(
+        raise UserError(
             f"verifier spec {spec!r}: importing {path!r} failed "
             f"({type(exc).__name__}: {exc}); fix the plugin file"
         ) from exc
@@ -280,8 +279,8 @@ def load_plugin(spec: str, signature: PluginSignature = "auto") -> PluginVerifie
     see ``TRLPluginVerifier``) or ``"auto"``: TRL when the first parameter is named
     ``completions`` or ``prompts``, else verl.
 
-    Raises ``ValueError`` naming the spec and the fix when the spec is malformed, the
-    module cannot be imported, or the function is missing / not callable.
+    Raises ``UserError`` (a ``ValueError``) naming the spec and the fix when the spec is
+    malformed, the module cannot be imported, or the function is missing / not callable.
     """
     if signature not in ("auto", "verl", "trl"):
         raise ValueError(f"signature must be 'auto', 'verl' or 'trl', got {signature!r}")
@@ -292,25 +291,25 @@ def load_plugin(spec: str, signature: PluginSignature = "auto") -> PluginVerifie
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise ValueError(
+            raise UserError(
                 f"verifier spec {spec!r}: cannot import module {target!r} "
                 f"({type(exc).__name__}: {exc}); install it or add it to PYTHONPATH, or "
                 "use 'path/to/file.py:function'"
             ) from exc
         except Exception as exc:
-            raise ValueError(
+            raise UserError(
                 f"verifier spec {spec!r}: importing module {target!r} failed "
                 f"({type(exc).__name__}: {exc}); fix the plugin module"
             ) from exc
     fn = getattr(module, func, None)
     if fn is None:
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise ValueError(
+        raise UserError(
             f"verifier spec {spec!r}: {target!r} has no function {func!r}; "
             f"callables defined there: {public}"
         )
     if not callable(fn):
-        raise ValueError(f"verifier spec {spec!r}: {target}.{func} is not callable")
+        raise UserError(f"verifier spec {spec!r}: {target}.{func} is not callable")
     kind = _detect_signature(fn) if signature == "auto" else signature
     if kind == "trl":
         return TRLPluginVerifier(spec, fn)
@@ -341,6 +340,6 @@ def resolve_verifier(spec: str) -> ResolvedVerifier:
             return plugin(solution_str, ground_truth, extra_info, data_source=data_source)
 
     else:
-        raise ValueError(f"unknown verifier {spec!r}: {_SPEC_HELP.format(names=_valid_names())}")
+        raise UserError(f"unknown verifier {spec!r}: {_SPEC_HELP.format(names=_valid_names())}")
     _RESOLVED[spec] = fn
     return fn
