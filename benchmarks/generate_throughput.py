@@ -40,7 +40,7 @@ from components.core.commit import OutputDir  # noqa: E402
 from components.core.store import LocalStore  # noqa: E402
 from components.generate.backends import SamplingSpec  # noqa: E402
 from components.generate.hf_backend import TransformersBackend  # noqa: E402
-from components.generate.stage import PromptRow, generate_rollouts, prompts_from  # noqa: E402
+from components.generate.rollouts import PromptRow, generate_rollouts, prompts_from  # noqa: E402
 from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint  # noqa: E402
 
 

@@ -46,7 +46,7 @@ def main() -> int:
     from components.core.commit import OutputDir
     from components.core.store import LocalStore
     from components.generate.backends import SamplingSpec
-    from components.generate.stage import PromptRow, generate_rollouts
+    from components.generate.rollouts import PromptRow, generate_rollouts
     from components.generate.vllm_backend import VLLMBackend
 
     backend = VLLMBackend(

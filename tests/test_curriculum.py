@@ -300,7 +300,7 @@ def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
     # A cold sampler (a resumed run) draws what the warm worker drew, and shards split it.
     drawn = pq.read_table(Path(layout.rollouts(2), "part-00000.parquet")).column("prompt_id")
     from components.core.schemas import read_dataset
-    from components.generate.stage import dataset_uri
+    from components.generate.rollouts import dataset_uri
 
     table = read_dataset(store, dataset_uri(store, layout.train_data))
     rows, _ = PromptSampler(cfg, store, layout).indices(table, 2)

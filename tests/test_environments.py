@@ -113,7 +113,7 @@ def _stage_rollouts(tmp_path, tiny_assets, server, name):
     from components.core.config import EnvironmentSection
     from components.core.store import LocalStore
     from components.generate.backends import SamplingSpec
-    from components.generate.stage import PromptRow, generate_rollouts
+    from components.generate.rollouts import PromptRow, generate_rollouts
     from components.generate.tools import ToolBox
 
     _, tok = load_policy(tiny_assets / "base")

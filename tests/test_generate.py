@@ -11,7 +11,7 @@ from components.core.commit import read_manifest
 from components.core.store import LocalStore
 from components.generate.backends import PromptRequest, SamplingSpec, cut_at_stop, sample_seed
 from components.generate.hf_backend import TransformersBackend, filter_logits, sample_inverse_cdf
-from components.generate.stage import select_indices
+from components.generate.sampler import select_indices
 from tests.invariance import assert_equal_up_to_rounding
 
 
@@ -228,7 +228,8 @@ def test_shards_union_equals_unsharded_up_to_rounding(cfg, threads):
     from components.core.commit import NotCommittedError, committed_files
     from components.core.layout import RunLayout
     from components.core.schemas import read_records
-    from components.generate.stage import run, spec_from
+    from components.generate.rollouts import spec_from
+    from components.generate.stage import run
     from components.verify.stage import run as verify
 
     def rows(c, what):

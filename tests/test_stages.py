@@ -14,8 +14,8 @@ from components.core.layout import RunLayout
 from components.core.schemas import SCORED, components_dict
 from components.evaluate.stage import EVAL_SEED_ITERATION
 from components.evaluate.stage import run as evaluate
+from components.generate.rollouts import spec_from
 from components.generate.stage import run as generate
-from components.generate.stage import spec_from
 from components.verify.scoring import resolve_rewards
 from components.verify.stage import run as verify
 from tests.invariance import assert_equal_up_to_rounding

@@ -59,12 +59,7 @@ from components.evaluate.metrics import (
 from components.evaluate.plots import plot_history, plot_pass_at_k
 from components.evaluate.report import render_markdown
 from components.generate.engine import PolicyEngine
-from components.generate.stage import (
-    dataset_uri,
-    generate_rollouts,
-    load_prompts,
-    spec_from,
-)
+from components.generate.rollouts import dataset_uri, generate_rollouts, load_prompts, spec_from
 from components.verify.scoring import resolve_rewards, score_table
 
 log = logging.getLogger("rlvr.evaluate")

@@ -20,7 +20,7 @@ from components.core.preflight import prompt_byte_lengths, rows_text
 
 def _template_overhead(tokenizer, messages: int) -> int:
     """Tokens the chat template adds around `messages` empty messages."""
-    from components.generate.stage import render_prompt
+    from components.generate.rollouts import render_prompt
 
     roles = ["user" if i % 2 == 0 else "assistant" for i in range(messages)]
     return len(render_prompt(tokenizer, [{"role": r, "content": ""} for r in roles])[1])
@@ -30,7 +30,7 @@ def prompt_token_lengths(tokenizer, table: pa.Table, limit: int) -> dict[int, in
     """Exact token lengths of the rows that might exceed `limit` (row -> tokens)."""
     import pyarrow.compute as pc
 
-    from components.generate.stage import render_prompt
+    from components.generate.rollouts import render_prompt
 
     prompt = table.column("prompt").combine_chunks()
     if pa.types.is_list(prompt.type):
@@ -91,7 +91,7 @@ def check_generate(
             if longest == 0:  # every row was cleared by the byte bound: measure the longest
                 byte_len = prompt_byte_lengths(table)
                 row = int(np.argmax(byte_len))
-                from components.generate.stage import render_prompt
+                from components.generate.rollouts import render_prompt
 
                 longest = len(render_prompt(tokenizer, table.column("prompt")[row].as_py())[1])
             need = min(longest, g.max_prompt_tokens) + max_new.get(name, g.max_new_tokens)
