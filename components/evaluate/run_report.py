@@ -18,7 +18,7 @@ from components.core.layout import RunLayout, committed_indices
 from components.core.store import Store, join
 from components.evaluate.plots import plot_history, plot_pass_at_k
 from components.evaluate.report import render_markdown
-from components.evaluate.stage import history
+from components.evaluate.results import history
 
 __all__ = ["write_run_report"]
 

@@ -18,15 +18,12 @@ checkpoints are not blurred by sampling noise.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-import pyarrow.parquet as pq
 
 from components.core.commit import (
     OutputDir,
@@ -37,10 +34,10 @@ from components.core.commit import (
     shard_dir,
     shard_of,
 )
-from components.core.config import EvalSetConfig, RunConfig, unused_keys
+from components.core.config import RunConfig, unused_keys
 from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
-from components.core.schemas import read_records, stamp
+from components.core.schemas import read_records
 from components.core.store import Store, StoreError, join
 from components.core.warm import (
     Stage,
@@ -50,68 +47,18 @@ from components.core.warm import (
 )
 from components.core.warm import segment as warm_segment
 from components.evaluate.metrics import (
-    CORRECT_THRESHOLD,
-    ProblemSamples,
     default_ks,
-    summarize,
-    summarize_by,
 )
-from components.evaluate.plots import plot_history, plot_pass_at_k
-from components.evaluate.report import render_markdown
+from components.evaluate.results import (
+    _write_outputs,
+    _write_table,
+)
 from components.generate.engine import PolicyEngine
 from components.generate.rollouts import dataset_uri, generate_rollouts, load_prompts, spec_from
 from components.verify.scoring import resolve_rewards, score_table
 
 log = logging.getLogger("rlvr.evaluate")
 EVAL_SEED_ITERATION = -1  # the same sample seeds for every checkpoint
-
-
-def problems_from(table) -> list[ProblemSamples]:
-    """Group scored samples by prompt. A sample is correct when its FIRST reward component (the
-    correctness verifier; list it first in a weighted sum) is above 0.5; mean@n averages the
-    total reward."""
-    cols = {c: table.column(c).to_pylist() for c in (
-        "prompt_id", "sample_index", "data_source", "reward", "extracted_answer",
-        "response_token_ids", "reward_components",
-    )}  # fmt: skip
-    groups: dict[str, list[int]] = {}
-    for i, pid in enumerate(cols["prompt_id"]):
-        groups.setdefault(pid, []).append(i)
-
-    def correct(i: int) -> bool:
-        comps = cols["reward_components"][i]
-        first = comps[0]["value"] if comps else cols["reward"][i]
-        return float(first) > CORRECT_THRESHOLD
-
-    out = []
-    for pid in sorted(groups):
-        rows = sorted(groups[pid], key=lambda i: cols["sample_index"][i])
-        out.append(
-            ProblemSamples(
-                prompt_id=pid,
-                data_source=cols["data_source"][rows[0]],
-                rewards=[float(cols["reward"][i]) for i in rows],
-                correct=[correct(i) for i in rows],
-                extracted_answers=[cols["extracted_answer"][i] for i in rows],
-                response_lengths=[len(cols["response_token_ids"][i]) for i in rows],
-            )
-        )
-    return out
-
-
-def compute_metrics(
-    table, ev: EvalSetConfig, cfg: RunConfig, checkpoint_uri: str
-) -> dict[str, Any]:
-    problems = problems_from(table)
-    ks = default_ks(ev.n, [*cfg.evaluate.ks, *ev.ks])
-    opts = dict(ks=ks, bootstrap_resamples=cfg.evaluate.bootstrap_resamples, seed=cfg.evaluate.seed)
-    return {
-        "checkpoint": checkpoint_uri,
-        "eval_set": ev.name,
-        "n": ev.n,
-        "overall": summarize(problems, **opts),
-        "by_data_source": summarize_by(problems, "data_source", **opts),
-    }
 
 
 def validate_eval_sets(cfg: RunConfig) -> None:
@@ -122,32 +69,6 @@ def validate_eval_sets(cfg: RunConfig) -> None:
             default_ks(ev.n, [*cfg.evaluate.ks, *ev.ks])
         except ValueError as e:
             raise StageError(f"data.eval[{ev.name}] (n={ev.n}) / evaluate.ks / ks: {e}") from None
-
-
-def history(store: Store, layout: RunLayout, current: int, current_metrics: dict) -> list[dict]:
-    rows = []
-    for c in committed_indices(store, join(layout.root, "evals")):
-        if c == current:
-            continue
-        m = json.loads(store.read_text(join(layout.evals(c), "metrics.json")))
-        rows.append(_history_row(store, layout, c, m))
-    rows.append(_history_row(store, layout, current, current_metrics))
-    return sorted(rows, key=lambda r: r["checkpoint"])
-
-
-def _history_row(store: Store, layout: RunLayout, c: int, m: dict) -> dict:
-    ov = m["overall"]
-    n = m["n"]
-    row = {"checkpoint": c, "pass@1": ov["pass@1"], "mean@n": ov[f"mean@{n}"]}
-    if "pass@1_ci95" in ov:
-        row["pass@1_ci95"] = ov["pass@1_ci95"]
-    if c > 0:  # the train reward of the iteration that produced checkpoint c
-        try:
-            stats = json.loads(store.read_text(join(layout.train_state(c), "metrics.json")))
-            row["reward"] = stats["train/reward_mean"]
-        except Exception:  # noqa: BLE001 - reward is optional decoration of the history
-            pass
-    return row
 
 
 def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
@@ -266,25 +187,6 @@ def _sample_and_score(
         if tools is not None:
             tools.close()
     return out
-
-
-def _write_table(out: OutputDir, table, name: str, tmp: Path) -> None:
-    path = tmp / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table.replace_schema_metadata(stamp(table.schema, "scored").metadata), path)
-    out.put_file(path, name)
-
-
-def greedy_metrics(table) -> dict[str, Any]:
-    problems = problems_from(table)
-
-    def acc(ps: list[ProblemSamples]) -> float:
-        return sum(p.correct[0] for p in ps) / len(ps) if ps else 0.0
-
-    by: dict[str, list[ProblemSamples]] = {}
-    for p in problems:
-        by.setdefault(p.data_source, []).append(p)
-    return {"overall": acc(problems), "by_data_source": {k: acc(v) for k, v in sorted(by.items())}}
 
 
 class EvaluateStage(Stage):
@@ -420,87 +322,6 @@ class EvaluateStage(Stage):
         self.engine.close()
 
 
-def _write_outputs(
-    cfg: RunConfig,
-    store: Store,
-    layout: RunLayout,
-    c: int,
-    results: dict[str, dict[str, Any]],
-    out: OutputDir,
-    tmp: Path,
-) -> dict[str, Any]:
-    """Samples, metrics, plots and the report of checkpoint c into `out` (not committed)."""
-    ckpt_uri = layout.checkpoint(c)
-    out.begin(force=True)
-    all_metrics: dict[str, dict] = {}
-    for ev in cfg.data.eval:
-        res = results[ev.name]
-        scored = res["samples"]
-        _write_table(out, scored, f"{ev.name}/samples.parquet", tmp)
-        metrics = compute_metrics(scored, ev, cfg, ckpt_uri)
-        if "samples_verify" in res:
-            v = res["samples_verify"]
-            metrics["verify"] = {k: v[k] for k in ("errors", "timeouts", "error_fraction")}
-        if ev.greedy:
-            _write_table(out, res["greedy_samples"], f"{ev.name}/greedy_samples.parquet", tmp)
-            g = greedy_metrics(res["greedy_samples"])
-            metrics["overall"]["greedy_pass@1"] = g["overall"]
-            for ds, value in g["by_data_source"].items():
-                metrics["by_data_source"].setdefault(ds, {})["greedy_pass@1"] = value
-        out.put_bytes(json.dumps(metrics, indent=2).encode(), f"{ev.name}/metrics.json")
-        all_metrics[ev.name] = metrics
-
-    primary = all_metrics[cfg.data.eval[0].name]
-    top = {**primary, "checkpoint_index": c, "sets": all_metrics}
-    out.put_bytes(json.dumps(top, indent=2).encode(), "metrics.json")
-    images = _plots(store, layout, c, top, tmp, out)
-    report = render_markdown(
-        {
-            "model": ckpt_uri,
-            "checkpoint": f"{c:05d}",
-            **{k: primary[k] for k in ("overall", "by_data_source")},
-        },
-        history(store, layout, c, top),
-        images,
-    )
-    out.put_bytes(report.encode(), "report.md")
-    return top
-
-
-#: `rlvr stage evaluate` (checkpoint `iteration`, or one shard of its samples, cold) and the
-#: worker task.
-run, serve = EvaluateStage.run, EvaluateStage.serve
-
-
-def _plots(
-    store: Store, layout: RunLayout, c: int, top: dict, tmp: Path, out: OutputDir
-) -> dict[str, str]:
-    """pass@k against the base and the previous evaluated checkpoint; history over the run."""
-
-    def curve(m: dict) -> dict[int, float]:
-        return {
-            int(k.split("@")[1]): v
-            for k, v in m["overall"].items()
-            if k.startswith("pass@") and "_" not in k
-        }
-
-    curves = {f"this ({c:05d})": curve(top)}
-    previous = [i for i in committed_indices(store, join(layout.root, "evals")) if i < c]
-    for label, idx in (("base", 0), ("previous", previous[-1] if previous else None)):
-        if idx is None or idx == c or idx not in previous:
-            continue
-        m = json.loads(store.read_text(join(layout.evals(idx), "metrics.json")))
-        curves.setdefault(f"{label} ({idx:05d})", curve(m))
-    images = {}
-    png = plot_pass_at_k(curves, tmp / "pass_at_k.png", f"pass@k, checkpoint {c:05d}")
-    out.put_file(png, "pass_at_k.png")
-    images["pass@k"] = "pass_at_k.png"
-    png = plot_history(history(store, layout, c, top), tmp / "history.png")
-    out.put_file(png, "history.png")
-    images["history"] = "history.png"
-    return images
-
-
 def evaluate_external(cfg: RunConfig, checkpoint: str, *, force: bool = False) -> dict[str, Any]:
     """Evaluate any HF checkpoint directory or store URI, outside an RL run.
 
@@ -554,3 +375,8 @@ def watch_run(
     finally:
         tracking.close()
         stage.close()
+
+
+#: `rlvr stage evaluate` (checkpoint `iteration`, or one shard of its samples, cold) and the
+#: worker task.
+run, serve = EvaluateStage.run, EvaluateStage.serve
