@@ -503,3 +503,23 @@ def test_shared_prefill_equals_prefilling_every_row(policy):
     for a, b in zip(shared.layers, alone.layers, strict=True):
         torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-5)
         torch.testing.assert_close(a.values, b.values, rtol=0, atol=1e-5)
+
+
+def test_only_caches_of_keys_and_values_have_their_rows_moved(policy):
+    """A shared prefill repeats rows and compaction drops them through transformers' cache
+    methods; a layer with conv or recurrent states (linear attention) would keep its old rows,
+    so such a cache is neither repeated nor compacted."""
+    from transformers import DynamicCache, cache_utils
+
+    from components.generate.kv_cache import reserve, rows_movable
+
+    model, _ = policy
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([[5, 6, 7]]), use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    assert rows_movable(cache)
+    assert reserve(cache, 8) and rows_movable(cache)
+    assert not rows_movable(DynamicCache())  # no layers yet
+    if hasattr(cache_utils, "LinearAttentionLayer"):  # transformers 5
+        cache.layers.append(cache_utils.LinearAttentionLayer())
+        assert not rows_movable(cache)

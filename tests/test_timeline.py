@@ -79,3 +79,25 @@ def test_the_policy_handoff_is_the_load_and_commit_inside_each_iteration(tmp_pat
     assert s["handoff_s"] == pytest.approx(2.0)
     assert s["handoff_share"] == pytest.approx(1 / 3)
     assert "policy handoff, checkpoint commit and load, 2.00 s: 33%" in format_summary(s)
+
+
+def test_the_handoff_counts_only_its_part_inside_an_iteration_and_the_slowest_shard():
+    """Iteration i runs from t = 10i to 10i + 10 (train: work 4-8 s in, commit 8-10 s in). Two
+    generate shards load: one from 1 s before the iteration (bounded staleness: it ran ahead)
+    to 1 s in, one from 0 to 1.5 s in. The handoff is the commit (2 s) plus the slowest shard's
+    load inside the interval (1.5 s, not the first shard's 2 s span): 3.5 s of 10."""
+    from components.evaluate.timeline import RunTimeline, Step, handoff_times
+
+    steps = []
+    for i in range(3):
+        t = 10.0 * i
+        steps.append(Step("train", "train", i, [("work", t + 4, t + 8), ("commit", t + 8, t + 10)],
+                          pid=7))  # fmt: skip
+        steps.append(Step("generate-shard-00000-of-00002", "generate", i,
+                          [("load", t - 1, t + 1), ("work", t + 1, t + 3)]))  # fmt: skip
+        steps.append(Step("generate-shard-00001-of-00002", "generate", i,
+                          [("load", t, t + 1.5), ("work", t + 1.5, t + 3)]))  # fmt: skip
+    got = handoff_times(RunTimeline(steps))
+    assert [i for i, _, _ in got] == [1, 2]
+    for _, handoff, period in got:
+        assert handoff == pytest.approx(3.5) and period == pytest.approx(10.0)

@@ -240,14 +240,22 @@ def iteration_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
 
 def handoff_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
     """(iteration, seconds, iteration seconds) of the policy handoff in each iteration after the
-    first (the intervals of `iteration_times`): generate i loading checkpoint i plus train i
-    committing checkpoint i+1, the time a policy spends crossing from train to generate."""
-    by_key = {(s.stage, s.iteration): s for s in tl.steps}
+    first (the intervals of `iteration_times`): train committing its checkpoint plus generate
+    loading one (checkpoint i, or i - k with bounded staleness), only as much of each span as
+    lies inside the interval; with sharded generation, the slowest shard's load (verify waits
+    for every shard)."""
+    trains = {s.iteration: s for s in tl.steps if s.stage == "train"}
     out = []
     for i, seconds, _ in iteration_times(tl):
-        gen, train = by_key.get(("generate", i)), by_key[("train", i)]
-        moved = train.seconds("commit") + (gen.seconds("load") if gen else 0.0)
-        out.append((i, moved, seconds))
+        a = max(e for _, _, e in trains[i - 1].spans)
+        b = max(e for _, _, e in trains[i].spans)
+
+        def inside(step: Step, kind: str, a: float = a, b: float = b) -> float:
+            return sum(max(0.0, min(e, b) - max(s, a)) for k, s, e in step.spans if k == kind)
+
+        loads = [inside(st, "load") for st in tl.steps if st.stage == "generate"
+                 and st.iteration == i]  # fmt: skip
+        out.append((i, inside(trains[i], "commit") + max(loads, default=0.0), seconds))
     return out
 
 

@@ -22,7 +22,7 @@ from components.generate.backends import (
     SamplingSpec,
     cut_at_stop,
 )
-from components.generate.kv_cache import reserve
+from components.generate.kv_cache import reserve, rows_movable
 
 
 def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -246,7 +246,7 @@ class TransformersBackend:
     def _prefill(self, ids, attn, pos, n: int):
         """The prompts' forward: (KV cache, last position's logits) for every row. Rows come in
         runs of `n` copies of one prompt; each run is computed once and its cache repeated,
-        unless the model's cache cannot be repeated."""
+        unless the model's cache cannot be repeated (kv_cache.rows_movable): then every row."""
         rows = slice(None, None, n) if n > 1 else slice(None)
         out = self.model(
             input_ids=ids[rows],
@@ -256,15 +256,17 @@ class TransformersBackend:
             **self.last_logits_only,
         )
         past, logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
-        if n > 1 and hasattr(past, "batch_repeat_interleave"):
+        if n == 1:
+            return past, logits
+        if rows_movable(past):
             past.batch_repeat_interleave(n)
             return past, logits.repeat_interleave(n, dim=0)
-        if n > 1:
-            return self._prefill(ids, attn, pos, 1)
-        return past, logits
+        del out, past, logits
+        return self._prefill(ids, attn, pos, 1)
 
     @torch.inference_mode()
     def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
+        # A prompt's n rows are consecutive: _prefill computes each run of them once.
         rows = [(r, j) for r in batch for j in range(spec.n)]
         prompts = [r.prompt_token_ids for r, _ in rows]
         B, P, T = len(rows), max(len(p) for p in prompts), spec.max_new_tokens
@@ -306,7 +308,7 @@ class TransformersBackend:
         # row until its longest response ends (with real models' response lengths, most of the
         # decode work went to rows that were done).
         act = torch.arange(B, device=dev)
-        compact = hasattr(past, "batch_select_indices")
+        compact = rows_movable(past)
         for t in range(T):
             tok, lp = sample_step(logits, uniforms[:, t], spec)
             live = ~finished[act]

@@ -6,13 +6,24 @@ of the step's time on CPU). `reserve` swaps each plain DynamicLayer of a prefill
 `ReservedLayer` that holds buffers sized for every step to come and writes each new key and value
 into them; attention reads a view of the filled positions, so what the model computes is
 unchanged (same values, same mask sizes, same positions). Layers of any other kind (sliding
-windows, quantized, linear attention) are left as they are.
+windows, quantized, linear attention) are left as they are. The room is taken at the first
+step: rows x (longest prompt + max_new_tokens) per layer, the size `generate.batch_tokens`
+plans a batch by (before, the cache grew with the responses and shrank as rows finished).
 """
 
 from __future__ import annotations
 
 import torch
+from transformers import cache_utils
 from transformers.cache_utils import DynamicLayer
+
+#: Layers whose state is more than keys and values (conv and recurrent states of linear
+#: attention, in transformers 5): repeating or selecting their rows needs their own code.
+_STATEFUL = tuple(
+    getattr(cache_utils, name)
+    for name in ("LinearAttentionCacheLayerMixin", "DynamicIndexedLayer")
+    if hasattr(cache_utils, name)
+)
 
 
 class ReservedLayer(DynamicLayer):
@@ -61,15 +72,45 @@ class ReservedLayer(DynamicLayer):
         self.value_buf = self.value_buf.repeat_interleave(repeats, dim=0)
         self._expose()
 
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove > 0 or -tokens_to_remove > self.length:
-            raise ValueError(f"crop({tokens_to_remove}) on a cache of {self.length} positions")
-        self.length += tokens_to_remove
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx.to(self.key_buf.device))
+
+    def crop(self, tokens: int) -> None:
+        """Drop positions: `tokens` < 0 removes that many (transformers 5); `tokens` >= 0 keeps
+        that many (transformers 4.x's `crop(max_length)`)."""
+        keep = self.length + tokens if tokens < 0 else min(tokens, self.length)
+        if keep < 0:
+            raise ValueError(f"crop({tokens}) on a cache of {self.length} positions")
+        self.length = keep
         self._expose()
 
+    def offload(self) -> None:
+        self.key_buf = self.key_buf.to("cpu", non_blocking=True)
+        self.value_buf = self.value_buf.to("cpu", non_blocking=True)
+        self._expose()
+
+    def prefetch(self) -> None:
+        if self.key_buf.device != self.device:
+            self.key_buf = self.key_buf.to(self.device, non_blocking=True)
+            self.value_buf = self.value_buf.to(self.device, non_blocking=True)
+            self._expose()
+
     def reset(self) -> None:
+        """Empty, keeping the buffers (for reuse at the same batch size)."""
         self.length = 0
         self._expose()
+
+
+def rows_movable(cache) -> bool:
+    """Whether every layer of `cache` holds keys and values only, so that its rows can be
+    repeated (a shared prefill) and selected (dropping finished rows) by transformers' own
+    `batch_repeat_interleave` / `batch_select_indices`. Layers with conv or recurrent states
+    (hybrid and linear-attention models) cannot: their states would keep the old rows."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not hasattr(cache, "batch_repeat_interleave"):
+        return False
+    return all(isinstance(layer, DynamicLayer) and not isinstance(layer, _STATEFUL)
+               for layer in layers)  # fmt: skip
 
 
 def reserve(cache, capacity: int) -> bool:
