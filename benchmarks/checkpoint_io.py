@@ -104,8 +104,16 @@ def main() -> int:
             out = OutputDir(store, str(work / f"ckpt-{r}"), "train")
             out.begin(force=True)
             t0 = time.perf_counter()
-            write_hf(model, TokenizerFiles(work / "src"), dict(weights), out, {}, {},
-                      Timeline("train", r), time.time())  # fmt: skip
+            write_hf(
+                model,
+                TokenizerFiles(work / "src"),
+                dict(weights),
+                out,
+                {},
+                {},
+                Timeline("train", r),
+                time.time(),
+            )
             os.sync()
             times["save"].append(time.perf_counter() - t0)
 
@@ -125,16 +133,24 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     rate = {k: nbytes / v for k, v in med.items()}
     gb = 1e9
-    print(f"{nbytes / gb:.2f} GB of weights, median of {args.rounds} rounds"
-          f"{'' if cached else ' (page cache not dropped: not root)'}")  # fmt: skip
+    print(
+        f"{nbytes / gb:.2f} GB of weights, median of {args.rounds} rounds"
+        f"{'' if cached else ' (page cache not dropped: not root)'}"
+    )
     print(f"disk sequential write        {rate['write'] / gb:6.2f} GB/s   (baseline)")
     print(f"disk sequential read         {rate['read'] / gb:6.2f} GB/s   (baseline)")
-    print(f"checkpoint save + commit     {rate['save'] / gb:6.2f} GB/s   "
-          f"{rate['save'] / rate['write']:.2f} x disk write")  # fmt: skip
-    print(f"warm engine weight load      {rate['warm'] / gb:6.2f} GB/s   "
-          f"{rate['warm'] / rate['read']:.2f} x disk read")  # fmt: skip
-    print(f"cold from_pretrained load    {rate['cold'] / gb:6.2f} GB/s   "
-          f"{rate['cold'] / rate['read']:.2f} x disk read")  # fmt: skip
+    print(
+        f"checkpoint save + commit     {rate['save'] / gb:6.2f} GB/s   "
+        f"{rate['save'] / rate['write']:.2f} x disk write"
+    )
+    print(
+        f"warm engine weight load      {rate['warm'] / gb:6.2f} GB/s   "
+        f"{rate['warm'] / rate['read']:.2f} x disk read"
+    )
+    print(
+        f"cold from_pretrained load    {rate['cold'] / gb:6.2f} GB/s   "
+        f"{rate['cold'] / rate['read']:.2f} x disk read"
+    )
     return 0
 
 

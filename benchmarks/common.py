@@ -96,14 +96,18 @@ def evaluate_dirs(cfg, dirs: dict[int, str]) -> dict[int, dict]:
 def compare_table(a: dict[int, dict], b: dict[int, dict], names: tuple[str, str]) -> bool:
     """Print pass@1 [95% CI] of two runs per checkpoint; True when every pair is within CI (each
     side's value inside the other's interval)."""
-    print(f"\n{'checkpoint':>10}  {names[0] + ' pass@1 [95% CI]':>28}  "
-          f"{names[1] + ' pass@1 [95% CI]':>28}  within CI")  # fmt: skip
+    print(
+        f"\n{'checkpoint':>10}  {names[0] + ' pass@1 [95% CI]':>28}  "
+        f"{names[1] + ' pass@1 [95% CI]':>28}  within CI"
+    )
     all_within = True
     for c in sorted(a):
         x, y = a[c], b[c]
         (xl, xh), (yl, yh) = x["pass@1_ci95"], y["pass@1_ci95"]
         within = yl <= x["pass@1"] <= yh and xl <= y["pass@1"] <= xh
         all_within &= within
-        print(f"{c:>10}  {x['pass@1']:.3f} [{xl:.3f}, {xh:.3f}]{'':>7}  "
-              f"{y['pass@1']:.3f} [{yl:.3f}, {yh:.3f}]{'':>7}  {'yes' if within else 'NO'}")  # fmt: skip
+        print(
+            f"{c:>10}  {x['pass@1']:.3f} [{xl:.3f}, {xh:.3f}]{'':>7}  "
+            f"{y['pass@1']:.3f} [{yl:.3f}, {yh:.3f}]{'':>7}  {'yes' if within else 'NO'}"
+        )
     return all_within

@@ -45,20 +45,37 @@ def resample(src: Path, dst: Path, weights: dict[int, float], seed: int) -> int:
     by_level = {lv: np.flatnonzero(levels == lv) for lv in weights}
     total = min(len(by_level[lv]) / w for lv, w in weights.items())
     rng = np.random.default_rng(seed)
-    take = np.concatenate([
-        rng.choice(by_level[lv], size=int(total * w), replace=False) for lv, w in weights.items()
-    ])  # fmt: skip
+    take = np.concatenate(
+        [rng.choice(by_level[lv], size=int(total * w), replace=False) for lv, w in weights.items()]
+    )
     pq.write_table(table.take(np.sort(take)), dst)
     return len(take)
 
 
 def run_side(args, cfg, bench: Path, name: str, sets: dict[str, str], sampler: str, seed: int):
-    cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", name,
-           "--set", f"run.store={cfg.run.store}", "--set", f"run.seed={seed}",
-           "--set", f"data.sampler={sampler}",
-           "--set", "data.curriculum.group_by=extra_info.level",
-           "--set", f"data.train={sets['train']}", "--set", f"data.eval.0.path={sets['eval']}",
-           "--iterations", str(cfg.run.iterations)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "run",
+        args.config,
+        "--run-id",
+        name,
+        "--set",
+        f"run.store={cfg.run.store}",
+        "--set",
+        f"run.seed={seed}",
+        "--set",
+        f"data.sampler={sampler}",
+        "--set",
+        "data.curriculum.group_by=extra_info.level",
+        "--set",
+        f"data.train={sets['train']}",
+        "--set",
+        f"data.eval.0.path={sets['eval']}",
+        "--iterations",
+        str(cfg.run.iterations),
+    ]
     print(f"running {name} ...", flush=True)
     wall = timed(cmd, bench / f"{name}.log")
     print(f"  {name}: {wall:.1f} s", flush=True)
@@ -96,12 +113,20 @@ def plot(sides: dict[tuple[str, str], list[dict]], out_png: Path) -> Path:
             for r in runs:
                 ax_z.plot(range(len(r["zero"])), r["zero"], color=color, lw=0.7, alpha=0.35)
                 cs = sorted(r["evals"])
-                ax_p.plot(cs, [r["evals"][c]["pass@1"] for c in cs], color=color, lw=0.7,
-                          alpha=0.35)  # fmt: skip
+                ax_p.plot(
+                    cs, [r["evals"][c]["pass@1"] for c in cs], color=color, lw=0.7, alpha=0.35
+                )
             n = min(len(r["zero"]) for r in runs)
             mean_z = [sum(r["zero"][i] for r in runs) / len(runs) for i in range(n)]
-            ax_z.plot(range(n), mean_z, color=color, lw=2.2, marker="o", ms=3,
-                      label=f"{sampler} (mean of {len(runs)} seeds)")  # fmt: skip
+            ax_z.plot(
+                range(n),
+                mean_z,
+                color=color,
+                lw=2.2,
+                marker="o",
+                ms=3,
+                label=f"{sampler} (mean of {len(runs)} seeds)",
+            )
             cs = sorted(set.intersection(*(set(r["evals"]) for r in runs)))
             mean_p = [sum(r["evals"][c]["pass@1"] for r in runs) / len(runs) for c in cs]
             ax_p.plot(cs, mean_p, color=color, lw=2.2, marker="o", ms=3, label=sampler)
@@ -134,8 +159,10 @@ def report(mix: str, seed: int, uni: dict, cur: dict) -> dict[str, float]:
     print(f"{'checkpoint':>10}  {'uniform':>24}  {'curriculum':>24}")
     for c in sorted(uni["evals"]):
         u, k = uni["evals"][c], cur["evals"][c]
-        print(f"{c:>10}  {u['pass@1']:.3f} [{u['pass@1_ci95'][0]:.3f}, {u['pass@1_ci95'][1]:.3f}]"
-              f"  {k['pass@1']:.3f} [{k['pass@1_ci95'][0]:.3f}, {k['pass@1_ci95'][1]:.3f}]")  # fmt: skip
+        print(
+            f"{c:>10}  {u['pass@1']:.3f} [{u['pass@1_ci95'][0]:.3f}, {u['pass@1_ci95'][1]:.3f}]"
+            f"  {k['pass@1']:.3f} [{k['pass@1_ci95'][0]:.3f}, {k['pass@1_ci95'][1]:.3f}]"
+        )
     print("zero-signal share per iteration:")
     print("  uniform    " + " ".join(f"{z:.2f}" for z in uni["zero"]))
     print("  curriculum " + " ".join(f"{z:.2f}" for z in cur["zero"]))
@@ -143,10 +170,11 @@ def report(mix: str, seed: int, uni: dict, cur: dict) -> dict[str, float]:
     last = max(uni["evals"])
     pu, pc_ = uni["evals"][last]["pass@1"], cur["evals"][last]["pass@1"]
     lo, hi = uni["evals"][last]["pass@1_ci95"]
-    print(f"mean zero-signal share: uniform {zu:.3f}, curriculum {zc:.3f} "
-          f"(ratio {zc / zu:.2f})")  # fmt: skip
-    print(f"last checkpoint ({last}) pass@1: uniform {pu:.3f} [{lo:.3f}, {hi:.3f}], "
-          f"curriculum {pc_:.3f} (difference {pc_ - pu:+.3f})")  # fmt: skip
+    print(f"mean zero-signal share: uniform {zu:.3f}, curriculum {zc:.3f} (ratio {zc / zu:.2f})")
+    print(
+        f"last checkpoint ({last}) pass@1: uniform {pu:.3f} [{lo:.3f}, {hi:.3f}], "
+        f"curriculum {pc_:.3f} (difference {pc_ - pu:+.3f})"
+    )
     print(f"wall: uniform {uni['wall']:.1f} s, curriculum {cur['wall']:.1f} s")
     return {"zero_u": zu, "zero_c": zc, "pass_u": pu, "pass_c": pc_}
 
@@ -157,8 +185,13 @@ def main() -> int:
     ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--iterations", type=int, default=None)
-    ap.add_argument("--replot", nargs="+", type=Path, metavar="OUT_DIR",
-                    help="only redraw curriculum.png from earlier invocations' output folders")  # fmt: skip
+    ap.add_argument(
+        "--replot",
+        nargs="+",
+        type=Path,
+        metavar="OUT_DIR",
+        help="only redraw curriculum.png from earlier invocations' output folders",
+    )
     args = ap.parse_args()
     if args.replot:
         print(f"plot: {replot(args.replot, args.replot[-1] / 'curriculum.png')}")
@@ -184,10 +217,12 @@ def main() -> int:
     print("\n== summary (means over seeds) ==")
     for mix, rows in results.items():
         mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
-        print(f"{mix}: zero-signal share {mean['zero_u']:.3f} -> {mean['zero_c']:.3f} "
-              f"(ratio {mean['zero_c'] / mean['zero_u']:.2f}); last pass@1 "
-              f"{mean['pass_u']:.3f} -> {mean['pass_c']:.3f} "
-              f"({mean['pass_c'] - mean['pass_u']:+.3f})")  # fmt: skip
+        print(
+            f"{mix}: zero-signal share {mean['zero_u']:.3f} -> {mean['zero_c']:.3f} "
+            f"(ratio {mean['zero_c'] / mean['zero_u']:.2f}); last pass@1 "
+            f"{mean['pass_u']:.3f} -> {mean['pass_c']:.3f} "
+            f"({mean['pass_c'] - mean['pass_u']:+.3f})"
+        )
     print(f"plot: {plot(sides, bench / 'curriculum.png')}")
     print(f"outputs: {bench}")
     return 0

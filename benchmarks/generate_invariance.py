@@ -156,8 +156,10 @@ def main() -> None:
         ref = results.pop("reference (batch 64)")
         draws = sum(len(t) for t, _ in ref.values())
         print(f"{len(ref)} samples, {draws} draws per layout; reference: batch 64 rows")
-        print(f"{'layout':24s} {'agreement':>10s} {'diverged':>9s} {'worst margin':>13s} "
-              f"{'max |dlogp|':>12s}")  # fmt: skip
+        print(
+            f"{'layout':24s} {'agreement':>10s} {'diverged':>9s} {'worst margin':>13s} "
+            f"{'max |dlogp|':>12s}"
+        )
         ok = True
         for name, got in results.items():
             r = compare(ref, got, model, prompts, spec)

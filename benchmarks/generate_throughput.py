@@ -119,9 +119,18 @@ def stage_generate(model, tok, prompts, spec, batch: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = OutputDir(LocalStore(), tmp, "bench")
         stats = generate_rollouts(
-            out, backend, tok, prompts, spec, iteration=0, checkpoint_uri="bench",
-            max_prompt_tokens=512, rows_per_part=4096, desc="stage", policy_version=0,
-        )  # fmt: skip
+            out,
+            backend,
+            tok,
+            prompts,
+            spec,
+            iteration=0,
+            checkpoint_uri="bench",
+            max_prompt_tokens=512,
+            rows_per_part=4096,
+            desc="stage",
+            policy_version=0,
+        )
     return stats["response_tokens"]
 
 
@@ -175,15 +184,22 @@ def main() -> None:
         model.eval()
         name = "Qwen2 (examples/arithmetic's tokenizer)"
     params = sum(p.numel() for p in model.parameters())
-    spec = SamplingSpec(n=args.n, temperature=args.temperature, top_p=1.0, top_k=0,
-                        max_new_tokens=args.max_new_tokens)  # fmt: skip
+    spec = SamplingSpec(
+        n=args.n,
+        temperature=args.temperature,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=args.max_new_tokens,
+    )
     prompts = (
         read_prompts(args.prompts_from, args.prompts)
         if args.prompts_from
         else make_prompts(args.prompts)
     )
-    print(f"model: {name}, {params / 1e6:.2f}M params, vocab {len(tok)}; {len(prompts)} prompts "
-          f"x n={args.n}, max_new_tokens={args.max_new_tokens}, batch {args.batch}")  # fmt: skip
+    print(
+        f"model: {name}, {params / 1e6:.2f}M params, vocab {len(tok)}; {len(prompts)} prompts "
+        f"x n={args.n}, max_new_tokens={args.max_new_tokens}, batch {args.batch}"
+    )
 
     stage_rates, bare_rates = [], []
     stage_generate(model, tok, prompts[:2], replace(spec, max_new_tokens=4), args.batch)  # warm
@@ -197,8 +213,10 @@ def main() -> None:
             rates.append(rate)
             print(f"  round {r} {side:5s}: {tokens} tokens, {rate:,.1f} tokens/s", flush=True)
     s, b = statistics.median(stage_rates), statistics.median(bare_rates)
-    print(f"\nthroughput  stage {s:,.1f} tok/s   bare model.generate {b:,.1f} tok/s   "
-          f"stage/bare = {s / b:.2f}   (goal >= 0.9)")  # fmt: skip
+    print(
+        f"\nthroughput  stage {s:,.1f} tok/s   bare model.generate {b:,.1f} tok/s   "
+        f"stage/bare = {s / b:.2f}   (goal >= 0.9)"
+    )
 
     cfg = model.config
     rows = min(args.batch, len(prompts) * args.n)
@@ -207,10 +225,12 @@ def main() -> None:
     )
     flops_per_token = 2 * matmul_params(model)
     useful = s * flops_per_token / 1e9
-    print(f"machine     useful {useful:.1f} GFLOP/s ({flops_per_token / 1e6:.0f} MFLOP per token) "
-          f"vs a decode-step matmul [{rows}x{cfg.hidden_size}]x[{cfg.hidden_size}x"
-          f"{getattr(cfg, 'intermediate_size', 4 * cfg.hidden_size)}] {ref:.1f} GFLOP/s   "
-          f"ratio = {useful / ref:.2f}   (goal >= 0.5 on a real model)")  # fmt: skip
+    print(
+        f"machine     useful {useful:.1f} GFLOP/s ({flops_per_token / 1e6:.0f} MFLOP per token) "
+        f"vs a decode-step matmul [{rows}x{cfg.hidden_size}]x[{cfg.hidden_size}x"
+        f"{getattr(cfg, 'intermediate_size', 4 * cfg.hidden_size)}] {ref:.1f} GFLOP/s   "
+        f"ratio = {useful / ref:.2f}   (goal >= 0.5 on a real model)"
+    )
     if args.model:
         return
 
@@ -227,8 +247,10 @@ def main() -> None:
         )
         small = peak_rss_mb(work, args.memory_prompts)
         large = peak_rss_mb(work, 10 * args.memory_prompts)
-    print(f"peak RSS    {args.memory_prompts} prompts {small:,.0f} MB   "
-          f"{10 * args.memory_prompts} prompts {large:,.0f} MB   ratio = {large / small:.2f}   (goal < 1.3)")  # fmt: skip
+    print(
+        f"peak RSS    {args.memory_prompts} prompts {small:,.0f} MB   "
+        f"{10 * args.memory_prompts} prompts {large:,.0f} MB   ratio = {large / small:.2f}   (goal < 1.3)"
+    )
 
     try:
         import vllm  # noqa: F401

@@ -38,11 +38,15 @@ def figures(root: Path) -> dict:
     """Per-iteration handoff bytes, warm load and train seconds; pass@1 per checkpoint."""
     ckpts = sorted(p for p in (root / "checkpoints").iterdir() if p.name != "00000")
     manifests = [json.loads((p / "_SUCCESS").read_text()) for p in ckpts]
-    gens = [json.loads(p.read_text())["stats"]
-            for p in sorted(root.glob("iterations/*/rollouts/_SUCCESS"))]  # fmt: skip
+    gens = [
+        json.loads(p.read_text())["stats"]
+        for p in sorted(root.glob("iterations/*/rollouts/_SUCCESS"))
+    ]
     warm = [g["policy_load_s"] for g in gens if g.get("policy_load") in ("weights", "adapter")]
-    evals = {int(p.parent.name): json.loads(p.read_text())["overall"]
-             for p in root.glob("evals/[0-9]*/metrics.json")}  # fmt: skip
+    evals = {
+        int(p.parent.name): json.loads(p.read_text())["overall"]
+        for p in root.glob("evals/[0-9]*/metrics.json")
+    }
     from components.core.store import get_store
     from components.evaluate.timeline import load_timeline, summary
 
@@ -110,8 +114,11 @@ def plot(out: Path, runs: dict[str, list[dict]]) -> None:
             hi = [per_seed[0]["evals"][c]["pass@1_ci95"][1] for c in cs]
             ax.fill_between(cs, lo, hi, color="black", alpha=0.1, label="full: 95% CI")
     n = len(next(iter(runs.values())))
-    ax.set(xlabel="checkpoint (iteration)", ylabel="held-out pass@1",
-           title=f"LoRA vs full fine-tuning at equal rollouts (mean of {n} seed(s))")  # fmt: skip
+    ax.set(
+        xlabel="checkpoint (iteration)",
+        ylabel="held-out pass@1",
+        title=f"LoRA vs full fine-tuning at equal rollouts (mean of {n} seed(s))",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -122,9 +129,13 @@ def plot(out: Path, runs: dict[str, list[dict]]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "examples/arithmetic/config.yaml"))
-    ap.add_argument("--lora", type=parse_setting, nargs="+",
-                    default=[(16, 16.0, 5e-3, False), (4, 4.0, 5e-3, True)],
-                    help="RANK:ALPHA:LR[:head], one run per setting")  # fmt: skip
+    ap.add_argument(
+        "--lora",
+        type=parse_setting,
+        nargs="+",
+        default=[(16, 16.0, 5e-3, False), (4, 4.0, 5e-3, True)],
+        help="RANK:ALPHA:LR[:head], one run per setting",
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--set", action="append", default=[], help="config override a.b=v, all sides")
@@ -157,24 +168,50 @@ def main() -> int:
     for seed in args.seeds:
         for name, extra in sides.items():
             run_id = f"s{seed}-" + name.replace(" ", "-").replace("+", "")
-            cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", run_id,
-                   "--set", f"run.store={cfg.run.store}", "--set", f"run.seed={seed}",
-                   "--iterations", str(cfg.run.iterations),
-                   *[f"--set={o}" for o in args.set], *extra]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "pipelines.cli",
+                "run",
+                args.config,
+                "--run-id",
+                run_id,
+                "--set",
+                f"run.store={cfg.run.store}",
+                "--set",
+                f"run.seed={seed}",
+                "--iterations",
+                str(cfg.run.iterations),
+                *[f"--set={o}" for o in args.set],
+                *extra,
+            ]
             print(f"running {run_id} ...", flush=True)
             wall = timed(cmd, bench / f"{run_id}.log")
             root = Path(cfg.run.store, run_id)
-            runs[name].append({**figures(root), "wall": wall,
-                               "cold_s": cold_load_s(cfg, root, cfg.run.iterations)})  # fmt: skip
+            runs[name].append(
+                {
+                    **figures(root),
+                    "wall": wall,
+                    "cold_s": cold_load_s(cfg, root, cfg.run.iterations),
+                }
+            )
             print(f"  {wall:.1f} s", flush=True)
 
     full = runs["full"]
     cs = sorted(set.intersection(*(set(r["evals"]) for rs in runs.values() for r in rs)))
     mid, last = cs[len(cs) // 2], cs[-1]
-    print(f"\nFull fine-tuning: lr {cfg.train.lr}; seeds {args.seeds}; "
-          f"checkpoints {mid} (middle) and {last} (last)")  # fmt: skip
-    q7 = Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                     num_attention_heads=28, num_key_value_heads=4, vocab_size=152064)  # fmt: skip
+    print(
+        f"\nFull fine-tuning: lr {cfg.train.lr}; seeds {args.seeds}; "
+        f"checkpoints {mid} (middle) and {last} (last)"
+    )
+    q7 = Qwen2Config(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+    )
     for name, rs in runs.items():
         b = statistics.median(r["bytes"] for r in rs)
         load = statistics.median(r["load_s"] for r in rs)
@@ -187,31 +224,43 @@ def main() -> int:
         hs = statistics.median(r["handoff_s"] for r in rs)
         share = statistics.median(r["handoff_share"] for r in rs)
         it = statistics.median(r["iteration_s"] for r in rs)
-        print(f"  handoff time (train's commit + generate's load, median): {hs:.2f} s, "
-              f"{100 * share:.1f}% of an iteration ({it:.1f} s)")  # fmt: skip
+        print(
+            f"  handoff time (train's commit + generate's load, median): {hs:.2f} s, "
+            f"{100 * share:.1f}% of an iteration ({it:.1f} s)"
+        )
         cold = statistics.median(r["cold_s"] for r in rs)
         fc = statistics.median(r["cold_s"] for r in full)
-        print(f"  warm policy load in generate (median): {load * 1e3:.1f} ms "
-              f"(ratio to full {load / fl:.2f})")  # fmt: skip
-        print(f"  cold policy load, a fresh engine (median): {cold * 1e3:.1f} ms "
-              f"(ratio to full {cold / fc:.2f})")  # fmt: skip
+        print(
+            f"  warm policy load in generate (median): {load * 1e3:.1f} ms "
+            f"(ratio to full {load / fl:.2f})"
+        )
+        print(
+            f"  cold policy load, a fresh engine (median): {cold * 1e3:.1f} ms "
+            f"(ratio to full {cold / fc:.2f})"
+        )
         print(f"  train work per iteration (median): {tr:.2f} s (ratio to full {tr / ft:.2f})")
         for seed, r, f in zip(args.seeds, rs, full, strict=True):
-            print(f"  seed {seed}: pass@1 ckpt {mid}: {ci(r['evals'][mid])} (full "
-                  f"{ci(f['evals'][mid])}); ckpt {last}: {ci(r['evals'][last])} (full "
-                  f"{ci(f['evals'][last])})")  # fmt: skip
+            print(
+                f"  seed {seed}: pass@1 ckpt {mid}: {ci(r['evals'][mid])} (full "
+                f"{ci(f['evals'][mid])}); ckpt {last}: {ci(r['evals'][last])} (full "
+                f"{ci(f['evals'][last])})"
+            )
         if len(rs) > 1:
             m = {c: statistics.mean(r["evals"][c]["pass@1"] for r in rs) for c in (mid, last)}
             fm = {c: statistics.mean(r["evals"][c]["pass@1"] for r in full) for c in (mid, last)}
-            print(f"  mean over seeds: pass@1 ckpt {mid} {m[mid]:.3f} (full {fm[mid]:.3f}), "
-                  f"ckpt {last} {m[last]:.3f} (full {fm[last]:.3f}; ratio "
-                  f"{m[last] / fm[last]:.3f})")  # fmt: skip
+            print(
+                f"  mean over seeds: pass@1 ckpt {mid} {m[mid]:.3f} (full {fm[mid]:.3f}), "
+                f"ckpt {last} {m[last]:.3f} (full {fm[last]:.3f}; ratio "
+                f"{m[last] / fm[last]:.3f})"
+            )
         if name != "full":
             rank = settings[name].rank
             adapter, base = adapter_parameter_count(q7, settings[name])
-            print(f"  Qwen2.5-7B shape, same setting: adapter {adapter / 1e6:.1f}M parameters "
-                  f"vs {base / 1e9:.2f}B: {base / adapter:.0f}x smaller per handoff in bf16, "
-                  f"{base / adapter / 2:.0f}x with the adapter in fp32")  # fmt: skip
+            print(
+                f"  Qwen2.5-7B shape, same setting: adapter {adapter / 1e6:.1f}M parameters "
+                f"vs {base / 1e9:.2f}B: {base / adapter:.0f}x smaller per handoff in bf16, "
+                f"{base / adapter / 2:.0f}x with the adapter in fp32"
+            )
         print(f"  wall (median): {statistics.median(r['wall'] for r in rs):.1f} s")
     (bench / "results.json").write_text(json.dumps({"seeds": args.seeds, "runs": runs}))
     plot(bench / "lora.png", runs)

@@ -79,11 +79,27 @@ def main() -> int:
     walls, train_s, weights = {}, {}, {}
     for name in order:
         nodes, ranks = SIDES[name]
-        cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", name,
-               "--set", "data.eval=[]", "--set", f"run.store={cfg.run.store}",
-               "--set", f"train.nodes={nodes}", "--set", f"train.processes={ranks}",
-               "--set", f"train.zero_stage={args.zero}",
-               "--iterations", str(cfg.run.iterations)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "run",
+            args.config,
+            "--run-id",
+            name,
+            "--set",
+            "data.eval=[]",
+            "--set",
+            f"run.store={cfg.run.store}",
+            "--set",
+            f"train.nodes={nodes}",
+            "--set",
+            f"train.processes={ranks}",
+            "--set",
+            f"train.zero_stage={args.zero}",
+            "--iterations",
+            str(cfg.run.iterations),
+        ]
         print(f"running {name} ({nodes} node(s) x {ranks} rank(s)) ...", flush=True)
         walls[name] = timed(cmd, bench / f"{name}.log")
         rcfg = cfg.model_copy(deep=True)
@@ -105,19 +121,29 @@ def main() -> int:
     rollouts = same_rollouts(cfg, (MULTI, BASELINE))
     last = cfg.run.iterations
 
-    print(f"\n{'side':>5} {'wall s':>8} {'/ 1x2':>6} {'train s/it':>11}   "
-          f"pass@1 ckpt 0 [95% CI]   pass@1 ckpt {last} [95% CI]")  # fmt: skip
+    print(
+        f"\n{'side':>5} {'wall s':>8} {'/ 1x2':>6} {'train s/it':>11}   "
+        f"pass@1 ckpt 0 [95% CI]   pass@1 ckpt {last} [95% CI]"
+    )
     for name in SIDES:
-        print(f"{name:>5} {walls[name]:8.1f} {walls[name] / walls[BASELINE]:6.2f} "
-              f"{train_s[name]:11.2f}   {ci(scores[name][0]):>22}   {ci(scores[name][last])}")  # fmt: skip
+        print(
+            f"{name:>5} {walls[name]:8.1f} {walls[name] / walls[BASELINE]:6.2f} "
+            f"{train_s[name]:11.2f}   {ci(scores[name][0]):>22}   {ci(scores[name][last])}"
+        )
     print(f"\n{MULTI} vs {BASELINE} after {last} iterations (ZeRO-{args.zero}):")
     print(f"  weights: relative L2 distance {rel(a, b):.2e}, largest difference {largest:.2e}")
-    print(f"  the run's update (checkpoint {last} - base): relative L2 distance "
-          f"{rel(delta_a, delta_b):.2e}")  # fmt: skip
-    print(f"  identical rollouts in {sum(rollouts)} of {len(rollouts)} iterations "
-          f"(first different: {rollouts.index(False) if False in rollouts else 'none'})")  # fmt: skip
-    print(f"  wall ratio {MULTI} / {BASELINE}: {walls[MULTI] / walls[BASELINE]:.2f}; train work "
-          f"per iteration ratio {train_s[MULTI] / train_s[BASELINE]:.2f}")  # fmt: skip
+    print(
+        f"  the run's update (checkpoint {last} - base): relative L2 distance "
+        f"{rel(delta_a, delta_b):.2e}"
+    )
+    print(
+        f"  identical rollouts in {sum(rollouts)} of {len(rollouts)} iterations "
+        f"(first different: {rollouts.index(False) if False in rollouts else 'none'})"
+    )
+    print(
+        f"  wall ratio {MULTI} / {BASELINE}: {walls[MULTI] / walls[BASELINE]:.2f}; train work "
+        f"per iteration ratio {train_s[MULTI] / train_s[BASELINE]:.2f}"
+    )
     print(f"outputs: {bench}")
     return 0
 

@@ -67,8 +67,10 @@ def load_average() -> float:
 
 def machine(load_before: float) -> str:
     model = cpu_model()
-    return (f"{model}, {os.cpu_count()} cores; load average {load_before:.2f} before the run, "
-            f"{load_average():.2f} after")  # fmt: skip
+    return (
+        f"{model}, {os.cpu_count()} cores; load average {load_before:.2f} before the run, "
+        f"{load_average():.2f} after"
+    )
 
 
 def run_demo(store: Path) -> tuple[Path, float]:
@@ -78,11 +80,21 @@ def run_demo(store: Path) -> tuple[Path, float]:
     config = ROOT / "examples/arithmetic/config.yaml"
     prepare_inputs(load_config(config))  # untimed: a one-off of a fresh clone
     run_id = f"readme-{time.strftime('%Y%m%d-%H%M%S')}"
-    cmd = [sys.executable, "-m", "pipelines.cli", "run", str(config), "--run-id", run_id,
-           "--set", f"run.store={store}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "run",
+        str(config),
+        "--run-id",
+        run_id,
+        "--set",
+        f"run.store={store}",
+    ]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True)  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"the demo failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -94,18 +106,23 @@ def measure(run: Path, wall: float | None) -> dict:
     from components.evaluate.timeline import load_timeline, summary
 
     evals = sorted(int(p.name) for p in (run / "evals").iterdir() if (p / "_SUCCESS").exists())
-    overall = {c: json.loads((run / f"evals/{c:05d}/metrics.json").read_text())["overall"]
-               for c in (evals[0], evals[-1])}  # fmt: skip
+    overall = {
+        c: json.loads((run / f"evals/{c:05d}/metrics.json").read_text())["overall"]
+        for c in (evals[0], evals[-1])
+    }
     s = summary(load_timeline(get_store(str(run)), str(run)))
     base, final = overall[evals[0]], overall[evals[-1]]
     return {
         "checkpoint": evals[-1],
-        "base": base["pass@1"], "base_ci": base["pass@1_ci95"],
-        "final": final["pass@1"], "final_ci": final["pass@1_ci95"],
+        "base": base["pass@1"],
+        "base_ci": base["pass@1_ci95"],
+        "final": final["pass@1"],
+        "final_ci": final["pass@1_ci95"],
         "wall_s": wall if wall is not None else s["wall_s"],
-        "startup_s": s["startup_s"], "iteration_s": s["iteration_s"],
+        "startup_s": s["startup_s"],
+        "iteration_s": s["iteration_s"],
         "fixed_share": s["iteration_fixed_share"],
-    }  # fmt: skip
+    }
 
 
 def _row(text: str, head: str) -> str:
@@ -127,23 +144,30 @@ def compare(readme: str, got: dict, times: bool = True) -> list[str]:
     demo = DEMO_RE.search(_row(readme, DEMO_ROW))
     cost = COST_RE.search(_row(readme, COST_ROW))
     if demo is None or cost is None:
-        return ["README rows not in the form this script reads: "
-                "'B -> F (+G points) in S s' and 'P% of I s; start-up U s once'"]  # fmt: skip
+        return [
+            "README rows not in the form this script reads: "
+            "'B -> F (+G points) in S s' and 'P% of I s; start-up U s once'"
+        ]
     for name, i in (("base", 1), ("final", 3)):
         lo, hi = got[f"{name}_ci"]
         stated = _range(demo, i)
         if not any(lo <= v <= hi for v in stated):
-            bad.append(f"{name} pass@1: README {stated[0]:.3f}, measured {got[name]:.3f} "
-                       f"[{lo:.3f}, {hi:.3f}]")  # fmt: skip
-    for name, value, m, i in (("wall time", got["wall_s"], demo, 5),
-                              ("iteration", got["iteration_s"], cost, 3),
-                              ("start-up", got["startup_s"], cost, 5)):  # fmt: skip
+            bad.append(
+                f"{name} pass@1: README {stated[0]:.3f}, measured {got[name]:.3f} "
+                f"[{lo:.3f}, {hi:.3f}]"
+            )
+    for name, value, m, i in (
+        ("wall time", got["wall_s"], demo, 5),
+        ("iteration", got["iteration_s"], cost, 3),
+        ("start-up", got["startup_s"], cost, 5),
+    ):
         if not times:
             break
         lo, hi = _range(m, i)
         if hi < value * (1 - TIME_NOISE) or lo > value * (1 + TIME_NOISE):
-            bad.append(f"{name}: README {lo:g}-{hi:g} s, measured {value:.2f} s "
-                       f"(+-{TIME_NOISE:.0%})")  # fmt: skip
+            bad.append(
+                f"{name}: README {lo:g}-{hi:g} s, measured {value:.2f} s (+-{TIME_NOISE:.0%})"
+            )
     stated = _range(cost, 1)[0] / 100
     if abs(stated - got["fixed_share"]) > FIXED_SHARE_NOISE:
         bad.append(f"fixed cost: README {stated:.0%}, measured {got['fixed_share']:.0%}")
@@ -162,10 +186,14 @@ def rewrite(readme: str, got: dict) -> str:
     demo_row, cost_row = _row(readme, DEMO_ROW), _row(readme, COST_ROW)
     demo, cost = DEMO_RE.search(demo_row), COST_RE.search(cost_row)
     gain = 100 * (got["final"] - got["base"])
-    new_demo = (f"{got['base']:.3f} -> {got['final']:.3f} (+{gain:.1f} points) in "
-                f"{_span(demo, 5, got['wall_s'], '{:.0f}')} s")  # fmt: skip
-    new_cost = (f"{100 * got['fixed_share']:.0f}% of {_span(cost, 3, got['iteration_s'], '{:.2f}')}"
-                f" s; start-up {_span(cost, 5, got['startup_s'], '{:.1f}')} s once")  # fmt: skip
+    new_demo = (
+        f"{got['base']:.3f} -> {got['final']:.3f} (+{gain:.1f} points) in "
+        f"{_span(demo, 5, got['wall_s'], '{:.0f}')} s"
+    )
+    new_cost = (
+        f"{100 * got['fixed_share']:.0f}% of {_span(cost, 3, got['iteration_s'], '{:.2f}')}"
+        f" s; start-up {_span(cost, 5, got['startup_s'], '{:.1f}')} s once"
+    )
     readme = readme.replace(demo_row, DEMO_RE.sub(new_demo, demo_row) if demo else demo_row)
     return readme.replace(cost_row, COST_RE.sub(new_cost, cost_row) if cost else cost_row)
 
@@ -194,13 +222,17 @@ def main() -> int:
     got = measure(run, wall)
     print(f"machine: {machine(load)}")
     print(f"run: {run}")
-    print(f"held-out pass@1: base {got['base']:.3f} [{got['base_ci'][0]:.3f}, "
-          f"{got['base_ci'][1]:.3f}] -> checkpoint {got['checkpoint']} {got['final']:.3f} "
-          f"[{got['final_ci'][0]:.3f}, {got['final_ci'][1]:.3f}] "
-          f"(+{100 * (got['final'] - got['base']):.1f} points)")  # fmt: skip
-    print(f"wall time {got['wall_s']:.1f} s (rlvr run, evaluations included); start-up "
-          f"{got['startup_s']:.1f} s; an iteration {got['iteration_s']:.2f} s, fixed cost "
-          f"{100 * got['fixed_share']:.0f}% of it")  # fmt: skip
+    print(
+        f"held-out pass@1: base {got['base']:.3f} [{got['base_ci'][0]:.3f}, "
+        f"{got['base_ci'][1]:.3f}] -> checkpoint {got['checkpoint']} {got['final']:.3f} "
+        f"[{got['final_ci'][0]:.3f}, {got['final_ci'][1]:.3f}] "
+        f"(+{100 * (got['final'] - got['base']):.1f} points)"
+    )
+    print(
+        f"wall time {got['wall_s']:.1f} s (rlvr run, evaluations included); start-up "
+        f"{got['startup_s']:.1f} s; an iteration {got['iteration_s']:.2f} s, fixed cost "
+        f"{100 * got['fixed_share']:.0f}% of it"
+    )
     readme = README.read_text()
     times = not busy(load) or args.run is not None
     if not times:
@@ -210,8 +242,11 @@ def main() -> int:
         )
     if args.write:
         README.write_text(rewrite(readme, got) if times else readme)
-        print("README.md rows rewritten; commit them with the machine above" if times
-              else "README.md left as it is: seconds from a busy machine")  # fmt: skip
+        print(
+            "README.md rows rewritten; commit them with the machine above"
+            if times
+            else "README.md left as it is: seconds from a busy machine"
+        )
     bad = [] if args.write else compare(readme, got, times)
     print("\nnot run here (each row's own benchmark):")
     for what, script in other_rows(readme):

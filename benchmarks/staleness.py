@@ -49,10 +49,23 @@ def main() -> int:
     sides = {f"k={k}": k for k in ((args.k, 0) if args.k_first else (0, args.k))}
     walls, stats = {}, {}
     for name, k in sides.items():
-        cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", name,
-               "--set", "data.eval=[]", "--set", f"run.store={cfg.run.store}",
-               "--set", f"train.max_staleness={k}",
-               "--iterations", str(cfg.run.iterations)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "run",
+            args.config,
+            "--run-id",
+            name,
+            "--set",
+            "data.eval=[]",
+            "--set",
+            f"run.store={cfg.run.store}",
+            "--set",
+            f"train.max_staleness={k}",
+            "--iterations",
+            str(cfg.run.iterations),
+        ]
         print(f"running {name} ...", flush=True)
         walls[name] = timed(cmd, bench / f"{name}.log")
         rcfg = cfg.model_copy(deep=True)
@@ -67,8 +80,10 @@ def main() -> int:
     print()
     for name in (base, other):
         s, ov = stats[name]
-        print(f"{name}: wall {walls[name]:.1f} s, an iteration {s['iteration_s']:.2f} s, "
-              f"generate and train overlapping {ov:.1f} s")  # fmt: skip
+        print(
+            f"{name}: wall {walls[name]:.1f} s, an iteration {s['iteration_s']:.2f} s, "
+            f"generate and train overlapping {ov:.1f} s"
+        )
     print(f"wall ratio {other} / {base}: {walls[other] / walls[base]:.2f}")
     print(f"learning within CI at every checkpoint: {'yes' if within else 'NO'}")
     print(f"outputs: {bench}")

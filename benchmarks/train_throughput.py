@@ -100,9 +100,18 @@ def saved_activation_bytes(model, ro: Rollouts, budget: int, pad_id: int) -> int
 def stage_round(engine, ro: Rollouts, t: TrainSection, pad_id: int) -> tuple[float, float]:
     t0 = time.perf_counter()
     _, m = update.train_iteration(
-        engine, ro, t, temperature=1.0, horizon=96, start_step=0, total_steps=10**6, seed=0,
-        iteration=0, pad_id=pad_id, device="cpu",
-    )  # fmt: skip
+        engine,
+        ro,
+        t,
+        temperature=1.0,
+        horizon=96,
+        start_step=0,
+        total_steps=10**6,
+        seed=0,
+        iteration=0,
+        pad_id=pad_id,
+        device="cpu",
+    )
     return sum(ro.lengths()) * t.ppo_epochs / (time.perf_counter() - t0), m["train/padding_waste"]
 
 
@@ -134,8 +143,9 @@ def bare_round(model, opt, ro: Rollouts, rows_per_micro: int, mini_batches: int,
     return sum(ro.lengths()) / (time.perf_counter() - t0), 1 - real / padded
 
 
-def peak_rss_mb(n: int, mini_rows: int, hidden: int, layers: int, model_dir=None,
-                micro_tokens: int = 2048) -> float:  # fmt: skip
+def peak_rss_mb(
+    n: int, mini_rows: int, hidden: int, layers: int, model_dir=None, micro_tokens: int = 2048
+) -> float:
     load = (
         f"from components.core.checkpoint import load_policy\n"
         f"model, tok = load_policy({str(model_dir)!r})"
@@ -215,13 +225,16 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     train.init_distributed("cpu")
     engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=list(model.parameters()),
+        model=model,
+        model_parameters=list(model.parameters()),
         config=train.deepspeed_config(t, 1, torch.float32),
-    )  # fmt: skip
+    )
     opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
-    print(f"model: {type(model).__name__} {params / 1e6:.2f}M params, vocab {len(tok)}; {args.rollouts} rollouts, mean length "
-          f"{mean_len:.0f} tokens; {args.mini_batches} mini-batches; micro-batch budget "
-          f"{args.micro_tokens} tokens (bare: {rows_per_micro} rows)")  # fmt: skip
+    print(
+        f"model: {type(model).__name__} {params / 1e6:.2f}M params, vocab {len(tok)}; {args.rollouts} rollouts, mean length "
+        f"{mean_len:.0f} tokens; {args.mini_batches} mini-batches; micro-batch budget "
+        f"{args.micro_tokens} tokens (bare: {rows_per_micro} rows)"
+    )
     stage_rates, bare_rates, stage_waste, bare_waste = [], [], [], []
     for r in range(args.rounds):
 
@@ -242,24 +255,32 @@ def main() -> None:
         rate, rate_b = stage_rates[-1], bare_rates[-1]
         print(f"  round {r}: stage {rate:,.0f} tok/s   bare {rate_b:,.0f} tok/s")
     s, b = statistics.median(stage_rates), statistics.median(bare_rates)
-    print(f"\nthroughput   stage {s:,.0f} tok/s   bare PyTorch {b:,.0f} tok/s   stage/bare = {s / b:.2f}"
-          "   (goal >= 0.85)")  # fmt: skip
-    print(f"padding      stage {100 * stage_waste[0]:.1f}% of computed tokens   "
-          f"bare (arrival order) {100 * bare_waste[0]:.1f}%")  # fmt: skip
+    print(
+        f"\nthroughput   stage {s:,.0f} tok/s   bare PyTorch {b:,.0f} tok/s   stage/bare = {s / b:.2f}"
+        "   (goal >= 0.85)"
+    )
+    print(
+        f"padding      stage {100 * stage_waste[0]:.1f}% of computed tokens   "
+        f"bare (arrival order) {100 * bare_waste[0]:.1f}%"
+    )
 
     if peak is not None:
         floor = (16 * params + activations) / 2**20
-        print(f"memory       peak RSS of one iteration {peak:,.0f} MB; floor {floor:,.0f} MB = "
-              f"weights+grads+Adam {16 * params / 2**20:,.0f} MB + one micro-batch's saved "
-              f"activations {activations / 2**20:,.0f} MB   peak/floor = {peak / floor:.2f}   "
-              "(goal <= 2)")  # fmt: skip
+        print(
+            f"memory       peak RSS of one iteration {peak:,.0f} MB; floor {floor:,.0f} MB = "
+            f"weights+grads+Adam {16 * params / 2**20:,.0f} MB + one micro-batch's saved "
+            f"activations {activations / 2**20:,.0f} MB   peak/floor = {peak / floor:.2f}   "
+            "(goal <= 2)"
+        )
         print(json.dumps({"stage_over_bare": s / b, "peak_rss_mb": peak, "floor_mb": floor}))
         return
     mini_rows = max(1, args.rollouts // 4 // args.mini_batches)
     small = peak_rss_mb(args.rollouts // 4, mini_rows, args.hidden, args.layers)
     large = peak_rss_mb(args.rollouts, mini_rows, args.hidden, args.layers)
-    print(f"peak RSS     {args.rollouts // 4} rollouts {small:,.0f} MB   {args.rollouts} rollouts "
-          f"{large:,.0f} MB   ratio = {large / small:.2f}   (same mini-batch size: goal ~1.0)")  # fmt: skip
+    print(
+        f"peak RSS     {args.rollouts // 4} rollouts {small:,.0f} MB   {args.rollouts} rollouts "
+        f"{large:,.0f} MB   ratio = {large / small:.2f}   (same mini-batch size: goal ~1.0)"
+    )
     if torch.cuda.is_available():
         print("GPU present: run with a 0.5B-1.5B model for MFU")
     else:

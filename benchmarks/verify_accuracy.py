@@ -119,15 +119,18 @@ def main() -> None:
             for i, r in enumerate(rows):
                 wrong = [j for j in judges if verdicts[j][i] != r["label"]]
                 if wrong:
-                    print(f"  [{r.get('family') or r.get('category')}] wrong: {','.join(wrong)}; "
-                          f"gt={r['ground_truth']!r} label={r['label']} "
-                          f"response=...{r['response'][-90:]!r}")  # fmt: skip
+                    print(
+                        f"  [{r.get('family') or r.get('category')}] wrong: {','.join(wrong)}; "
+                        f"gt={r['ground_truth']!r} label={r['label']} "
+                        f"response=...{r['response'][-90:]!r}"
+                    )
     print(f"\nspeed over all {cases} cases (caches cleared per set):")
     for j in judges:
         print(f"  {j:<12}{cases / seconds[j]:>10.0f} verifications/s")
     if mv is not None:
-        print(f"  rlvr / math-verify: {seconds['math-verify'] / seconds['rlvr']:.0f}x "
-              "(goal >= 20x)")  # fmt: skip
+        print(
+            f"  rlvr / math-verify: {seconds['math-verify'] / seconds['rlvr']:.0f}x (goal >= 20x)"
+        )
     else:
         print("math-verify is not installed (pip install -e '.[bench]'): its columns are skipped")
 

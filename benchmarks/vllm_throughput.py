@@ -84,9 +84,17 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             out = OutputDir(LocalStore(), tmp, "bench")
             stats = generate_rollouts(
-                out, backend, tok, rows, spec, iteration=0, checkpoint_uri=args.model,
-                max_prompt_tokens=10**6, rows_per_part=4096, desc="stage",
-            )  # fmt: skip
+                out,
+                backend,
+                tok,
+                rows,
+                spec,
+                iteration=0,
+                checkpoint_uri=args.model,
+                max_prompt_tokens=10**6,
+                rows_per_part=4096,
+                desc="stage",
+            )
         return stats["response_tokens"]
 
     raw()  # warm-up: CUDA graphs, prefix cache

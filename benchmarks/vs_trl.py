@@ -76,21 +76,50 @@ def trl_worker(args) -> None:
     batch = cfg.data.prompts_per_iteration * g.n // t.mini_batches
     save_every = cfg.evaluate.every * steps
     gconf = GRPOConfig(
-        output_dir=args.out, num_generations=g.n, per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1, steps_per_generation=t.mini_batches,
-        num_iterations=t.ppo_epochs, shuffle_dataset=False, loss_type="dapo",
-        scale_rewards="group", beta=0.0, epsilon=0.2, use_cpu=True, learning_rate=t.lr,
-        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=t.grad_clip,
-        adam_beta1=t.betas[0], adam_beta2=t.betas[1], adam_epsilon=t.eps, weight_decay=0.0,
-        max_completion_length=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-        top_k=g.top_k, num_train_epochs=1, max_steps=cfg.run.iterations * steps,
-        save_strategy="steps", save_steps=save_every, save_only_model=True, logging_steps=steps,
-        report_to=[], seed=cfg.run.seed, bf16=False, disable_tqdm=False,
-    )  # fmt: skip
+        output_dir=args.out,
+        num_generations=g.n,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        steps_per_generation=t.mini_batches,
+        num_iterations=t.ppo_epochs,
+        shuffle_dataset=False,
+        loss_type="dapo",
+        scale_rewards="group",
+        beta=0.0,
+        epsilon=0.2,
+        use_cpu=True,
+        learning_rate=t.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=t.grad_clip,
+        adam_beta1=t.betas[0],
+        adam_beta2=t.betas[1],
+        adam_epsilon=t.eps,
+        weight_decay=0.0,
+        max_completion_length=g.max_new_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        num_train_epochs=1,
+        max_steps=cfg.run.iterations * steps,
+        save_strategy="steps",
+        save_steps=save_every,
+        save_only_model=True,
+        logging_steps=steps,
+        report_to=[],
+        seed=cfg.run.seed,
+        bf16=False,
+        disable_tqdm=False,
+    )
     model = AutoModelForCausalLM.from_pretrained(cfg.model.base)
     tok = AutoTokenizer.from_pretrained(cfg.model.base)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=gconf,
-                          train_dataset=Dataset.from_list(rows), processing_class=tok)  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=gconf,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+    )
     trainer.train()
     if (cfg.run.iterations * steps) % save_every:
         trainer.save_model(str(Path(args.out) / f"checkpoint-{cfg.run.iterations * steps}"))
@@ -102,8 +131,10 @@ def evaluate_all(cfg, run_id: str, trl_dir: Path, steps: int) -> dict[str, dict[
     """pass@1 and CI of every evaluated checkpoint of both sides, by rlvr's evaluator."""
     from components.core.warm import eval_checkpoints
 
-    trl = {c: cfg.model.base if c == 0 else str(trl_dir / f"checkpoint-{c * steps}")
-           for c in eval_checkpoints(cfg)}  # fmt: skip
+    trl = {
+        c: cfg.model.base if c == 0 else str(trl_dir / f"checkpoint-{c * steps}")
+        for c in eval_checkpoints(cfg)
+    }
     return {"rlvr": evaluate_run(cfg, run_id), "trl": evaluate_dirs(cfg, trl)}
 
 
@@ -127,10 +158,32 @@ def main() -> int:
     run_id = "rlvr"
     extra = [f"--set={s}" for s in args.set]
     iters = ["--iterations", str(cfg.run.iterations)]
-    rlvr_cmd = [sys.executable, "-m", "pipelines.cli", "run", args.config, "--run-id", run_id,
-                "--set", "data.eval=[]", "--set", f"run.store={cfg.run.store}", *iters, *extra]  # fmt: skip
-    trl_cmd = [sys.executable, __file__, "--trl-worker", "--config", args.config,
-               "--out", str(bench / "trl"), *iters, *extra]  # fmt: skip
+    rlvr_cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "run",
+        args.config,
+        "--run-id",
+        run_id,
+        "--set",
+        "data.eval=[]",
+        "--set",
+        f"run.store={cfg.run.store}",
+        *iters,
+        *extra,
+    ]
+    trl_cmd = [
+        sys.executable,
+        __file__,
+        "--trl-worker",
+        "--config",
+        args.config,
+        "--out",
+        str(bench / "trl"),
+        *iters,
+        *extra,
+    ]
     walls = {}
     order = ["trl", "rlvr"] if args.trl_first else ["rlvr", "trl"]
     for side in order:
@@ -152,10 +205,12 @@ def main() -> int:
     ratio = walls["rlvr"] / walls["trl"]
     print(f"\nwall, whole process: rlvr {walls['rlvr']:.1f} s, TRL {walls['trl']:.1f} s")
     print(f"rlvr / TRL wall ratio: {ratio:.2f}   (goal <= 1.0)")
-    print(f"rlvr fixed cost: {100 * tl['iteration_fixed_share']:.0f}% of an iteration "
-          f"({tl['iteration_s']:.2f} s; goal < 20%); start-up {tl['startup_s']:.1f} s; over the "
-          f"whole run {100 * tl['fixed_share']:.0f}% of the wall time is not stage work on the "
-          "critical path")  # fmt: skip
+    print(
+        f"rlvr fixed cost: {100 * tl['iteration_fixed_share']:.0f}% of an iteration "
+        f"({tl['iteration_s']:.2f} s; goal < 20%); start-up {tl['startup_s']:.1f} s; over the "
+        f"whole run {100 * tl['fixed_share']:.0f}% of the wall time is not stage work on the "
+        "critical path"
+    )
     print(f"learning within CI at every checkpoint: {'yes' if all_within else 'NO'}")
     print(f"outputs: {bench}")
     return 0

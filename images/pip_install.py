@@ -169,13 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-c", "--constraints", required=True, type=Path)
     ap.add_argument("--pip-arg", action="append", default=[], help="extra argument for pip")
     ap.add_argument(
-        "--if-missing", action="append", default=[], metavar="PKG",
+        "--if-missing",
+        action="append",
+        default=[],
+        metavar="PKG",
         help="install PKG at its pin only where the base lacks it",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--prune", action="store_true",
+        "--prune",
+        action="store_true",
         help="remove test suites and build-only files of the packages installed here",
-    )  # fmt: skip
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the constraints and stop")
     ap.add_argument("packages", nargs="*")
     args = ap.parse_args(argv)

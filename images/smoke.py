@@ -57,8 +57,10 @@ STAGES = ("generate", "verify", "train", "evaluate")
 OFFICIAL_BASE = "python:3.11.14-slim-bookworm"
 DEBIAN_BASE = "rlvr-base/python:3.11-bookworm"
 #: Outputs that are data: equal byte for byte between the runners, or the check fails.
-DATA = re.compile(r"\.(parquet|safetensors|jinja)$|(^|/)(tokenizer\.json|tokenizer_config\.json|"
-                  r"config\.json|generation_config\.json|plan\.json|state\.json|run\.yaml)$")  # fmt: skip
+DATA = re.compile(
+    r"\.(parquet|safetensors|jinja)$|(^|/)(tokenizer\.json|tokenizer_config\.json|"
+    r"config\.json|generation_config\.json|plan\.json|state\.json|run\.yaml)$"
+)
 #: The runs compared across the runners (each as <name>-subprocess and <name>-docker).
 RUNS = ("demo", "lora", "nodes", "tools", "code")
 #: Written by the host process, not by the tasks: not compared.
@@ -69,12 +71,22 @@ def step(title: str) -> None:
     print(f"\n== {title}", flush=True)
 
 
-def sh(*cmd: str, env: dict[str, str] | None = None, capture: bool = False, check: bool = True,
-       timeout: float | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+def sh(
+    *cmd: str,
+    env: dict[str, str] | None = None,
+    capture: bool = False,
+    check: bool = True,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        cmd, env={**os.environ, **(env or {})}, text=True, check=check, timeout=timeout,
-        stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
-    )  # fmt: skip
+        cmd,
+        env={**os.environ, **(env or {})},
+        text=True,
+        check=check,
+        timeout=timeout,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+    )
 
 
 def die(message: str) -> None:
@@ -140,8 +152,12 @@ def host_pip_settings() -> dict[str, list[str]]:
         m = re.match(r"^[\w:.-]+?\.([\w-]+)='(.*)'$", line.strip())
         if m:
             settings.setdefault(m.group(1), []).extend(m.group(2).split())
-    for key, env in (("cert", "PIP_CERT"), ("find-links", "PIP_FIND_LINKS"),
-                     ("index-url", "PIP_INDEX_URL"), ("extra-index-url", "PIP_EXTRA_INDEX_URL")):  # fmt: skip
+    for key, env in (
+        ("cert", "PIP_CERT"),
+        ("find-links", "PIP_FIND_LINKS"),
+        ("index-url", "PIP_INDEX_URL"),
+        ("extra-index-url", "PIP_EXTRA_INDEX_URL"),
+    ):
         if os.environ.get(env):
             settings.setdefault(key, []).extend(os.environ[env].split())
     return {k: list(dict.fromkeys(v)) for k, v in settings.items()}
@@ -205,8 +221,9 @@ def sizes(docker: str, images: dict[str, str]) -> None:
     """Each image's size, and what the four take together: `docker save` of all four writes each
     distinct layer once (the torch layer the three torch images share among them)."""
     for image in images.values():
-        size = int(sh(docker, "image", "inspect", "--format", "{{.Size}}", image,
-                      capture=True).stdout)  # fmt: skip
+        size = int(
+            sh(docker, "image", "inspect", "--format", "{{.Size}}", image, capture=True).stdout
+        )
         print(f"  {image:<44} {size / 1e6:>6.0f} MB")
     with subprocess.Popen([docker, "save", *images.values()], stdout=subprocess.PIPE) as proc:
         assert proc.stdout is not None
@@ -221,9 +238,10 @@ def local_torch_wheel(settings: dict[str, list[str]]) -> bool:
     """Whether a find-links directory of this machine holds a torch wheel."""
     return any(
         name.startswith("torch-")
-        for d in settings.get("find-links", []) if Path(d).is_dir()
+        for d in settings.get("find-links", [])
+        if Path(d).is_dir()
         for name in os.listdir(d)
-    )  # fmt: skip
+    )
 
 
 def baseline_venv() -> Path:
@@ -234,8 +252,11 @@ def baseline_venv() -> Path:
         sh(sys.executable, "-m", "venv", str(venv))
         sh(*pip, "--upgrade", "pip")
         # the CPU build, as in the images: PyPI's Linux torch is the CUDA one (several GB)
-        cpu_index = [] if local_torch_wheel(host_pip_settings()) else [
-            "--index-url", "https://download.pytorch.org/whl/cpu"]  # fmt: skip
+        cpu_index = (
+            []
+            if local_torch_wheel(host_pip_settings())
+            else ["--index-url", "https://download.pytorch.org/whl/cpu"]
+        )
         sh(*pip, *cpu_index, "torch==2.13.0")
     # every time (seconds when nothing changed): a venv kept from an earlier smoke gets the pins
     # and extras of this checkout
@@ -248,8 +269,16 @@ def baseline_venv() -> Path:
 
 def run_demo(rlvr: Path, config: str, store: Path, run_id: str, *extra: str) -> float:
     started = time.perf_counter()
-    sh(str(rlvr), "run", str(ROOT / config), "--run-id", run_id, "--set", f"run.store={store}",
-       *extra)  # fmt: skip
+    sh(
+        str(rlvr),
+        "run",
+        str(ROOT / config),
+        "--run-id",
+        run_id,
+        "--set",
+        f"run.store={store}",
+        *extra,
+    )
     return time.perf_counter() - started
 
 
@@ -314,25 +343,26 @@ def compare(a: Path, b: Path) -> bool:
         if not rel.endswith("_SUCCESS"):
             continue
         ma, mb = (json.loads((r / rel).read_text()) for r in (a, b))
-        data_files = [
-            [f for f in m.get("files", []) if DATA.search(f["path"])] for m in (ma, mb)
-        ]  # fmt: skip
+        data_files = [[f for f in m.get("files", []) if DATA.search(f["path"])] for m in (ma, mb)]
         ia, ib = ma.get("inputs") or {}, mb.get("inputs") or {}
         inputs_ok = set(ia) == set(ib) and all(
-            ia[k] == ib[k] or any(d == k or d.startswith(k + "/") for d in timed_dirs)
-            for k in ia
-        )  # fmt: skip
+            ia[k] == ib[k] or any(d == k or d.startswith(k + "/") for d in timed_dirs) for k in ia
+        )
         if ma.get("stage") == mb.get("stage") and data_files[0] == data_files[1] and inputs_ok:
             counts["manifest"] += 1
         else:
             print(f"  DIFFERS (manifest: stage, data files, digests or inputs): {rel}")
             ok = False
-    print(f"  {counts['data']} data files equal byte for byte; {counts['json']} metrics/state "
-          f"files equal but for wall-clock keys; {counts['manifest']} manifests list the same "
-          "data files, digests and inputs")  # fmt: skip
+    print(
+        f"  {counts['data']} data files equal byte for byte; {counts['json']} metrics/state "
+        f"files equal but for wall-clock keys; {counts['manifest']} manifests list the same "
+        "data files, digests and inputs"
+    )
     if other:
-        print("  differ, as expected (drawn from wall-clock times): "
-              + ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(other.items())))  # fmt: skip
+        print(
+            "  differ, as expected (drawn from wall-clock times): "
+            + ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(other.items()))
+        )
     return ok
 
 
@@ -340,8 +370,17 @@ def compare(a: Path, b: Path) -> bool:
 
 
 def sandbox_probe(docker: str, image: str, profile: str | None) -> tuple[int, str]:
-    args = [docker, "run", "--rm", "--cap-drop", "ALL", "--network", "none",
-            "--entrypoint", "python"]  # fmt: skip
+    args = [
+        docker,
+        "run",
+        "--rm",
+        "--cap-drop",
+        "ALL",
+        "--network",
+        "none",
+        "--entrypoint",
+        "python",
+    ]
     if profile:
         args += ["--security-opt", f"seccomp={profile}"]
     out = sh(*args, image, "-m", "components.verify.sandbox", "probe", capture=True, check=False)
@@ -359,8 +398,10 @@ def both_runners(
         walls.append(run_demo(rlvr, config, store, name, *extra, *image_sets))
         (store / name).rename(store / f"{name}-{runner}")
     sub_s, dock_s = walls
-    print(f"{name} wall time: subprocess runner {sub_s:.1f} s, docker runner {dock_s:.1f} s "
-          f"(ratio {dock_s / sub_s:.2f})")  # fmt: skip
+    print(
+        f"{name} wall time: subprocess runner {sub_s:.1f} s, docker runner {dock_s:.1f} s "
+        f"(ratio {dock_s / sub_s:.2f})"
+    )
     print("comparing the two runs:")
     if not compare(store / f"{name}-subprocess", store / f"{name}-docker"):
         failures.append(f"{name}: the docker runner's outputs differ from the subprocess runner's")
@@ -372,21 +413,67 @@ Leg = tuple[str, float, float]  # what a leg ran, its wall time under each runne
 
 def all_legs(rlvr: Path, store: Path, image_sets: list[str], failures: list[str]) -> list[Leg]:
     """The demo, then one leg per feature whose packages or launcher live in the images."""
-    legs = [("demo (12 iterations)", *both_runners(rlvr, "examples/arithmetic/config.yaml",
-                                                   store, "demo", image_sets, failures))]  # fmt: skip
+    legs = [
+        (
+            "demo (12 iterations)",
+            *both_runners(
+                rlvr, "examples/arithmetic/config.yaml", store, "demo", image_sets, failures
+            ),
+        )
+    ]
     print("the demo with a LoRA adapter (model.lora; peft at the images' pin), 4 iterations:")
-    lora_sets = [*image_sets, "--iterations", "4", "--set", "model.lora={rank: 8, alpha: 8}",
-                 "--set", "train.lr=5e-3"]  # fmt: skip
-    legs.append(("LoRA demo (4 iterations)", *both_runners(
-        rlvr, "examples/arithmetic/config.yaml", store, "lora", lora_sets, failures)))  # fmt: skip
+    lora_sets = [
+        *image_sets,
+        "--iterations",
+        "4",
+        "--set",
+        "model.lora={rank: 8, alpha: 8}",
+        "--set",
+        "train.lr=5e-3",
+    ]
+    legs.append(
+        (
+            "LoRA demo (4 iterations)",
+            *both_runners(
+                rlvr, "examples/arithmetic/config.yaml", store, "lora", lora_sets, failures
+            ),
+        )
+    )
     print("the demo on two train nodes (train.nodes=2: two node agents, ZeRO-3), 2 iterations:")
-    legs.append(("two train nodes (2 iterations)", *both_runners(
-        rlvr, "examples/arithmetic/config.yaml", store, "nodes", [*image_sets, *NODES_SETS,
-        "--iterations", "2", "--set", "data.eval.0.max_prompts=50"], failures)))  # fmt: skip
+    legs.append(
+        (
+            "two train nodes (2 iterations)",
+            *both_runners(
+                rlvr,
+                "examples/arithmetic/config.yaml",
+                store,
+                "nodes",
+                [
+                    *image_sets,
+                    *NODES_SETS,
+                    "--iterations",
+                    "2",
+                    "--set",
+                    "data.eval.0.max_prompts=50",
+                ],
+                failures,
+            ),
+        )
+    )
     print("the tool demo (the python tool's sandbox in the generate container), 2 iterations:")
-    legs.append(("tool demo (2 iterations)", *both_runners(
-        rlvr, "examples/tool_arithmetic/config.yaml", store, "tools", [*image_sets, *TOOL_SETS],
-        failures)))  # fmt: skip
+    legs.append(
+        (
+            "tool demo (2 iterations)",
+            *both_runners(
+                rlvr,
+                "examples/tool_arithmetic/config.yaml",
+                store,
+                "tools",
+                [*image_sets, *TOOL_SETS],
+                failures,
+            ),
+        )
+    )
     return legs
 
 
@@ -396,17 +483,40 @@ def quick_legs(rlvr: Path, store: Path, image_sets: list[str], failures: list[st
     tool demo is left out (its inputs take a 2-minute warm-up); the code sandbox it uses is
     probed in the verify image (step 6)."""
     print("the demo on two train nodes with a LoRA adapter, 4 iterations:")
-    return [("demo on two train nodes with LoRA (4 iterations)", *both_runners(
-        rlvr, "examples/arithmetic/config.yaml", store, "nodes", [*image_sets, *NODES_SETS,
-        "--iterations", "4", "--set", "model.lora={rank: 8, alpha: 8}", "--set",
-        "train.lr=5e-3"], failures))]  # fmt: skip
+    return [
+        (
+            "demo on two train nodes with LoRA (4 iterations)",
+            *both_runners(
+                rlvr,
+                "examples/arithmetic/config.yaml",
+                store,
+                "nodes",
+                [
+                    *image_sets,
+                    *NODES_SETS,
+                    "--iterations",
+                    "4",
+                    "--set",
+                    "model.lora={rank: 8, alpha: 8}",
+                    "--set",
+                    "train.lr=5e-3",
+                ],
+                failures,
+            ),
+        )
+    ]
 
 
 #: two node agents of one rank each at ZeRO-3 (what the pods of a multi-node TrainJob run)
-NODES_SETS = ["--set", "train.nodes=2", "--set", "train.processes=1", "--set",
-              "train.zero_stage=3"]  # fmt: skip
-TOOL_SETS = ["--iterations", "2", "--set", "data.prompts_per_iteration=32", "--set",
-             "data.eval.0.max_prompts=50"]  # fmt: skip
+NODES_SETS = ["--set", "train.nodes=2", "--set", "train.processes=1", "--set", "train.zero_stage=3"]
+TOOL_SETS = [
+    "--iterations",
+    "2",
+    "--set",
+    "data.prompts_per_iteration=32",
+    "--set",
+    "data.eval.0.max_prompts=50",
+]
 
 
 def main() -> int:
@@ -415,17 +525,26 @@ def main() -> int:
     ap.add_argument("--skip-build", action="store_true", help="use images built before")
     ap.add_argument("--keep", action="store_true", help="keep the runs under .smoke/runs")
     ap.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="CI's smoke: one leg instead of five (the demo for 4 iterations on two train nodes "
         "with a LoRA adapter) under both runners, compared; the tool and code demos left out "
         "(the sandbox probes and tests/test_images_built.py cover the verify image)",
-    )  # fmt: skip
-    ap.add_argument("--only", choices=("images", "venv"), default=None,
-                    help="make the images (steps 1-3) or the venv of their package versions "
-                    "(step 4), then stop: CI makes them while it installs itself")  # fmt: skip
+    )
+    ap.add_argument(
+        "--only",
+        choices=("images", "venv"),
+        default=None,
+        help="make the images (steps 1-3) or the venv of their package versions "
+        "(step 4), then stop: CI makes them while it installs itself",
+    )
     args = ap.parse_args()
-    rev = sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD", capture=True,
-             check=False).stdout.strip() or "dev"  # fmt: skip
+    rev = (
+        sh(
+            "git", "-C", str(ROOT), "rev-parse", "--short", "HEAD", capture=True, check=False
+        ).stdout.strip()
+        or "dev"
+    )
     tag = args.tag or f"smoke-{rev}"
     WORK.mkdir(exist_ok=True)
     failures: list[str] = []
@@ -474,12 +593,21 @@ def main() -> int:
     if code == 0 or "seccomp" not in text:
         failures.append("the default profile did not give the expected clear refusal")
     with tempfile.NamedTemporaryFile("w", suffix=".json") as prof:
-        prof.write(sh(str(rlvr.parent / "python"), "-m", "components.verify.sandbox",
-                      "pod-profile", capture=True).stdout)  # fmt: skip
+        prof.write(
+            sh(
+                str(rlvr.parent / "python"),
+                "-m",
+                "components.verify.sandbox",
+                "pod-profile",
+                capture=True,
+            ).stdout
+        )
         prof.flush()
         code, text = sandbox_probe(docker, images["verify"], prof.name)
-    print(f"the shipped profile (manifests/overlays/code-sandbox): exit {code}\n  "
-          + text.replace("\n", "\n  "))  # fmt: skip
+    print(
+        f"the shipped profile (manifests/overlays/code-sandbox): exit {code}\n  "
+        + text.replace("\n", "\n  ")
+    )
     if code != 0:
         failures.append("the sandbox is not available under the shipped profile")
     code_sub_s = code_s = None
@@ -489,18 +617,22 @@ def main() -> int:
         print("the code demo, with the subprocess runner, then in containers:")
         # the host's sandbox (as root: a fresh uid per run) and the container's (uid 10001: a
         # user namespace) must score alike
-        code_sub_s, code_s = both_runners(rlvr, "examples/arithmetic_code/config.yaml", store,
-                                          "code", image_sets, failures)  # fmt: skip
+        code_sub_s, code_s = both_runners(
+            rlvr, "examples/arithmetic_code/config.yaml", store, "code", image_sets, failures
+        )
 
     step("summary")
     if build_s is not None:
         print(f"build {build_s:.0f} s")
     for label, sub_s, dock_s in legs:
-        print(f"{label}: subprocess {sub_s:.1f} s, docker {dock_s:.1f} s, ratio "
-              f"{dock_s / sub_s:.2f}")  # fmt: skip
+        print(
+            f"{label}: subprocess {sub_s:.1f} s, docker {dock_s:.1f} s, ratio {dock_s / sub_s:.2f}"
+        )
     if code_s is not None and code_sub_s is not None:
-        print(f"code demo: subprocess {code_sub_s:.1f} s, docker {code_s:.1f} s, ratio "
-              f"{code_s / code_sub_s:.2f}")  # fmt: skip
+        print(
+            f"code demo: subprocess {code_sub_s:.1f} s, docker {code_s:.1f} s, ratio "
+            f"{code_s / code_sub_s:.2f}"
+        )
     if not args.keep:
         for name in RUNS:
             for runner in ("subprocess", "docker"):

@@ -100,8 +100,9 @@ def _check(cfg: RunConfig, *, inputs: bool, for_cluster: bool = False) -> float:
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--run-id", default=None)
 @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
-@click.option("--offline", is_flag=True,
-              help="Only what needs no inputs (as compile and submit do).")  # fmt: skip
+@click.option(
+    "--offline", is_flag=True, help="Only what needs no inputs (as compile and submit do)."
+)
 def check(config: str, run_id: str | None, overrides: tuple[str, ...], offline: bool) -> None:
     cfg = _load(config, overrides, run_id=run_id)
     if not offline:
@@ -144,8 +145,10 @@ def run(
 ) -> None:
     if runner == "docker":
         if not re.fullmatch(r"auto|image|host|\d+(:\d+)?", docker_user):
-            click.echo(f"error: --docker-user {docker_user!r}: use auto, image, host or "
-                       "UID[:GID]", err=True)  # fmt: skip
+            click.echo(
+                f"error: --docker-user {docker_user!r}: use auto, image, host or UID[:GID]",
+                err=True,
+            )
             sys.exit(2)
         if docker_user == "auto":
             docker_user = "image" if os.geteuid() == 0 else "host"
@@ -153,12 +156,12 @@ def run(
     prepare_inputs(cfg)
     if not skip_check:
         seconds = _check(cfg, inputs=True)
-        console.print(f"checked the config, store, checkpoint, datasets and verifiers in "
-                      f"{seconds:.1f} s")  # fmt: skip
+        console.print(
+            f"checked the config, store, checkpoint, datasets and verifiers in {seconds:.1f} s"
+        )
     from pipelines.local import run_local
 
-    run_local(cfg, config_path=config, overrides=overrides, runner=runner,
-              docker_user=docker_user)  # fmt: skip
+    run_local(cfg, config_path=config, overrides=overrides, runner=runner, docker_user=docker_user)
 
 
 @main.command(help="Run one stage of one iteration (what that stage's container runs).")
@@ -177,8 +180,12 @@ def run(
 @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
 @click.option("--shard", type=int, default=0, show_default=True, help="Sharded stages: this shard.")
 @click.option("--num-shards", type=int, default=1, show_default=True, help="Sharded stages: of S.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the stage's whole result as JSON (timings, stats), not one line.")  # fmt: skip
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the stage's whole result as JSON (timings, stats), not one line.",
+)
 def stage(name, config, run_id, iteration, force, overrides, shard, num_shards, as_json) -> None:
     setup_logging()
     cfg = _load(config, overrides, run_id=run_id)
@@ -204,13 +211,24 @@ def stage_summary(name: str, iteration: int, result: dict) -> str:
 
 
 def _pipeline_options(f):
-    f = click.option("--pipeline", type=click.Choice(["train", "eval", "stage"]), default="train",
-                     show_default=True, help="Which pipeline.")(f)  # fmt: skip
+    f = click.option(
+        "--pipeline",
+        type=click.Choice(["train", "eval", "stage"]),
+        default="train",
+        show_default=True,
+        help="Which pipeline.",
+    )(f)
     f = click.option(
         "--stage", "stage_name", default=None, help="With --pipeline stage: the stage."
     )(f)
-    f = click.option("--iteration", "-i", type=int, default=0, show_default=True,
-                     help="With --pipeline stage: the iteration (evaluate: checkpoint).")(f)  # fmt: skip
+    f = click.option(
+        "--iteration",
+        "-i",
+        type=int,
+        default=0,
+        show_default=True,
+        help="With --pipeline stage: the iteration (evaluate: checkpoint).",
+    )(f)
     f = click.option("--run-id", default=None)(f)
     f = click.option("--iterations", type=int, default=None)(f)
     f = click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")(
@@ -252,8 +270,12 @@ def _cluster_options(f):
     f = click.option("--namespace", default=None, help="Kubeflow profile namespace (multi-user).")(
         f
     )
-    f = click.option("--token", envvar="KFP_TOKEN", default=None,
-                     help="Existing bearer token (else kfp.Client's defaults, e.g. in-cluster SA).")(f)  # fmt: skip
+    f = click.option(
+        "--token",
+        envvar="KFP_TOKEN",
+        default=None,
+        help="Existing bearer token (else kfp.Client's defaults, e.g. in-cluster SA).",
+    )(f)
     return f
 
 
@@ -271,10 +293,28 @@ def _arguments(cfg: RunConfig, pipeline: str, checkpoint: str | None) -> dict:
 @_cluster_options
 @_pipeline_options
 @click.option("--checkpoint", default=None, help="With --pipeline eval: an index or 'latest'.")
-@click.option("--segment", type=int, default=0, show_default=True,
-              help="Training: the segment to start from (each submits the next when done).")  # fmt: skip
-def submit(config, host, experiment, namespace, token, pipeline, stage_name, iteration, run_id,
-           iterations, overrides, checkpoint, segment) -> None:  # fmt: skip
+@click.option(
+    "--segment",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Training: the segment to start from (each submits the next when done).",
+)
+def submit(
+    config,
+    host,
+    experiment,
+    namespace,
+    token,
+    pipeline,
+    stage_name,
+    iteration,
+    run_id,
+    iterations,
+    overrides,
+    checkpoint,
+    segment,
+) -> None:
     from pipelines.cluster import submit as do_submit
 
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
@@ -290,18 +330,31 @@ def submit(config, host, experiment, namespace, token, pipeline, stage_name, ite
             click.echo(f"error: --segment {segment}: the run has segments 0..{n - 1}", err=True)
             sys.exit(2)
         result = submit_segment(
-            cfg, _arguments(cfg, kind, None), segment=segment, host=host, experiment=experiment,
-            namespace=namespace, token=token,
-        )  # fmt: skip
-        click.echo(f"run id: {result.run_id} (segment {segment} of {n}; each segment submits "
-                   "the next when its training is done)")  # fmt: skip
+            cfg,
+            _arguments(cfg, kind, None),
+            segment=segment,
+            host=host,
+            experiment=experiment,
+            namespace=namespace,
+            token=token,
+        )
+        click.echo(
+            f"run id: {result.run_id} (segment {segment} of {n}; each segment submits "
+            "the next when its training is done)"
+        )
         click.echo(f"link:   {result.url}")
         return
     name = f"{cfg.run_id}-{kind}" + (f"-{stage_name}-{iteration:05d}" if stage_name else "")
     result = do_submit(
-        cfg, fn, host=host, experiment=experiment, namespace=namespace, token=token,
-        arguments=_arguments(cfg, kind, checkpoint), run_name=name,
-    )  # fmt: skip
+        cfg,
+        fn,
+        host=host,
+        experiment=experiment,
+        namespace=namespace,
+        token=token,
+        arguments=_arguments(cfg, kind, checkpoint),
+        run_name=name,
+    )
     click.echo(f"run id: {result.run_id}")
     click.echo(f"link:   {result.url}")
 
@@ -320,10 +373,16 @@ def schedule(config, host, experiment, namespace, token, cron, run_id, overrides
 
     cfg = _load(config, overrides, run_id=run_id)
     rr = do_schedule(
-        cfg, build_eval_pipeline(cfg), host=host, cron=cron, experiment=experiment,
-        namespace=namespace, token=token, arguments=_arguments(cfg, "eval", "latest"),
+        cfg,
+        build_eval_pipeline(cfg),
+        host=host,
+        cron=cron,
+        experiment=experiment,
+        namespace=namespace,
+        token=token,
+        arguments=_arguments(cfg, "eval", "latest"),
         job_name=f"{cfg.run_id}-eval-latest",
-    )  # fmt: skip
+    )
     click.echo(f"recurring run id: {rr}")
 
 
@@ -405,10 +464,19 @@ def report(run_dir: str) -> None:
 @main.command(help="Fold a LoRA adapter checkpoint into its base: a plain HF checkpoint to serve.")
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path(file_okay=False))
-@click.option("--merge", "do_merge", is_flag=True, required=True,
-              help="Merge the adapter into the base weights (the only export there is).")  # fmt: skip
-@click.option("--base", type=click.Path(exists=True, file_okay=False), default=None,
-              help="The base checkpoint (default: the run's checkpoints/00000 beside CHECKPOINT).")  # fmt: skip
+@click.option(
+    "--merge",
+    "do_merge",
+    is_flag=True,
+    required=True,
+    help="Merge the adapter into the base weights (the only export there is).",
+)
+@click.option(
+    "--base",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="The base checkpoint (default: the run's checkpoints/00000 beside CHECKPOINT).",
+)
 def export(checkpoint: str, out: str, do_merge: bool, base: str | None) -> None:
     from components.core.adapter import AdapterError, merge
     from components.core.checkpoint import CheckpointError

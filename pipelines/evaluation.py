@@ -25,8 +25,13 @@ def _ops(cfg: RunConfig):
 def _apply(task: dsl.PipelineTask, stage: str, cfg: RunConfig, for_cluster: bool):
     if not for_cluster:
         return task.set_caching_options(False)
-    return place(task, stage, cfg.cluster, runs_code=stage in code_stages(cfg),
-                 submits_job=submits_job(cfg, stage))  # fmt: skip
+    return place(
+        task,
+        stage,
+        cfg.cluster,
+        runs_code=stage in code_stages(cfg),
+        submits_job=submits_job(cfg, stage),
+    )
 
 
 def build_eval_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable:

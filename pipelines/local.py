@@ -145,9 +145,13 @@ def tensorboard_hint(logdir: str) -> str:
 
 
 def run_local(
-    cfg: RunConfig, *, config_path: str, overrides: tuple[str, ...], runner: str,
+    cfg: RunConfig,
+    *,
+    config_path: str,
+    overrides: tuple[str, ...],
+    runner: str,
     docker_user: str,
-) -> None:  # fmt: skip
+) -> None:
     """`rlvr run` after its checks: every segment of the run on the concurrent local runner
     (subprocesses here, or each task in its stage's image), with live progress; then the
     evaluations' table, the timeline's summary and the run report. Exits 2 on a user error of a
@@ -205,23 +209,29 @@ def run_local(
             with RunMonitor(cfg, seg, console):
                 run_pipeline(
                     pipeline,
-                    {"config_json": cfg.to_json(), "run_id": cfg.run_id, "segment": seg.index,
-                     "attempt": attempt},
+                    {
+                        "config_json": cfg.to_json(),
+                        "run_id": cfg.run_id,
+                        "segment": seg.index,
+                        "attempt": attempt,
+                    },
                     pipeline_root=str(local_root / "kfp"),
                     log_dir=log_dir,
                     on_failure=record_crash,
                     failure_message=lambda task, status=status: (
-                        status.failures().get(task) or {}).get("error"),
+                        status.failures().get(task) or {}
+                    ).get("error"),
                     task_env=task_env,
                     docker=docker,
-                )  # fmt: skip
+                )
         except LocalRunError as e:
             cause = status.root_cause()
             task, record = cause if cause else (e.task, {})
             if task != e.task:  # the first task to exit only stopped because of another
                 log_file = log_dir / f"{task}.log"
-                e = LocalRunError(task, record.get("error", ""), log_file if log_file.exists()
-                                  else None)  # fmt: skip
+                e = LocalRunError(
+                    task, record.get("error", ""), log_file if log_file.exists() else None
+                )
             options = "" if docker is None else f" --runner docker --docker-user {docker_user}"
             print_error(e, failure_hints(task, record, config, cfg, overrides, options))
             sys.exit(2 if record.get("user_error") else 1)

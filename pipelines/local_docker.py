@@ -40,8 +40,15 @@ from typing import Any
 from components.core.config import RunConfig, code_stages
 
 #: Tasks, by their display name's first word, and the stage whose image they run.
-TASK_STAGE = {"init": "init", "next": "init", "report": "init", "generate": "generate",
-              "verify": "verify", "train": "train", "evaluate": "evaluate"}  # fmt: skip
+TASK_STAGE = {
+    "init": "init",
+    "next": "init",
+    "report": "init",
+    "generate": "generate",
+    "verify": "verify",
+    "train": "train",
+    "evaluate": "evaluate",
+}
 BUILTIN_VERIFIERS = {"math", "exact", "code", "format"}
 
 
@@ -83,9 +90,18 @@ class DockerPlan:
 #: Where module plugins are mounted in the containers (on their PYTHONPATH).
 PLUGIN_ROOT = "/opt/rlvr-plugins"
 #: Host variables a task may need, passed on: object-store credentials and endpoint, Hub token.
-FORWARDED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                 "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                 "HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")  # fmt: skip
+FORWARDED_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "HF_TOKEN",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+)
 
 
 def stage_of(task: str) -> str:
@@ -166,7 +182,7 @@ def plan_for(cfg: RunConfig, run_root: Path, *, user: str = "image") -> DockerPl
     return DockerPlan(
         images={
             s: cfg.cluster.image(s) for s in ("init", "generate", "verify", "train", "evaluate")
-        },  # fmt: skip
+        },
         mounts=mounts + plugins,
         user=None if user == "image" else (_caller() if user == "host" else user),
         network="host" if remote else "none",
@@ -190,9 +206,11 @@ def _outermost(mounts: list[Mount]) -> list[Mount]:
     for m in sorted(mounts, key=lambda m: (len(m.target), m.read_only)):
         covered = any(
             m.target == k.target
-            or (m.target.startswith(k.target.rstrip("/") + "/") and (m.read_only or not k.read_only))
+            or (
+                m.target.startswith(k.target.rstrip("/") + "/") and (m.read_only or not k.read_only)
+            )
             for k in keep
-        )  # fmt: skip
+        )
         if not covered:
             keep.append(m)
     return keep
@@ -364,10 +382,17 @@ def make_container_runner(
         # append it to the entry point (`python -m components.train sh -c ...`). init: the
         # command's `sh` as PID 1 would ignore SIGTERM, so a stop would wait out its timeout.
         container = client.containers.create(
-            image=image, entrypoint=list(command), command=[], volumes=binds, environment=env,
-            network_mode=plan.network, cap_drop=["ALL"], init=True,
-            labels={"rlvr.task": task}, **run_args,
-        )  # fmt: skip
+            image=image,
+            entrypoint=list(command),
+            command=[],
+            volumes=binds,
+            environment=env,
+            network_mode=plan.network,
+            cap_drop=["ALL"],
+            init=True,
+            labels={"rlvr.task": task},
+            **run_args,
+        )
         with _live_lock:
             _live.add(container)
         try:

@@ -132,10 +132,18 @@ def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., i
         # reaches only its main thread, not threads it already started.
         launcher = shutil.which("nice", path=env.get("PATH")) if nice else None
         command = [launcher, "-n", str(nice), *full_command] if launcher else full_command
-        with open_log(task) as write, subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            bufsize=1, env=env, start_new_session=True,
-        ) as proc:  # fmt: skip
+        with (
+            open_log(task) as write,
+            subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                env=env,
+                start_new_session=True,
+            ) as proc,
+        ):
             _live.add(proc)
             if nice and not launcher:  # no `nice` program: as soon as it is started
                 with contextlib.suppress(OSError):
@@ -195,18 +203,30 @@ def _make_run_dag(on_failure: Callable[[str], None], failed: list[str]) -> Calla
                 component = components[spec.component_ref.name]
                 if component.WhichOneof("implementation") == "dag":
                     out = run_dag(
-                        pipeline_resource_name, component, executors, components,
+                        pipeline_resource_name,
+                        component,
+                        executors,
+                        components,
                         OrchestratorUtils.make_task_arguments(spec.inputs, io_store),
-                        pipeline_root, runner, unique_pipeline_id, fail_stack, io_store,
-                    )  # fmt: skip
+                        pipeline_root,
+                        runner,
+                        unique_pipeline_id,
+                        fail_stack,
+                        io_store,
+                    )
                 else:
                     out = task_executor.execute_single_task(
-                        task_name=name, task_spec=spec,
-                        pipeline_resource_name=pipeline_resource_name, components=components,
-                        executors=executors, io_store=io_store, pipeline_root=pipeline_root,
-                        runner=runner, unique_pipeline_id=unique_pipeline_id,
+                        task_name=name,
+                        task_spec=spec,
+                        pipeline_resource_name=pipeline_resource_name,
+                        components=components,
+                        executors=executors,
+                        io_store=io_store,
+                        pipeline_root=pipeline_root,
+                        runner=runner,
+                        unique_pipeline_id=unique_pipeline_id,
                         fail_stack=fail_stack,
-                    )  # fmt: skip
+                    )
             except Exception as e:  # noqa: BLE001 - a crash of the runner is this task's failure
                 log.exception("task %s could not run", name)
                 out = ({}, status.Status.FAILURE)
@@ -275,7 +295,7 @@ def concurrent_local_runner(
             subprocess_task_handler,
             "run_local_subprocess",
             _make_subprocess_runner(log_dir, task_env or (lambda task: {})),
-        ),  # fmt: skip
+        ),
     ]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     for mod, name, value in patches:
@@ -390,8 +410,11 @@ def failure_hints(
         shard = re.search(r"shard-(\d+)-of-(\d+)", task)
         extra = f" --shard {int(shard[1])} --num-shards {int(shard[2])}" if shard else ""
         what = "checkpoint" if stage == "evaluate" else "iteration"
-        hints.append(f"rerun that step: rlvr stage {stage} {base} --iteration {iteration}{extra}"
-                     f"   ({what} {iteration})")  # fmt: skip
-    hints.append(f"then resume the run: rlvr run {base}{run_options}   (committed iterations are "
-                 "kept)")  # fmt: skip
+        hints.append(
+            f"rerun that step: rlvr stage {stage} {base} --iteration {iteration}{extra}"
+            f"   ({what} {iteration})"
+        )
+    hints.append(
+        f"then resume the run: rlvr run {base}{run_options}   (committed iterations are kept)"
+    )
     return hints

@@ -42,8 +42,13 @@ def init_stage(
     from components.core.config import effective_config
     from components.core.stage_cli import run_from_pipeline, setup_logging
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
     out = run_from_pipeline("init", params, force=force)
     if segment < 0:
         return out
@@ -68,8 +73,13 @@ def generate_stage(
     """Sample rollouts of one iteration (or one shard) with checkpoint `iteration`."""
     from components.core.stage_cli import run_from_pipeline
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
     kw = dict(iteration=iteration, force=force, shard=shard, num_shards=num_shards)
     return run_from_pipeline("generate", params, **kw)
 
@@ -88,8 +98,13 @@ def verify_stage(
     """Score the rollouts of one iteration (or one shard)."""
     from components.core.stage_cli import run_from_pipeline
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
     kw = dict(iteration=iteration, force=force, shard=shard, num_shards=num_shards)
     return run_from_pipeline("verify", params, **kw)
 
@@ -110,8 +125,13 @@ def train_stage(
     from components.core.layout import RunLayout, store_for
     from components.core.stage_cli import run_from_pipeline
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
     out = run_from_pipeline("train", params, iteration=iteration, force=force)
     cfg = effective_config(**params)
     stats = read_manifest(store_for(cfg), RunLayout.of(cfg).checkpoint(iteration + 1))["stats"]
@@ -143,8 +163,13 @@ def evaluate_stage(
     from components.core.stage_cli import run_from_pipeline
     from components.core.store import join
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
     kw = dict(iteration=checkpoint, force=force, shard=shard, num_shards=num_shards)
     out = run_from_pipeline("evaluate", params, **kw)
     if num_shards > 1:
@@ -204,11 +229,22 @@ def generate_worker(
     """Serve generate for every iteration of a segment (one shard), the policy kept loaded."""
     from components.core.stage_cli import serve_from_pipeline
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-    return serve_from_pipeline("generate", params, segment=segment, shard=shard,
-                               num_shards=num_shards, attempt=attempt or job_id,
-                               retried=not attempt)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
+    return serve_from_pipeline(
+        "generate",
+        params,
+        segment=segment,
+        shard=shard,
+        num_shards=num_shards,
+        attempt=attempt or job_id,
+        retried=not attempt,
+    )
 
 
 def verify_worker(
@@ -226,11 +262,22 @@ def verify_worker(
     """Serve verify for every iteration of a segment (one shard)."""
     from components.core.stage_cli import serve_from_pipeline
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-    return serve_from_pipeline("verify", params, segment=segment, shard=shard,
-                               num_shards=num_shards, attempt=attempt or job_id,
-                               retried=not attempt)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
+    return serve_from_pipeline(
+        "verify",
+        params,
+        segment=segment,
+        shard=shard,
+        num_shards=num_shards,
+        attempt=attempt or job_id,
+        retried=not attempt,
+    )
 
 
 def train_worker(
@@ -252,10 +299,16 @@ def train_worker(
     from components.core.stage_cli import serve_from_pipeline
     from components.core.warm import segment as segment_of
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-    out = serve_from_pipeline("train", params, segment=segment, attempt=attempt or job_id,
-                              retried=not attempt)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
+    out = serve_from_pipeline(
+        "train", params, segment=segment, attempt=attempt or job_id, retried=not attempt
+    )
     cfg = effective_config(**params)
     last = segment_of(cfg, segment).stop
     stats = read_manifest(store_for(cfg), RunLayout.of(cfg).checkpoint(last))["stats"]
@@ -281,11 +334,22 @@ def evaluate_worker(
     gather / unsharded evaluation), the policy kept loaded."""
     from components.core.stage_cli import serve_from_pipeline
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-    return serve_from_pipeline("evaluate", params, segment=segment, shard=shard,
-                               num_shards=num_shards, attempt=attempt or job_id,
-                               retried=not attempt)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
+    return serve_from_pipeline(
+        "evaluate",
+        params,
+        segment=segment,
+        shard=shard,
+        num_shards=num_shards,
+        attempt=attempt or job_id,
+        retried=not attempt,
+    )
 
 
 def resolve_stage(

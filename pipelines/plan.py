@@ -88,8 +88,13 @@ def uncommit_downstream(cfg: RunConfig, iteration: int, stage: str, *, own: bool
     i = iteration
     targets = []
     if own:
-        targets.append({"generate": layout.rollouts(i), "verify": layout.scored(i),
-                        "train": layout.checkpoint(i + 1)}[stage])  # fmt: skip
+        targets.append(
+            {
+                "generate": layout.rollouts(i),
+                "verify": layout.scored(i),
+                "train": layout.checkpoint(i + 1),
+            }[stage]
+        )
     if stage == "generate" or (stage == "verify" and own):
         targets.append(layout.prompt_stats(i))  # the curriculum of later iterations reads it
     if stage == "generate":
@@ -125,13 +130,21 @@ def plan_segment(cfg: RunConfig, index: int, attempt: str) -> dict[str, Any]:
         i, stage, state = found
         removed = uncommit_downstream(cfg, i, stage, own=state == "stale")
         if removed:
-            log.info("iteration %d %s is %s: uncommitted %d outputs downstream of it",
-                     i, stage, state, len(removed))  # fmt: skip
+            log.info(
+                "iteration %d %s is %s: uncommitted %d outputs downstream of it",
+                i,
+                stage,
+                state,
+                len(removed),
+            )
     status = RunStatus.of(cfg, attempt)
     out = OutputDir(store_for(cfg), status.plan, "init")
     out.begin(force=True)
-    stats = {"segment": index, "first_out_of_date": list(found) if found else None,
-             "uncommitted": removed}  # fmt: skip
+    stats = {
+        "segment": index,
+        "first_out_of_date": list(found) if found else None,
+        "uncommitted": removed,
+    }
     out.put_bytes(b"{}", "plan.json")
     out.commit(stats)
     return stats

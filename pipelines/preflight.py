@@ -59,8 +59,11 @@ def _read(uri: str, cfg: RunConfig, problems: Problems, key: str) -> pa.Table | 
 def local_paths(cfg: RunConfig) -> list[tuple[str, str]]:
     """(config key, path) of the store and every input that exists on this machine only: a
     cluster's pods cannot reach them (object-store and Hub URIs they can)."""
-    entries = [("run.store", cfg.run.store), ("model.base", cfg.model.base),
-               ("data.train", cfg.data.train)]  # fmt: skip
+    entries = [
+        ("run.store", cfg.run.store),
+        ("model.base", cfg.model.base),
+        ("data.train", cfg.data.train),
+    ]
     entries += [(f"data.eval.{i}.path", e.path) for i, e in enumerate(cfg.data.eval)]
     return [(key, uri) for key, uri in entries if not is_s3(uri) and not is_hub(uri)]
 
@@ -70,9 +73,14 @@ def _local_path_advice(cfg: RunConfig) -> list[tuple[str, str]]:
     out = []
     for key, path in local_paths(cfg):
         if key == "run.store":
-            out.append((key, f"is a local path ({path}): pods on a cluster cannot reach it; use "
-                             "an object store URI (s3://bucket/prefix) for a pipeline that runs "
-                             "there"))  # fmt: skip
+            out.append(
+                (
+                    key,
+                    f"is a local path ({path}): pods on a cluster cannot reach it; use "
+                    "an object store URI (s3://bucket/prefix) for a pipeline that runs "
+                    "there",
+                )
+            )
         else:
             out.append((key, f"is a local path ({path}): upload it and give its URI"))
     return out
@@ -113,8 +121,10 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
 
     check_store(get_store(cfg.run.store, cfg.run.s3_endpoint_url), cfg.run.store, problems)
     datasets: dict[str, tuple[str, pa.Table]] = {}
-    for name, uri, key in [("train", cfg.data.train, "data.train"),
-                           *((e.name, e.path, f"data.eval[{e.name}].path") for e in cfg.data.eval)]:  # fmt: skip
+    for name, uri, key in [
+        ("train", cfg.data.train, "data.train"),
+        *((e.name, e.path, f"data.eval[{e.name}].path") for e in cfg.data.eval),
+    ]:
         table = _read(uri, cfg, problems, key)
         if table is None:
             continue
@@ -126,8 +136,10 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
         if ev.data_sources and ev.name in datasets:
             uri, table = datasets[ev.name]
             if not pc.any(pc.is_in(table.column("data_source"), pa.array(ev.data_sources))).as_py():
-                problems.error(f"config data.eval[{ev.name}].data_sources",
-                               f"{ev.data_sources} matches no row of {uri}")  # fmt: skip
+                problems.error(
+                    f"config data.eval[{ev.name}].data_sources",
+                    f"{ev.data_sources} matches no row of {uri}",
+                )
 
     base = cfg.model.base
     if is_hub(base):

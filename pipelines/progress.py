@@ -25,9 +25,13 @@ class RunMonitor:
         self.cfg, self.seg, self.every_s = cfg, seg, every_s
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
         self.progress = Progress(
-            TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=console, transient=False,
-        )  # fmt: skip
+            TextColumn("{task.description:>10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
         lay, its = self.layout, list(seg.iterations)
         self.watch = {
             "generate": [lay.rollouts(i) for i in its],

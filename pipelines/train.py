@@ -61,9 +61,14 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         task.set_display_name(name)
         if for_cluster:
             n = cfg.run.segment_iterations if serves else 1
-            return place(task, stage, cfg.cluster, iterations=n,
-                         runs_code=stage in code_stages(cfg),
-                         submits_job=submits_job(cfg, stage))  # fmt: skip
+            return place(
+                task,
+                stage,
+                cfg.cluster,
+                iterations=n,
+                runs_code=stage in code_stages(cfg),
+                submits_job=submits_job(cfg, stage),
+            )
         return task.set_caching_options(False)
 
     def shards_of(op, stage: str, count: int, **kwargs):
@@ -74,7 +79,7 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         return [
             placed(
                 op(**kwargs, shard=s, num_shards=count), stage, f"{stage}-{shard_name(s, count)}"
-            )  # fmt: skip
+            )
             for s in range(count)
         ]
 
@@ -97,8 +102,13 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         """Empty store / base_checkpoint / eval_sets (JSON list) keep the compiled-in config's.
         `chain`: submit the next segment when this one's training is done (`rlvr submit`).
         `attempt`: names this run's failure markers and plan; empty means the KFP run's id."""
-        common = dict(config_json=config_json, run_id=run_id, store=store,
-                      base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
+        common = dict(
+            config_json=config_json,
+            run_id=run_id,
+            store=store,
+            base_checkpoint=base_checkpoint,
+            eval_sets=eval_sets,
+        )
         ids = dict(attempt=attempt, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         # Every task starts at once: workers wait for init's plan (its commits and every stale
         # output uncommitted) like for any other input, so their cold start overlaps init.
@@ -115,8 +125,7 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         if cfg.data.eval:
             evals = []
             if cfg.evaluate.num_shards > 1:
-                evals += shards_of(ops.evaluate_worker, "evaluate", cfg.evaluate.num_shards,
-                                   **seg)  # fmt: skip
+                evals += shards_of(ops.evaluate_worker, "evaluate", cfg.evaluate.num_shards, **seg)
             gather = "evaluate" if cfg.evaluate.num_shards == 1 else "evaluate-gather"
             evals.append(placed(ops.evaluate_worker(**seg), "evaluate", gather))
             # Evaluations finish in any order; the run-level report comes last.
@@ -154,10 +163,21 @@ def next_segment(
     local runner drives segments itself)."""
     from pipelines.train import chain_next_segment
 
-    params = dict(config_json=config_json, run_id=run_id, store=store,
-                  base_checkpoint=base_checkpoint, eval_sets=eval_sets)  # fmt: skip
-    return chain_next_segment(params, segment=segment, chain=chain, experiment=experiment,
-                              namespace=namespace, attempt=attempt or job_id)  # fmt: skip
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
+    return chain_next_segment(
+        params,
+        segment=segment,
+        chain=chain,
+        experiment=experiment,
+        namespace=namespace,
+        attempt=attempt or job_id,
+    )
 
 
 def segment_run_name(cfg: RunConfig, segment: int) -> str:
@@ -185,9 +205,15 @@ def submit_segment(
         "namespace": namespace or "",
     }
     return submit(
-        cfg, build_train_pipeline(cfg), host=host, experiment=experiment, namespace=namespace,
-        token=token, arguments=arguments, run_name=segment_run_name(cfg, segment),
-    )  # fmt: skip
+        cfg,
+        build_train_pipeline(cfg),
+        host=host,
+        experiment=experiment,
+        namespace=namespace,
+        token=token,
+        arguments=arguments,
+        run_name=segment_run_name(cfg, segment),
+    )
 
 
 def chain_next_segment(
@@ -220,10 +246,13 @@ def chain_next_segment(
     layout, stop = RunLayout.of(cfg), segment_of(cfg, segment).stop
     store = store_for(cfg)
     wait_committed(
-        store, [layout.checkpoint(stop), layout.train_state(stop)],
-        status=RunStatus.of(cfg, attempt), task="next-segment", timeout_s=cfg.run.wait_timeout_s
-        * max(1, cfg.run.segment_iterations), poll_max_s=cfg.run.poll_max_s or 5.0,
-    )  # fmt: skip
+        store,
+        [layout.checkpoint(stop), layout.train_state(stop)],
+        status=RunStatus.of(cfg, attempt),
+        task="next-segment",
+        timeout_s=cfg.run.wait_timeout_s * max(1, cfg.run.segment_iterations),
+        poll_max_s=cfg.run.poll_max_s or 5.0,
+    )
     # Exactly once: a retried task (its pod lost after the submission) finds the claim.
     claim = join(layout.root, "status", "segments", f"{segment + 1:05d}.json")
     if store.exists(claim):
@@ -234,10 +263,18 @@ def chain_next_segment(
         return record["run_id"]
     name = segment_run_name(cfg, segment + 1)
     existing = find_run(cfg.cluster.kfp_api, name, namespace or None)
-    run_id = existing or submit_segment(
-        cfg, params, segment=segment + 1, host=cfg.cluster.kfp_api, experiment=experiment,
-        namespace=namespace or None, token=None,
-    ).run_id  # fmt: skip
+    run_id = (
+        existing
+        or submit_segment(
+            cfg,
+            params,
+            segment=segment + 1,
+            host=cfg.cluster.kfp_api,
+            experiment=experiment,
+            namespace=namespace or None,
+            token=None,
+        ).run_id
+    )
     store.write_text(claim, json.dumps({"run_id": run_id, "name": name, "by": attempt}))
     logging.getLogger("rlvr.chain").info("segment %d submitted as run %s", segment + 1, run_id)
     return run_id
@@ -247,8 +284,9 @@ def find_run(host: str, name: str, namespace: str | None) -> str | None:
     """The id of a run with this display name that is not over yet (a submission whose claim
     was lost with its pod), or None."""
     c = client(host, namespace, None)
-    flt = json.dumps({"predicates": [{"key": "display_name", "operation": "EQUALS",
-                                      "string_value": name}]})  # fmt: skip
+    flt = json.dumps(
+        {"predicates": [{"key": "display_name", "operation": "EQUALS", "string_value": name}]}
+    )
     try:
         runs = c.list_runs(page_size=10, filter=flt, namespace=namespace).runs or []
     except Exception:  # noqa: BLE001 - a lookup that fails must not stop the chain

@@ -39,11 +39,15 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
 
 
 def _trainer_model(kind: str):
-    models = pytest.importorskip("kubeflow_trainer_api.models", reason="kubeflow-trainer-api "
-                                 "(the dev extra) validates Trainer objects")  # fmt: skip
-    return {"TrainJob": models.TrainerV1alpha1TrainJob,
-            "ClusterTrainingRuntime": models.TrainerV1alpha1ClusterTrainingRuntime,
-            "TrainingRuntime": models.TrainerV1alpha1TrainingRuntime}[kind]  # fmt: skip
+    models = pytest.importorskip(
+        "kubeflow_trainer_api.models",
+        reason="kubeflow-trainer-api (the dev extra) validates Trainer objects",
+    )
+    return {
+        "TrainJob": models.TrainerV1alpha1TrainJob,
+        "ClusterTrainingRuntime": models.TrainerV1alpha1ClusterTrainingRuntime,
+        "TrainingRuntime": models.TrainerV1alpha1TrainingRuntime,
+    }[kind]
 
 
 def assert_valid(obj: dict[str, Any]) -> None:

@@ -35,8 +35,11 @@ class GuessServer:
                 return
             if kind == "reset":
                 target = random.Random(data.get("seed", 0)).randint(1, 100)
-                reply = {"observation": {"feedback": "guess a number from 1 to 100"},
-                         "reward": None, "done": False}  # fmt: skip
+                reply = {
+                    "observation": {"feedback": "guess a number from 1 to 100"},
+                    "reward": None,
+                    "done": False,
+                }
             elif kind == "step":
                 self.steps += 1
                 if self.die_after is not None and self.steps > self.die_after:
@@ -47,16 +50,33 @@ class GuessServer:
                     return
                 guess = data.get("guess")
                 if target is None or not isinstance(guess, int):
-                    ws.send(json.dumps({"type": "error", "data": {
-                        "message": "step needs an integer 'guess' after reset",
-                        "code": "VALIDATION_ERROR"}}))  # fmt: skip
+                    ws.send(
+                        json.dumps(
+                            {
+                                "type": "error",
+                                "data": {
+                                    "message": "step needs an integer 'guess' after reset",
+                                    "code": "VALIDATION_ERROR",
+                                },
+                            }
+                        )
+                    )
                     continue
                 feedback = "correct" if guess == target else "higher" if guess < target else "lower"
-                reply = {"observation": {"feedback": feedback},
-                         "reward": 1.0 if guess == target else 0.0, "done": guess == target}  # fmt: skip
+                reply = {
+                    "observation": {"feedback": feedback},
+                    "reward": 1.0 if guess == target else 0.0,
+                    "done": guess == target,
+                }
             else:
-                ws.send(json.dumps({"type": "error", "data": {"message": f"unknown {kind}",
-                                                               "code": "UNKNOWN_TYPE"}}))  # fmt: skip
+                ws.send(
+                    json.dumps(
+                        {
+                            "type": "error",
+                            "data": {"message": f"unknown {kind}", "code": "UNKNOWN_TYPE"},
+                        }
+                    )
+                )
                 continue
             ws.send(json.dumps({"type": "observation", "data": reply}))
 

@@ -20,9 +20,7 @@ class FakeKube:
     the job). `existing` holds jobs present before the test (leftovers), whose pods
     (`leftover_pods`) outlive their deletion by `pod_lag` pod lists."""
 
-    def __init__(
-        self, statuses: list[dict | int], pods: list[dict], logs: dict[str, list[str]]
-    ):
+    def __init__(self, statuses: list[dict | int], pods: list[dict], logs: dict[str, list[str]]):
         self.statuses, self.pods, self.logs = statuses, pods, logs
         self.jobs: dict[str, dict] = {}
         self.gets: dict[str, int] = {}
@@ -88,8 +86,11 @@ class FakeKube:
                     return self._status(404, "the server could not find the requested resource")
                 if name is None:  # a list, by label
                     key, _, value = query.get("labelSelector", "").partition("=")
-                    items = [j for j in everything.values()
-                             if j["metadata"].get("labels", {}).get(key) == value]  # fmt: skip
+                    items = [
+                        j
+                        for j in everything.values()
+                        if j["metadata"].get("labels", {}).get(key) == value
+                    ]
                     return self._send(200, {"kind": "List", "items": items})
                 if name in outer.existing:
                     return self._send(200, outer.existing[name])
@@ -109,16 +110,25 @@ class FakeKube:
                     selector = query.get("labelSelector", "")
                     if selector.startswith(jobspec.STEP_LABEL):  # a step's pods: leftovers'
                         key, _, value = selector.partition("=")
-                        if any(j["metadata"].get("labels", {}).get(key) == value
-                               for j in outer.existing.values()):  # fmt: skip
-                            return self._send(200, {"kind": "PodList", "items": outer.leftover_pods})
+                        if any(
+                            j["metadata"].get("labels", {}).get(key) == value
+                            for j in outer.existing.values()
+                        ):
+                            return self._send(
+                                200, {"kind": "PodList", "items": outer.leftover_pods}
+                            )
                         outer.pod_lag -= 1
                         items = outer.leftover_pods if outer.pod_lag >= 0 else []
                         return self._send(200, {"kind": "PodList", "items": items})
                     return self._send(200, {"kind": "PodList", "items": outer.pods})
                 if len(parts) == 2:  # the task's own pod
-                    return self._send(200, {"kind": "Pod", "metadata": {
-                        "name": parts[1], "uid": "uid-of-" + parts[1]}})  # fmt: skip
+                    return self._send(
+                        200,
+                        {
+                            "kind": "Pod",
+                            "metadata": {"name": parts[1], "uid": "uid-of-" + parts[1]},
+                        },
+                    )
                 pod = parts[1]
                 lines = outer.logs.get(pod, [])
                 # a stream from the start, or (sinceSeconds) from where the last one stopped

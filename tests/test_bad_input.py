@@ -119,8 +119,11 @@ def retype(col: str, typ: pa.DataType, value) -> Callable[[pa.Table], pa.Table]:
 def rewrite_column(col: str, fn: Callable[[list], list]) -> Callable[[pa.Table], pa.Table]:
     def edit(t: pa.Table) -> pa.Table:
         i = t.schema.get_field_index(col)
-        return t.set_column(i, t.schema.field(col), pa.array(fn(t.column(col).to_pylist()),
-                                                             t.schema.field(col).type))  # fmt: skip
+        return t.set_column(
+            i,
+            t.schema.field(col),
+            pa.array(fn(t.column(col).to_pylist()), t.schema.field(col).type),
+        )
 
     return edit
 
@@ -218,206 +221,521 @@ CASES: list[tuple[str, Callable[[Ctx], object], list[str], str]] = [
     # --- config ---
     ("config/unknown-key", set_key("train", lrr=0.1), CHECK, "train.lrr: unknown key"),
     ("config/unknown-section", set_key("trainer", lr=0.1), CHECK, "trainer: unknown key"),
-    ("config/misspelled-key", set_key("data", prompts_per_iter=8), CHECK,
-     "data.prompts_per_iter: unknown key (value 8); did you mean prompts_per_iteration?"),
-    ("config/input-a-prepare-step-missed",
-     lambda c: (c.set("prepare", module="tests.noop_prepare", out=str(c.assets)),
-                c.set("data", train=str(c.assets / "trian.parquet"))), CHECK,
-     "prepare step tests.noop_prepare ran, but data.train ("),
+    (
+        "config/misspelled-key",
+        set_key("data", prompts_per_iter=8),
+        CHECK,
+        "data.prompts_per_iter: unknown key (value 8); did you mean prompts_per_iteration?",
+    ),
+    (
+        "config/input-a-prepare-step-missed",
+        lambda c: (
+            c.set("prepare", module="tests.noop_prepare", out=str(c.assets)),
+            c.set("data", train=str(c.assets / "trian.parquet")),
+        ),
+        CHECK,
+        "prepare step tests.noop_prepare ran, but data.train (",
+    ),
     ("config/wrong-type", set_key("train", lr="fast"), CHECK, "train.lr: got 'fast'"),
     ("config/out-of-range", set_key("generate", n=0), CHECK, "generate.n"),
     ("config/not-yaml", raw_config("run: [unclosed\n"), CHECK, "is not valid YAML"),
     ("config/not-a-mapping", raw_config("- a\n- b\n"), CHECK, "must hold a mapping"),
     ("config/bad-run-id", set_key("run", run_id="a/b"), CHECK, "run.run_id"),
     ("config/decimal-image-tag", set_key("cluster", image_tag=1.1), CHECK, "quote it"),
-    ("config/unknown-stage-placement", set_key("cluster", stages={"trian": {}}), CHECK,
-     "unknown stage(s) ['trian']"),
-    ("config/accelerator-without-count",
-     set_key("cluster", stages={"verify": {"accelerator_type": "nvidia.com/gpu"}}), CHECK,
-     "accelerator_type and accelerator_count"),
-    ("config/unknown-advantage", set_key("train", advantage="grpoo"), CHECK,
-     "train.advantage: unknown advantage estimator 'grpoo'"),
-    ("config/unknown-policy-loss", set_key("train", policy_loss="ppo"), CHECK,
-     "train.policy_loss: unknown policy loss 'ppo'"),
-    ("config/unknown-loss-agg", set_key("train", loss_agg="mean"), CHECK,
-     "train.loss_agg: unknown loss aggregation mode 'mean'"),
-    ("config/unknown-kl-estimator", set_key("train", kl_coef=0.1, kl_estimator="k9"), CHECK,
-     "train.kl_estimator: unknown KL estimator 'k9'"),
-    ("config/advantage-option", set_key("train", advantage_options={"gamma": 0.9}), CHECK,
-     "train.advantage_options.gamma: is not an option of advantage estimator 'grpo'"),
-    ("config/policy-loss-option", set_key("train", policy_loss_options={"clip_lo": 0.1}), CHECK,
-     "train.policy_loss_options.clip_lo: is not an option of policy loss 'ppo_clip'"),
-    ("config/policy-loss-value", set_key("train", policy_loss_options={"clip_low": -1}), CHECK,
-     "clip_low must be >= 0"),
-    ("config/duplicate-eval-names",
-     lambda c: c.set("data", eval=[*c.cfg()["data"]["eval"], *c.cfg()["data"]["eval"]]), CHECK,
-     "data.eval names must be unique"),
-    ("config/lora-targets-no-layer", set_key("model", lora={"target_modules": ["qq_proj"]}),
-     CHECK, "model.lora.target_modules: does not fit the base"),
-    ("config/lora-rank-past-vllm", lambda c: (set_key("model", lora={"rank": 1024})(c),
-                                              set_key("generate", backend="vllm")(c)),
-     CHECK, "model.lora.rank: 1024 is past the largest rank vLLM serves (512)"),
-    ("config/lora-head-with-pattern",
-     set_key("model", lora={"target_modules": "q_proj", "output_head": True}), CHECK,
-     "a pattern cannot be extended by the head"),
-    ("config/checkpointing-with-dropout",
-     lambda c: (set_key("train", gradient_checkpointing=True)(c),
-                (lambda d: (d / "config.json").write_text(json.dumps(
-                    {**json.loads((d / "config.json").read_text()), "attention_dropout": 0.1})))(
-                    base_copy(c))), CHECK,
-     "train.gradient_checkpointing: the base's config sets attention_dropout=0.1"),
-    ("config/train-node-ranks-past-its-gpus",
-     lambda c: (set_key("train", nodes=2, processes=16)(c),
-                set_key("cluster", stages={"train": {"accelerator_count": 8}})(c)), CHECK,
-     "config train.processes: 16 ranks per node, but a train node has 8 GPUs"),
-    ("config/unknown-train-job-api", set_key("cluster", train_job={"api": "mpi-operator"}),
-     CHECK, "cluster.train_job.api"),
+    (
+        "config/unknown-stage-placement",
+        set_key("cluster", stages={"trian": {}}),
+        CHECK,
+        "unknown stage(s) ['trian']",
+    ),
+    (
+        "config/accelerator-without-count",
+        set_key("cluster", stages={"verify": {"accelerator_type": "nvidia.com/gpu"}}),
+        CHECK,
+        "accelerator_type and accelerator_count",
+    ),
+    (
+        "config/unknown-advantage",
+        set_key("train", advantage="grpoo"),
+        CHECK,
+        "train.advantage: unknown advantage estimator 'grpoo'",
+    ),
+    (
+        "config/unknown-policy-loss",
+        set_key("train", policy_loss="ppo"),
+        CHECK,
+        "train.policy_loss: unknown policy loss 'ppo'",
+    ),
+    (
+        "config/unknown-loss-agg",
+        set_key("train", loss_agg="mean"),
+        CHECK,
+        "train.loss_agg: unknown loss aggregation mode 'mean'",
+    ),
+    (
+        "config/unknown-kl-estimator",
+        set_key("train", kl_coef=0.1, kl_estimator="k9"),
+        CHECK,
+        "train.kl_estimator: unknown KL estimator 'k9'",
+    ),
+    (
+        "config/advantage-option",
+        set_key("train", advantage_options={"gamma": 0.9}),
+        CHECK,
+        "train.advantage_options.gamma: is not an option of advantage estimator 'grpo'",
+    ),
+    (
+        "config/policy-loss-option",
+        set_key("train", policy_loss_options={"clip_lo": 0.1}),
+        CHECK,
+        "train.policy_loss_options.clip_lo: is not an option of policy loss 'ppo_clip'",
+    ),
+    (
+        "config/policy-loss-value",
+        set_key("train", policy_loss_options={"clip_low": -1}),
+        CHECK,
+        "clip_low must be >= 0",
+    ),
+    (
+        "config/duplicate-eval-names",
+        lambda c: c.set("data", eval=[*c.cfg()["data"]["eval"], *c.cfg()["data"]["eval"]]),
+        CHECK,
+        "data.eval names must be unique",
+    ),
+    (
+        "config/lora-targets-no-layer",
+        set_key("model", lora={"target_modules": ["qq_proj"]}),
+        CHECK,
+        "model.lora.target_modules: does not fit the base",
+    ),
+    (
+        "config/lora-rank-past-vllm",
+        lambda c: (
+            set_key("model", lora={"rank": 1024})(c),
+            set_key("generate", backend="vllm")(c),
+        ),
+        CHECK,
+        "model.lora.rank: 1024 is past the largest rank vLLM serves (512)",
+    ),
+    (
+        "config/lora-head-with-pattern",
+        set_key("model", lora={"target_modules": "q_proj", "output_head": True}),
+        CHECK,
+        "a pattern cannot be extended by the head",
+    ),
+    (
+        "config/checkpointing-with-dropout",
+        lambda c: (
+            set_key("train", gradient_checkpointing=True)(c),
+            (
+                lambda d: (d / "config.json").write_text(
+                    json.dumps(
+                        {**json.loads((d / "config.json").read_text()), "attention_dropout": 0.1}
+                    )
+                )
+            )(base_copy(c)),
+        ),
+        CHECK,
+        "train.gradient_checkpointing: the base's config sets attention_dropout=0.1",
+    ),
+    (
+        "config/train-node-ranks-past-its-gpus",
+        lambda c: (
+            set_key("train", nodes=2, processes=16)(c),
+            set_key("cluster", stages={"train": {"accelerator_count": 8}})(c),
+        ),
+        CHECK,
+        "config train.processes: 16 ranks per node, but a train node has 8 GPUs",
+    ),
+    (
+        "config/unknown-train-job-api",
+        set_key("cluster", train_job={"api": "mpi-operator"}),
+        CHECK,
+        "cluster.train_job.api",
+    ),
     ("config/k-above-n", set_key("evaluate", ks=[64]), CHECK, "evaluate.ks"),
-    ("config/eval-filter-matches-nothing",
-     lambda c: c.set("data", eval=[{**c.cfg()["data"]["eval"][0], "data_sources": ["nope"]}]),
-     CHECK, "data_sources"),
-    ("config/unknown-verifier", set_key("verify", rewards={"arithmetic": "mathh"}), CHECK,
-     "verify.rewards.arithmetic"),
-    ("config/plugin-file-missing", set_key("verify", rewards={"arithmetic": "nope.py:f"}), CHECK,
-     "nope.py"),
-    ("config/plugin-module-missing", set_key("verify", rewards={"arithmetic": "no_such_mod:f"}),
-     CHECK, "no_such_mod"),
-    ("config/plugin-raises",
-     lambda c: ((c.root / "p.py").write_text("def f(*a):\n    raise KeyError('boom')\n"),
-                c.set("verify", rewards={"arithmetic": f"{c.root / 'p.py'}:f"})),
-     CHECK, "failed on a sample of data_source 'arithmetic'"),
-    ("config/plugin-returns-nonsense",
-     lambda c: ((c.root / "p.py").write_text("def f(*a):\n    return 'yes'\n"),
-                c.set("verify", rewards={"arithmetic": f"{c.root / 'p.py'}:f"})),
-     CHECK, "failed on a sample"),
-    ("config/data-source-without-verifier", set_key("verify", rewards={"other": "math"}), CHECK,
-     "data_source ['arithmetic']"),
-    ("config/stop-token-out-of-vocab", set_key("generate", stop_token_ids=[10**6]), CHECK,
-     "generate.stop_token_ids"),
-    ("config/exceeds-context", set_key("generate", max_new_tokens=500), CHECK,
-     "exceeds the model's context"),
-    ("config/duplicate-reward-components",
-     set_key("verify", rewards={"arithmetic": {"components": [{"verifier": "math"},
-                                                              {"verifier": "math"}]}}),
-     CHECK, "reward component names must be unique"),
-    ("config/overlong-buffer", set_key("verify", overlong_penalty={"max_length": 6, "buffer": 0}),
-     CHECK, "verify.overlong_penalty.buffer"),
+    (
+        "config/eval-filter-matches-nothing",
+        lambda c: c.set("data", eval=[{**c.cfg()["data"]["eval"][0], "data_sources": ["nope"]}]),
+        CHECK,
+        "data_sources",
+    ),
+    (
+        "config/unknown-verifier",
+        set_key("verify", rewards={"arithmetic": "mathh"}),
+        CHECK,
+        "verify.rewards.arithmetic",
+    ),
+    (
+        "config/plugin-file-missing",
+        set_key("verify", rewards={"arithmetic": "nope.py:f"}),
+        CHECK,
+        "nope.py",
+    ),
+    (
+        "config/plugin-module-missing",
+        set_key("verify", rewards={"arithmetic": "no_such_mod:f"}),
+        CHECK,
+        "no_such_mod",
+    ),
+    (
+        "config/plugin-raises",
+        lambda c: (
+            (c.root / "p.py").write_text("def f(*a):\n    raise KeyError('boom')\n"),
+            c.set("verify", rewards={"arithmetic": f"{c.root / 'p.py'}:f"}),
+        ),
+        CHECK,
+        "failed on a sample of data_source 'arithmetic'",
+    ),
+    (
+        "config/plugin-returns-nonsense",
+        lambda c: (
+            (c.root / "p.py").write_text("def f(*a):\n    return 'yes'\n"),
+            c.set("verify", rewards={"arithmetic": f"{c.root / 'p.py'}:f"}),
+        ),
+        CHECK,
+        "failed on a sample",
+    ),
+    (
+        "config/data-source-without-verifier",
+        set_key("verify", rewards={"other": "math"}),
+        CHECK,
+        "data_source ['arithmetic']",
+    ),
+    (
+        "config/stop-token-out-of-vocab",
+        set_key("generate", stop_token_ids=[10**6]),
+        CHECK,
+        "generate.stop_token_ids",
+    ),
+    (
+        "config/exceeds-context",
+        set_key("generate", max_new_tokens=500),
+        CHECK,
+        "exceeds the model's context",
+    ),
+    (
+        "config/duplicate-reward-components",
+        set_key(
+            "verify",
+            rewards={"arithmetic": {"components": [{"verifier": "math"}, {"verifier": "math"}]}},
+        ),
+        CHECK,
+        "reward component names must be unique",
+    ),
+    (
+        "config/overlong-buffer",
+        set_key("verify", overlong_penalty={"max_length": 6, "buffer": 0}),
+        CHECK,
+        "verify.overlong_penalty.buffer",
+    ),
     # --- datasets ---
-    ("data/train-missing", set_key("data", train="/nonexistent/train.parquet"), CHECK,
-     "/nonexistent/train.parquet"),
-    ("data/not-parquet",
-     lambda c: ((c.assets / "t.parquet").write_text("hello"), c.set("data", train=str(c.assets / "t.parquet"))),
-     CHECK, "not a readable Parquet file"),
-    ("data/empty", lambda c: write_table(c, c.table("train.parquet").slice(0, 0)), CHECK,
-     "the dataset has no rows"),
-    ("data/no-data-source", lambda c: write_table(c, c.table("train.parquet").drop_columns(["data_source"])),
-     CHECK, "missing column 'data_source'"),
-    ("data/no-prompt", lambda c: write_table(c, c.table("train.parquet").drop_columns(["prompt"])),
-     CHECK, "missing column 'prompt'"),
-    ("data/prompt-int",
-     lambda c: write_table(c, retype("prompt", pa.int64(), 3)(c.table("train.parquet"))), CHECK,
-     "column 'prompt' has type int64"),
-    ("data/reward-model-string",
-     lambda c: write_table(c, retype("reward_model", pa.string(), "4")(c.table("train.parquet"))),
-     CHECK, "'reward_model' must be a struct"),
-    ("data/reward-model-without-ground-truth",
-     lambda c: write_table(c, c.table("train.parquet").set_column(
-         c.table("train.parquet").schema.get_field_index("reward_model"), "reward_model",
-         pa.array([{"style": "rule"}] * c.table("train.parquet").num_rows))), CHECK,
-     "ground_truth"),
-    ("data/null-prompt", lambda c: bad_train(c, row_edit("prompt", None)), CHECK,
-     "row 3: prompt has no messages"),
-    ("data/empty-prompt", lambda c: bad_train(c, row_edit("prompt", [])), CHECK,
-     "row 3: prompt has no messages"),
-    ("data/null-content",
-     lambda c: bad_train(c, row_edit("prompt", [{"role": "user", "content": None}])), CHECK,
-     "row 3: a prompt message has no role or no content"),
-    ("data/empty-content",
-     lambda c: bad_train(c, row_edit("prompt", [{"role": "user", "content": ""}])), CHECK,
-     "a prompt message has no role or no content"),
-    ("data/null-ground-truth", lambda c: bad_train(c, gt_edit(None)), CHECK,
-     "row 2: reward_model.ground_truth is missing or empty"),
-    ("data/empty-ground-truth", lambda c: bad_train(c, gt_edit("  ")), CHECK,
-     "reward_model.ground_truth is missing or empty"),
-    ("data/null-data-source", lambda c: bad_train(c, row_edit("data_source", None)), CHECK,
-     "row 3: data_source is null or empty"),
-    ("data/eval-missing",
-     lambda c: c.set("data", eval=[{**c.cfg()["data"]["eval"][0], "path": "/nonexistent/e.parquet"}]),
-     CHECK, "/nonexistent/e.parquet"),
-    ("data/eval-null-prompt",
-     lambda c: c.set("data", eval=[{**c.cfg()["data"]["eval"][0], "path": str(c.with_rows(
-         "eval.parquet", row_edit("prompt", None, 1), "bad_eval.parquet"))}]),
-     CHECK, "bad_eval.parquet row 1: prompt has no messages"),
-    ("data/init-validates-first", lambda c: bad_train(c, row_edit("prompt", None)), INIT,
-     "row 3: prompt has no messages"),
+    (
+        "data/train-missing",
+        set_key("data", train="/nonexistent/train.parquet"),
+        CHECK,
+        "/nonexistent/train.parquet",
+    ),
+    (
+        "data/not-parquet",
+        lambda c: (
+            (c.assets / "t.parquet").write_text("hello"),
+            c.set("data", train=str(c.assets / "t.parquet")),
+        ),
+        CHECK,
+        "not a readable Parquet file",
+    ),
+    (
+        "data/empty",
+        lambda c: write_table(c, c.table("train.parquet").slice(0, 0)),
+        CHECK,
+        "the dataset has no rows",
+    ),
+    (
+        "data/no-data-source",
+        lambda c: write_table(c, c.table("train.parquet").drop_columns(["data_source"])),
+        CHECK,
+        "missing column 'data_source'",
+    ),
+    (
+        "data/no-prompt",
+        lambda c: write_table(c, c.table("train.parquet").drop_columns(["prompt"])),
+        CHECK,
+        "missing column 'prompt'",
+    ),
+    (
+        "data/prompt-int",
+        lambda c: write_table(c, retype("prompt", pa.int64(), 3)(c.table("train.parquet"))),
+        CHECK,
+        "column 'prompt' has type int64",
+    ),
+    (
+        "data/reward-model-string",
+        lambda c: write_table(
+            c, retype("reward_model", pa.string(), "4")(c.table("train.parquet"))
+        ),
+        CHECK,
+        "'reward_model' must be a struct",
+    ),
+    (
+        "data/reward-model-without-ground-truth",
+        lambda c: write_table(
+            c,
+            c.table("train.parquet").set_column(
+                c.table("train.parquet").schema.get_field_index("reward_model"),
+                "reward_model",
+                pa.array([{"style": "rule"}] * c.table("train.parquet").num_rows),
+            ),
+        ),
+        CHECK,
+        "ground_truth",
+    ),
+    (
+        "data/null-prompt",
+        lambda c: bad_train(c, row_edit("prompt", None)),
+        CHECK,
+        "row 3: prompt has no messages",
+    ),
+    (
+        "data/empty-prompt",
+        lambda c: bad_train(c, row_edit("prompt", [])),
+        CHECK,
+        "row 3: prompt has no messages",
+    ),
+    (
+        "data/null-content",
+        lambda c: bad_train(c, row_edit("prompt", [{"role": "user", "content": None}])),
+        CHECK,
+        "row 3: a prompt message has no role or no content",
+    ),
+    (
+        "data/empty-content",
+        lambda c: bad_train(c, row_edit("prompt", [{"role": "user", "content": ""}])),
+        CHECK,
+        "a prompt message has no role or no content",
+    ),
+    (
+        "data/null-ground-truth",
+        lambda c: bad_train(c, gt_edit(None)),
+        CHECK,
+        "row 2: reward_model.ground_truth is missing or empty",
+    ),
+    (
+        "data/empty-ground-truth",
+        lambda c: bad_train(c, gt_edit("  ")),
+        CHECK,
+        "reward_model.ground_truth is missing or empty",
+    ),
+    (
+        "data/null-data-source",
+        lambda c: bad_train(c, row_edit("data_source", None)),
+        CHECK,
+        "row 3: data_source is null or empty",
+    ),
+    (
+        "data/eval-missing",
+        lambda c: c.set(
+            "data", eval=[{**c.cfg()["data"]["eval"][0], "path": "/nonexistent/e.parquet"}]
+        ),
+        CHECK,
+        "/nonexistent/e.parquet",
+    ),
+    (
+        "data/eval-null-prompt",
+        lambda c: c.set(
+            "data",
+            eval=[
+                {
+                    **c.cfg()["data"]["eval"][0],
+                    "path": str(
+                        c.with_rows("eval.parquet", row_edit("prompt", None, 1), "bad_eval.parquet")
+                    ),
+                }
+            ],
+        ),
+        CHECK,
+        "bad_eval.parquet row 1: prompt has no messages",
+    ),
+    (
+        "data/init-validates-first",
+        lambda c: bad_train(c, row_edit("prompt", None)),
+        INIT,
+        "row 3: prompt has no messages",
+    ),
     # --- the base checkpoint ---
-    ("ckpt/missing", set_key("model", base="/nonexistent/model"), CHECK,
-     "/nonexistent/model): does not exist"),
+    (
+        "ckpt/missing",
+        set_key("model", base="/nonexistent/model"),
+        CHECK,
+        "/nonexistent/model): does not exist",
+    ),
     ("ckpt/no-config", lambda c: (base_copy(c) / "config.json").unlink(), CHECK, "no config.json"),
-    ("ckpt/invalid-config", lambda c: (base_copy(c) / "config.json").write_text("{nope"), CHECK,
-     "config.json: is not a valid model config"),
-    ("ckpt/config-without-model-type",
-     lambda c: (base_copy(c) / "config.json").write_text(json.dumps({"hidden_size": 4})), CHECK,
-     "no 'model_type'"),
-    ("ckpt/pickle-only",
-     lambda c: (lambda d: ((d / "model.safetensors").rename(d / "pytorch_model.bin")))(base_copy(c)),
-     CHECK, "found pickle weights"),
-    ("ckpt/truncated-weights",
-     lambda c: (lambda f: f.write_bytes(f.read_bytes()[: f.stat().st_size // 2]))(
-         base_copy(c) / "model.safetensors"), CHECK, "model.safetensors: is truncated"),
-    ("ckpt/garbage-weights", lambda c: (base_copy(c) / "model.safetensors").write_bytes(b"x" * 99),
-     CHECK, "no valid safetensors header"),
-    ("ckpt/no-tokenizer",
-     lambda c: [p.unlink() for p in base_copy(c).glob("tokenizer*")], CHECK, "no tokenizer files"),
-    ("ckpt/no-pad-token",
-     lambda c: (lambda d: (d / "tokenizer_config.json").write_text(json.dumps(
-         {k: v for k, v in json.loads((d / "tokenizer_config.json").read_text()).items()
-          if k != "pad_token"})))(base_copy(c)), CHECK,
-     "the pad token ('<|endoftext|>', id 100) is outside the model's vocabulary of 100"),
-    ("ckpt/init-validates-first",
-     lambda c: (base_copy(c) / "config.json").write_text("{nope"), INIT, "is not a valid model config"),
+    (
+        "ckpt/invalid-config",
+        lambda c: (base_copy(c) / "config.json").write_text("{nope"),
+        CHECK,
+        "config.json: is not a valid model config",
+    ),
+    (
+        "ckpt/config-without-model-type",
+        lambda c: (base_copy(c) / "config.json").write_text(json.dumps({"hidden_size": 4})),
+        CHECK,
+        "no 'model_type'",
+    ),
+    (
+        "ckpt/pickle-only",
+        lambda c: (lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"))(
+            base_copy(c)
+        ),
+        CHECK,
+        "found pickle weights",
+    ),
+    (
+        "ckpt/truncated-weights",
+        lambda c: (lambda f: f.write_bytes(f.read_bytes()[: f.stat().st_size // 2]))(
+            base_copy(c) / "model.safetensors"
+        ),
+        CHECK,
+        "model.safetensors: is truncated",
+    ),
+    (
+        "ckpt/garbage-weights",
+        lambda c: (base_copy(c) / "model.safetensors").write_bytes(b"x" * 99),
+        CHECK,
+        "no valid safetensors header",
+    ),
+    (
+        "ckpt/no-tokenizer",
+        lambda c: [p.unlink() for p in base_copy(c).glob("tokenizer*")],
+        CHECK,
+        "no tokenizer files",
+    ),
+    (
+        "ckpt/no-pad-token",
+        lambda c: (
+            lambda d: (d / "tokenizer_config.json").write_text(
+                json.dumps(
+                    {
+                        k: v
+                        for k, v in json.loads((d / "tokenizer_config.json").read_text()).items()
+                        if k != "pad_token"
+                    }
+                )
+            )
+        )(base_copy(c)),
+        CHECK,
+        "the pad token ('<|endoftext|>', id 100) is outside the model's vocabulary of 100",
+    ),
+    (
+        "ckpt/init-validates-first",
+        lambda c: (base_copy(c) / "config.json").write_text("{nope"),
+        INIT,
+        "is not a valid model config",
+    ),
     # --- committed rollouts (read by verify) ---
-    ("rollouts/not-parquet",
-     lambda c: (parquet_part(rollouts(c)).write_bytes(b"not parquet at all"),
-                manifest_sizes_follow(rollouts(c))), VERIFY1, "not a readable Parquet file"),
-    ("rollouts/missing-column", committed_edit(rollouts, drop("response_logprobs")), VERIFY1,
-     "missing column 'response_logprobs'"),
-    ("rollouts/wrong-type", committed_edit(rollouts, retype("sample_index", pa.string(), "0")),
-     VERIFY1, "column 'sample_index' has type string"),
-    ("rollouts/not-committed", lambda c: (rollouts(c) / "_SUCCESS").unlink(), VERIFY1,
-     "is not committed"),
-    ("rollouts/newer-schema",
-     committed_edit(rollouts, lambda t: t.replace_schema_metadata(
-         {**(t.schema.metadata or {}), b"rlvr.schema_version": b"99"})), VERIFY1,
-     "schema version 99 is newer"),
-    ("rollouts/missing-policy-version", committed_edit(rollouts, drop("policy_version")), VERIFY1,
-     "missing column 'policy_version'"),
+    (
+        "rollouts/not-parquet",
+        lambda c: (
+            parquet_part(rollouts(c)).write_bytes(b"not parquet at all"),
+            manifest_sizes_follow(rollouts(c)),
+        ),
+        VERIFY1,
+        "not a readable Parquet file",
+    ),
+    (
+        "rollouts/missing-column",
+        committed_edit(rollouts, drop("response_logprobs")),
+        VERIFY1,
+        "missing column 'response_logprobs'",
+    ),
+    (
+        "rollouts/wrong-type",
+        committed_edit(rollouts, retype("sample_index", pa.string(), "0")),
+        VERIFY1,
+        "column 'sample_index' has type string",
+    ),
+    (
+        "rollouts/not-committed",
+        lambda c: (rollouts(c) / "_SUCCESS").unlink(),
+        VERIFY1,
+        "is not committed",
+    ),
+    (
+        "rollouts/newer-schema",
+        committed_edit(
+            rollouts,
+            lambda t: t.replace_schema_metadata(
+                {**(t.schema.metadata or {}), b"rlvr.schema_version": b"99"}
+            ),
+        ),
+        VERIFY1,
+        "schema version 99 is newer",
+    ),
+    (
+        "rollouts/missing-policy-version",
+        committed_edit(rollouts, drop("policy_version")),
+        VERIFY1,
+        "missing column 'policy_version'",
+    ),
     # --- committed scored rollouts (read by train) ---
-    ("scored/missing-reward", committed_edit(scored, drop("reward")), TRAIN0,
-     "missing column 'reward'"),
-    ("scored/nan-reward",
-     committed_edit(scored, rewrite_column("reward", lambda v: [math.nan] + v[1:])), TRAIN0,
-     "non-finite values"),
-    ("scored/misaligned-logprobs",
-     committed_edit(scored, rewrite_column("response_logprobs", lambda v: [x[:-1] for x in v])),
-     TRAIN0, "they must align one per token"),
-    ("scored/too-stale",
-     committed_edit(lambda c: scored(c, 1), rewrite_column("policy_version", lambda v: [-5] * len(v))),
-     TRAIN1, "train.max_staleness=0"),
-    ("scored/empty", committed_edit(scored, lambda t: t.slice(0, 0)), TRAIN0,
-     "holds no scored rollouts"),
+    (
+        "scored/missing-reward",
+        committed_edit(scored, drop("reward")),
+        TRAIN0,
+        "missing column 'reward'",
+    ),
+    (
+        "scored/nan-reward",
+        committed_edit(scored, rewrite_column("reward", lambda v: [math.nan] + v[1:])),
+        TRAIN0,
+        "non-finite values",
+    ),
+    (
+        "scored/misaligned-logprobs",
+        committed_edit(scored, rewrite_column("response_logprobs", lambda v: [x[:-1] for x in v])),
+        TRAIN0,
+        "they must align one per token",
+    ),
+    (
+        "scored/too-stale",
+        committed_edit(
+            lambda c: scored(c, 1), rewrite_column("policy_version", lambda v: [-5] * len(v))
+        ),
+        TRAIN1,
+        "train.max_staleness=0",
+    ),
+    (
+        "scored/empty",
+        committed_edit(scored, lambda t: t.slice(0, 0)),
+        TRAIN0,
+        "holds no scored rollouts",
+    ),
     # --- the train state (read by train of iteration 1) ---
-    ("state/corrupt-json",
-     lambda c: (state_json(c).write_text("{not json"), manifest_sizes_follow(state_json(c).parent)),
-     TRAIN1, "state.json"),
-    ("state/wrong-step", edit_state(lambda d: d.update(step=7)), TRAIN1,
-     "is at step 7, expected"),
-    ("state/another-architecture", edit_state(lambda d: d.update(fingerprint="0" * 16)), TRAIN1,
-     "fingerprint"),
-    ("state/truncated-moments",
-     lambda c: (lambda f: (f.write_bytes(f.read_bytes()[:100]), manifest_sizes_follow(f.parent)))(
-         c.run / "train_state/00001/optimizer.safetensors"), TRAIN1, "optimizer.safetensors"),
-]  # fmt: skip
+    (
+        "state/corrupt-json",
+        lambda c: (
+            state_json(c).write_text("{not json"),
+            manifest_sizes_follow(state_json(c).parent),
+        ),
+        TRAIN1,
+        "state.json",
+    ),
+    ("state/wrong-step", edit_state(lambda d: d.update(step=7)), TRAIN1, "is at step 7, expected"),
+    (
+        "state/another-architecture",
+        edit_state(lambda d: d.update(fingerprint="0" * 16)),
+        TRAIN1,
+        "fingerprint",
+    ),
+    (
+        "state/truncated-moments",
+        lambda c: (
+            lambda f: (f.write_bytes(f.read_bytes()[:100]), manifest_sizes_follow(f.parent))
+        )(c.run / "train_state/00001/optimizer.safetensors"),
+        TRAIN1,
+        "optimizer.safetensors",
+    ),
+]
 
 
 def test_the_table_is_long_enough():

@@ -32,8 +32,12 @@ class FakeKFP:
                 elif path == "/apis/v2beta1/runs" and self.command == "POST":
                     out = {"run_id": "run-123", "display_name": body.get("display_name")}
                 elif path == "/apis/v2beta1/runs":
-                    out = {"runs": [{"run_id": "run-123", "display_name": "demo", "state": "SUCCEEDED"}],
-                           "total_size": 1}  # fmt: skip
+                    out = {
+                        "runs": [
+                            {"run_id": "run-123", "display_name": "demo", "state": "SUCCEEDED"}
+                        ],
+                        "total_size": 1,
+                    }
                 elif path == "/apis/v2beta1/recurringruns":
                     out = {"recurring_run_id": "rr-7"}
                 else:
@@ -72,8 +76,16 @@ def invoke(*args: str):
 
 def test_submit_sends_the_pipeline_spec_and_parameters(workspace, kfp_server, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "never-in-the-request")
-    result = invoke("submit", str(workspace), "--host", kfp_server.url, "--experiment", "exp-a",
-                    "--iterations", "3")  # fmt: skip
+    result = invoke(
+        "submit",
+        str(workspace),
+        "--host",
+        kfp_server.url,
+        "--experiment",
+        "exp-a",
+        "--iterations",
+        "3",
+    )
     assert result.exit_code == 0, result.output
     assert "run id: run-123" in result.output
     assert f"{kfp_server.url}/#/runs/details/run-123" in result.output
@@ -104,10 +116,11 @@ def test_each_segment_submits_the_next_until_the_last(workspace, kfp_server, mon
     from components.core.layout import RunLayout, store_for
     from pipelines.train import chain_next_segment
 
-    cfg = load_config(workspace, ["run.iterations=5", "run.segment_iterations=2",
-                                  f"cluster.kfp_api={kfp_server.url}"])  # fmt: skip
-    params = dict(config_json=cfg.to_json(), run_id="t", store="", base_checkpoint="",
-                  eval_sets="")  # fmt: skip
+    cfg = load_config(
+        workspace,
+        ["run.iterations=5", "run.segment_iterations=2", f"cluster.kfp_api={kfp_server.url}"],
+    )
+    params = dict(config_json=cfg.to_json(), run_id="t", store="", base_checkpoint="", eval_sets="")
     store, layout = store_for(cfg), RunLayout.of(cfg)
 
     def train_commits(c: int) -> None:  # what the segment's train worker leaves behind
@@ -149,8 +162,9 @@ def test_submit_refuses_a_segment_past_the_end(workspace, kfp_server):
 
 
 def test_submit_single_stage_rerun(workspace, kfp_server):
-    result = invoke("submit", str(workspace), "--host", kfp_server.url, "--stage", "verify",
-                    "--iteration", "3")  # fmt: skip
+    result = invoke(
+        "submit", str(workspace), "--host", kfp_server.url, "--stage", "verify", "--iteration", "3"
+    )
     assert result.exit_code == 0, result.output
     (run,) = kfp_server.posts("/apis/v2beta1/runs")
     assert run["display_name"] == "t-stage-verify-00003"

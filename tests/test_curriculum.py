@@ -57,18 +57,25 @@ def test_prompt_stats_by_hand():
             "reward_min": 0.25,
             "reward_max": 0.75,
         },
-    ]  # fmt: skip  (0.5 is not above the threshold: evaluate's rule)
+    ]  # 0.5 is not above the threshold: evaluate's rule
     # Shares: no group has equal rewards, none all-correct (2 of 5 samples pass), none all-wrong.
     assert group_shares(t) == {
-        "groups": 2, "zero_signal_share": 0.0, "all_correct_share": 0.0,
-        "all_wrong_share": 0.0, "pass_rate": 2 / 5,
-    }  # fmt: skip
-    same = prompt_stats_table(["train-0000000"] * 2 + ["train-0000002"] * 2, ["a"] * 4,
-                              [1.0, 1.0, 0.0, 0.0], 0, 0.5)  # fmt: skip
+        "groups": 2,
+        "zero_signal_share": 0.0,
+        "all_correct_share": 0.0,
+        "all_wrong_share": 0.0,
+        "pass_rate": 2 / 5,
+    }
+    same = prompt_stats_table(
+        ["train-0000000"] * 2 + ["train-0000002"] * 2, ["a"] * 4, [1.0, 1.0, 0.0, 0.0], 0, 0.5
+    )
     assert group_shares(same) == {
-        "groups": 2, "zero_signal_share": 1.0, "all_correct_share": 0.5,
-        "all_wrong_share": 0.5, "pass_rate": 0.5,
-    }  # fmt: skip
+        "groups": 2,
+        "zero_signal_share": 1.0,
+        "all_correct_share": 0.5,
+        "all_wrong_share": 0.5,
+        "pass_rate": 0.5,
+    }
     assert group_shares(prompt_stats_table([], [], [], 0, 0.5)) == {"groups": 0}
 
 
@@ -146,8 +153,11 @@ def test_draws_prefer_prompts_with_signal():
     # sharpness 2 and a flat prior (group_by None), the weight ratio is
     # (E[p(1-p)] under Beta(3,3) / under Beta(1,5)) ** 2 = (3/14 / 5/42) ** 2 = 3.24.
     h = History(100)
-    h.fold(_stats({**{r: (4, 2) for r in range(50)}, **{r: (4, 0) for r in range(50, 100)}}, 0),
-           0, retire_after=2)  # fmt: skip
+    h.fold(
+        _stats({**{r: (4, 2) for r in range(50)}, **{r: (4, 0) for r in range(50, 100)}}, 0),
+        0,
+        retire_after=2,
+    )
     c = CurriculumSection(explore_share=0.0, sharpness=2.0, prior_strength=2.0)
     groups = np.zeros(100, np.int64)
     # Every row's prior: the pooled pass rate (1 + 100) / (2 + 400) ~ 0.25 worth 2 samples.
@@ -213,10 +223,12 @@ def test_rows_generate_skipped_are_not_drawn_again():
 
 
 def test_group_keys_and_row_ids():
-    t = pa.table({
-        "data_source": ["a", "b", "a"],
-        "extra_info": [{"level": 1}, {"level": 3}, {"level": None}],
-    })  # fmt: skip
+    t = pa.table(
+        {
+            "data_source": ["a", "b", "a"],
+            "extra_info": [{"level": 1}, {"level": 3}, {"level": None}],
+        }
+    )
     assert group_keys(t, "data_source").tolist() == [0, 1, 0]
     assert group_keys(t, "extra_info.level").tolist() == [0, 1, -1]
     assert group_keys(t, None).tolist() == [0, 0, 0]
@@ -242,12 +254,15 @@ def curriculum_cfg(tmp_path, tiny_assets):
     path = write_config(
         tmp_path,
         tiny_assets,
-        data={"sampler": "curriculum", "prompts_per_iteration": 8,
-              "curriculum": {"group_by": "extra_info.level", "explore_share": 0.5}},
+        data={
+            "sampler": "curriculum",
+            "prompts_per_iteration": 8,
+            "curriculum": {"group_by": "extra_info.level", "explore_share": 0.5},
+        },
         verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
         train={"lr": 1e-3, "micro_batch_tokens": 512},
         run={"iterations": 3},
-    )  # fmt: skip
+    )
     return load_config(path)
 
 
@@ -278,13 +293,20 @@ def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
     stats = pq.read_table(Path(layout.prompt_stats(1), "part-00000.parquet"))
     scored = pq.read_table(Path(layout.scored(1), "part-00000.parquet"))
     assert stats.num_rows == 8 and set(stats.column("attempts").to_pylist()) == {4}
-    by_prompt = Counter(p for p, r in zip(scored.column("prompt_id").to_pylist(),
-                                          scored.column("reward").to_pylist(), strict=True)
-                        if r > 0.5)  # fmt: skip
+    by_prompt = Counter(
+        p
+        for p, r in zip(
+            scored.column("prompt_id").to_pylist(), scored.column("reward").to_pylist(), strict=True
+        )
+        if r > 0.5
+    )
     assert {p: by_prompt[p] for p in stats.column("prompt_id").to_pylist()} == dict(
-        zip(stats.column("prompt_id").to_pylist(), stats.column("successes").to_pylist(),
-            strict=True)
-    )  # fmt: skip
+        zip(
+            stats.column("prompt_id").to_pylist(),
+            stats.column("successes").to_pylist(),
+            strict=True,
+        )
+    )
     manifest = json.loads(Path(layout.scored(1), "_SUCCESS").read_text())["stats"]
     assert manifest["groups"] == 8
     assert manifest["zero_signal_share"] == pytest.approx(
@@ -360,8 +382,9 @@ def test_a_bad_group_by_is_caught_by_check(tmp_path, tiny_assets):
     from components.core.errors import Problems
     from components.generate.checks import check_curriculum
 
-    path = write_config(tmp_path, tiny_assets,
-                        data={"sampler": "curriculum", "curriculum": {"group_by": "level"}})  # fmt: skip
+    path = write_config(
+        tmp_path, tiny_assets, data={"sampler": "curriculum", "curriculum": {"group_by": "level"}}
+    )
     problems = Problems()
     check_curriculum(load_config(path), problems)
     assert "data.curriculum.group_by='level'" in str(problems.items)
@@ -371,8 +394,12 @@ def test_a_return_after_within_the_lag_warns(tmp_path, tiny_assets):
     from components.core.errors import Problems
     from components.generate.checks import check_curriculum
 
-    path = write_config(tmp_path, tiny_assets, train={"max_staleness": 1},
-                        data={"sampler": "curriculum", "curriculum": {"return_after": 2}})  # fmt: skip
+    path = write_config(
+        tmp_path,
+        tiny_assets,
+        train={"max_staleness": 1},
+        data={"sampler": "curriculum", "curriculum": {"return_after": 2}},
+    )
     problems = Problems()
     check_curriculum(load_config(path), problems)
     assert not problems.errors and "set it above 2" in str(problems.warnings)

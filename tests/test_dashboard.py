@@ -32,8 +32,14 @@ def _timeline(**seconds: float) -> dict:
 
 
 def _metrics(pass1: float, pass2: float, ci: list[float]) -> bytes:
-    overall = {"n": 2, "num_problems": 10, "pass@1": pass1, "pass@2": pass2, "mean@2": pass1,
-               "pass@1_ci95": ci}  # fmt: skip
+    overall = {
+        "n": 2,
+        "num_problems": 10,
+        "pass@1": pass1,
+        "pass@2": pass2,
+        "mean@2": pass1,
+        "pass@1_ci95": ci,
+    }
     top = {
         "checkpoint": "ckpt",
         "eval_set": "held",
@@ -49,71 +55,157 @@ def _build_run(root: Path, *, evals: bool = True) -> None:
     with one of two rollout shards committed (not done); evaluations of checkpoints 0 and 1."""
     store, r = get_store(str(root)), str(root)
     it = lambda i, kind: join(r, "iterations", f"{i:05d}", kind)  # noqa: E731
-    _commit(store, it(0, "rollouts"), "generate", {
-        "samples": 8, "prompts": 2, "response_length_mean": 10.0, "response_length_max": 12,
-        "truncated_fraction": 0.25, "tokens_per_s": 100.0, "backend": "transformers",
-        "timeline": _timeline(wait=5.0, load=1.0, work=2.0),
-    })  # fmt: skip
-    _commit(store, it(0, "scored"), "verify", {
-        "samples": 8, "reward_mean": 0.5, "error_fraction": 0.0,
-        "reward_mean_by_data_source": {"a": 0.5}, "reward_components_mean": {"math": 0.5},
-    })  # fmt: skip
+    _commit(
+        store,
+        it(0, "rollouts"),
+        "generate",
+        {
+            "samples": 8,
+            "prompts": 2,
+            "response_length_mean": 10.0,
+            "response_length_max": 12,
+            "truncated_fraction": 0.25,
+            "tokens_per_s": 100.0,
+            "backend": "transformers",
+            "timeline": _timeline(wait=5.0, load=1.0, work=2.0),
+        },
+    )
+    _commit(
+        store,
+        it(0, "scored"),
+        "verify",
+        {
+            "samples": 8,
+            "reward_mean": 0.5,
+            "error_fraction": 0.0,
+            "reward_mean_by_data_source": {"a": 0.5},
+            "reward_components_mean": {"math": 0.5},
+        },
+    )
     _commit(store, join(r, "checkpoints", "00000"), "init", {"source": "/base"})
-    _commit(store, join(r, "checkpoints", "00001"), "train", {
-        "iteration": 0, "train/loss": 0.25, "train/entropy": 1.5, "train/engine": "reuse",
-        "train/lr": 0.001, "timeline": _timeline(wait=9.0, read=0.5, work=2.5),
-    })  # fmt: skip
+    _commit(
+        store,
+        join(r, "checkpoints", "00001"),
+        "train",
+        {
+            "iteration": 0,
+            "train/loss": 0.25,
+            "train/entropy": 1.5,
+            "train/engine": "reuse",
+            "train/lr": 0.001,
+            "timeline": _timeline(wait=9.0, read=0.5, work=2.5),
+        },
+    )
     shards = [
-        ({"samples": 4, "prompts": 1, "response_length_mean": 10.0, "response_length_max": 11,
-          "tokens_per_s": 50.0, "timeline": _timeline(work=1.0)},
-         {"samples": 4, "reward_mean": 1.0, "groups": 1, "zero_signal_share": 1.0,
-          "all_correct_share": 1.0, "all_wrong_share": 0.0}),
-        ({"samples": 12, "prompts": 3, "response_length_mean": 14.0, "response_length_max": 16,
-          "tokens_per_s": 70.0, "timeline": _timeline(work=3.0)},
-         {"samples": 12, "reward_mean": 0.5, "groups": 3, "zero_signal_share": 2 / 3,
-          "all_correct_share": 1 / 3, "all_wrong_share": 1 / 3}),
-    ]  # fmt: skip
+        (
+            {
+                "samples": 4,
+                "prompts": 1,
+                "response_length_mean": 10.0,
+                "response_length_max": 11,
+                "tokens_per_s": 50.0,
+                "timeline": _timeline(work=1.0),
+            },
+            {
+                "samples": 4,
+                "reward_mean": 1.0,
+                "groups": 1,
+                "zero_signal_share": 1.0,
+                "all_correct_share": 1.0,
+                "all_wrong_share": 0.0,
+            },
+        ),
+        (
+            {
+                "samples": 12,
+                "prompts": 3,
+                "response_length_mean": 14.0,
+                "response_length_max": 16,
+                "tokens_per_s": 70.0,
+                "timeline": _timeline(work=3.0),
+            },
+            {
+                "samples": 12,
+                "reward_mean": 0.5,
+                "groups": 3,
+                "zero_signal_share": 2 / 3,
+                "all_correct_share": 1 / 3,
+                "all_wrong_share": 1 / 3,
+            },
+        ),
+    ]
     for s, (gen, ver) in enumerate(shards):
         _commit(store, shard_dir(it(1, "rollouts"), s, 2), "generate", gen)
         _commit(store, shard_dir(it(1, "scored"), s, 2), "verify", ver)
     _commit(store, shard_dir(it(2, "rollouts"), 0, 2), "generate", {"samples": 3})
     if evals:
         for c, (p1, p2, ci) in enumerate([(0.2, 0.3, [0.1, 0.3]), (0.4, 0.5, [0.3, 0.5])]):
-            _commit(store, join(r, "evals", f"{c:05d}"), "evaluate",
-                    {"checkpoint_index": c, "timeline": _timeline(wait=4.0, work=0.75)},
-                    {"metrics.json": _metrics(p1, p2, ci)})  # fmt: skip
+            _commit(
+                store,
+                join(r, "evals", f"{c:05d}"),
+                "evaluate",
+                {"checkpoint_index": c, "timeline": _timeline(wait=4.0, work=0.75)},
+                {"metrics.json": _metrics(p1, p2, ci)},
+            )
 
 
 EVAL_ROWS = {
-    0: {"eval/held/pass@1": 0.2, "eval/held/pass@2": 0.3, "eval/held/mean@2": 0.2,
-        "eval/held/pass@1_ci95_lo": 0.1, "eval/held/pass@1_ci95_hi": 0.3,
-        "time/evaluate_s": 0.75, "time/evaluate_work_s": 0.75},
-    1: {"eval/held/pass@1": 0.4, "eval/held/pass@2": 0.5, "eval/held/mean@2": 0.4,
-        "eval/held/pass@1_ci95_lo": 0.3, "eval/held/pass@1_ci95_hi": 0.5,
-        "time/evaluate_s": 0.75, "time/evaluate_work_s": 0.75},
-}  # fmt: skip
+    0: {
+        "eval/held/pass@1": 0.2,
+        "eval/held/pass@2": 0.3,
+        "eval/held/mean@2": 0.2,
+        "eval/held/pass@1_ci95_lo": 0.1,
+        "eval/held/pass@1_ci95_hi": 0.3,
+        "time/evaluate_s": 0.75,
+        "time/evaluate_work_s": 0.75,
+    },
+    1: {
+        "eval/held/pass@1": 0.4,
+        "eval/held/pass@2": 0.5,
+        "eval/held/mean@2": 0.4,
+        "eval/held/pass@1_ci95_lo": 0.3,
+        "eval/held/pass@1_ci95_hi": 0.5,
+        "time/evaluate_s": 0.75,
+        "time/evaluate_work_s": 0.75,
+    },
+}
 TRAIN_ROWS = {
     0: {
-        "rollout/samples": 8.0, "rollout/prompts": 2.0, "rollout/response_length_mean": 10.0,
-        "rollout/response_length_max": 12.0, "rollout/truncated_fraction": 0.25,
-        "rollout/tokens_per_s": 100.0, "time/generate_s": 3.0, "time/generate_work_s": 2.0,
-        "verify/samples": 8.0, "verify/reward_mean": 0.5, "verify/error_fraction": 0.0,
+        "rollout/samples": 8.0,
+        "rollout/prompts": 2.0,
+        "rollout/response_length_mean": 10.0,
+        "rollout/response_length_max": 12.0,
+        "rollout/truncated_fraction": 0.25,
+        "rollout/tokens_per_s": 100.0,
+        "time/generate_s": 3.0,
+        "time/generate_work_s": 2.0,
+        "verify/samples": 8.0,
+        "verify/reward_mean": 0.5,
+        "verify/error_fraction": 0.0,
         "verify/reward_mean/a": 0.5,  # one reward component: no verify/reward/… figure
-        "train/loss": 0.25, "train/entropy": 1.5, "train/lr": 0.001,
-        "time/train_s": 3.0, "time/train_work_s": 2.5,
+        "train/loss": 0.25,
+        "train/entropy": 1.5,
+        "train/lr": 0.001,
+        "time/train_s": 3.0,
+        "time/train_work_s": 2.5,
     },
     1: {  # two shards: counts add up, maxima and seconds take the slowest, rates add up,
         # means weighted by samples (groups for the group shares)
-        "rollout/samples": 16.0, "rollout/prompts": 4.0,
+        "rollout/samples": 16.0,
+        "rollout/prompts": 4.0,
         "rollout/response_length_mean": (4 * 10.0 + 12 * 14.0) / 16,  # 13.0
-        "rollout/response_length_max": 16.0, "rollout/tokens_per_s": 120.0,
-        "time/generate_s": 3.0, "time/generate_work_s": 3.0,
-        "verify/samples": 16.0, "verify/reward_mean": (4 * 1.0 + 12 * 0.5) / 16,  # 0.625
-        "verify/groups": 4.0, "verify/zero_signal_share": (1 * 1.0 + 3 * (2 / 3)) / 4,  # 0.75
+        "rollout/response_length_max": 16.0,
+        "rollout/tokens_per_s": 120.0,
+        "time/generate_s": 3.0,
+        "time/generate_work_s": 3.0,
+        "verify/samples": 16.0,
+        "verify/reward_mean": (4 * 1.0 + 12 * 0.5) / 16,  # 0.625
+        "verify/groups": 4.0,
+        "verify/zero_signal_share": (1 * 1.0 + 3 * (2 / 3)) / 4,  # 0.75
         "verify/all_correct_share": (1 * 1.0 + 3 * (1 / 3)) / 4,  # 0.5
         "verify/all_wrong_share": (1 * 0.0 + 3 * (1 / 3)) / 4,  # 0.25
     },
-}  # fmt: skip
+}
 
 
 def _expected(evals: bool = True) -> dict[int, dict[str, float]]:
@@ -184,27 +276,46 @@ def test_panels_only_for_figures_present(tmp_path):
     shares = next(
         p for p in family_panels(dyn, "verify") if p.title == "verify/GRPO groups: share of prompts"
     )
-    assert shares.lines == ("verify/zero_signal_share", "verify/all_correct_share",
-                            "verify/all_wrong_share")  # fmt: skip
+    assert shares.lines == (
+        "verify/zero_signal_share",
+        "verify/all_correct_share",
+        "verify/all_wrong_share",
+    )
     assert shares.labels == ("no signal (all rewards equal)", "all correct", "all wrong")
     evals = family_panels(dyn, "eval")
     assert [p.title for p in evals][:2] == ["eval/held/pass@1", "eval/held/pass@k"]
     assert all("_ci95_" not in n for p in evals for n in p.lines)  # bands, not lines
     # no verify/zero_signal_share yet (an older run): no group-shares panel, nothing breaks
-    old = Dynamics({0: {"verify/reward_mean": 0.5, "verify/samples": 8.0},
-                    1: {"verify/reward_mean": 0.7, "verify/samples": 8.0}})  # fmt: skip
+    old = Dynamics(
+        {
+            0: {"verify/reward_mean": 0.5, "verify/samples": 8.0},
+            1: {"verify/reward_mean": 0.7, "verify/samples": 8.0},
+        }
+    )
     panels = family_panels(old, "verify")
     assert [p.title for p in panels] == ["verify/reward_mean", "unchanged over the run"]
     assert panels[1].constants == (("verify/samples", 8.0),)
     assert family_panels(old, "train") == []
     # a multi-turn run: the tool figures lead the rollout grid, calls, rate and errors together
-    tools = Dynamics({i: {"rollout/tool_calls_per_sample": 0.1 * i, "rollout/tool_call_rate": 0.05 * i,
-                          "rollout/tool_error_share": 0.5 - 0.1 * i, "rollout/turns_mean": 1 + 0.2 * i,
-                          "rollout/response_length_mean": 10.0 + i} for i in range(3)})  # fmt: skip
+    tools = Dynamics(
+        {
+            i: {
+                "rollout/tool_calls_per_sample": 0.1 * i,
+                "rollout/tool_call_rate": 0.05 * i,
+                "rollout/tool_error_share": 0.5 - 0.1 * i,
+                "rollout/turns_mean": 1 + 0.2 * i,
+                "rollout/response_length_mean": 10.0 + i,
+            }
+            for i in range(3)
+        }
+    )
     panels = family_panels(tools, "rollout")
     assert [p.title for p in panels][:2] == ["rollout/tool_calls_per_sample", "rollout/turns_mean"]
-    assert panels[0].lines == ("rollout/tool_calls_per_sample", "rollout/tool_call_rate",
-                               "rollout/tool_error_share")  # fmt: skip
+    assert panels[0].lines == (
+        "rollout/tool_calls_per_sample",
+        "rollout/tool_call_rate",
+        "rollout/tool_error_share",
+    )
 
 
 def test_pngs_are_valid_and_deterministic(tmp_path):
@@ -252,8 +363,14 @@ def test_write_run_report_writes_the_dashboard(tmp_path):
     _build_run(root)
     store = get_store(str(root))
     paths = write_run_report(store, str(root))
-    for name in ("index.html", "dynamics.csv", "dynamics.json", "dynamics_train.png",
-                 "dynamics_eval.png", "report.md"):  # fmt: skip
+    for name in (
+        "index.html",
+        "dynamics.csv",
+        "dynamics.json",
+        "dynamics_train.png",
+        "dynamics_eval.png",
+        "report.md",
+    ):
         assert name in paths and Path(paths[name]).is_file(), name
     listed = {f["path"] for f in read_manifest(store, join(str(root), "report"))["files"]}
     assert {"index.html", "dynamics.csv", "dynamics_time.png"} <= listed
@@ -306,9 +423,18 @@ def test_panels_have_y_labels_and_do_not_magnify_noise():
     from components.evaluate.dynamics_plots import MIN_RELATIVE_SPAN, _draw, y_label
 
     lengths = [11.26, 11.31, 11.27, 11.30, 11.28]
-    dyn = Dynamics({i: {"rollout/response_length_mean": v, "train/lr": 1e-3,
-                        "train/entropy": 1.5 - 0.1 * i, "verify/error_fraction": 0.0,
-                        "verify/reward_mean": 0.1 * i} for i, v in enumerate(lengths)})  # fmt: skip
+    dyn = Dynamics(
+        {
+            i: {
+                "rollout/response_length_mean": v,
+                "train/lr": 1e-3,
+                "train/entropy": 1.5 - 0.1 * i,
+                "verify/error_fraction": 0.0,
+                "verify/reward_mean": 0.1 * i,
+            }
+            for i, v in enumerate(lengths)
+        }
+    )
     panel = family_panels(dyn, "rollout")[0]
     ax = Figure().add_subplot(1, 1, 1)
     _draw(ax, dyn, panel, (0, 4))
@@ -328,11 +454,25 @@ def test_panels_have_y_labels_and_do_not_magnify_noise():
     verify = family_panels(dyn, "verify")
     assert ("verify/error_fraction", 0.0) in verify[-1].constants
     assert y_label(train[0]) == "nats" and y_label(verify[0]) == "reward"
-    units = {n: y_label(Panel(n, (n,))) for n in ("train/zero_var_groups", "train/tokens_per_s",
-             "rollout/policy_load_s", "train/adv_std", "eval/held/pass@1", "time/train_s")}  # fmt: skip
-    assert units == {"train/zero_var_groups": "groups", "train/tokens_per_s": "tokens per second",
-                     "rollout/policy_load_s": "seconds", "train/adv_std": "advantage",
-                     "eval/held/pass@1": "share of prompts", "time/train_s": "seconds"}  # fmt: skip
+    units = {
+        n: y_label(Panel(n, (n,)))
+        for n in (
+            "train/zero_var_groups",
+            "train/tokens_per_s",
+            "rollout/policy_load_s",
+            "train/adv_std",
+            "eval/held/pass@1",
+            "time/train_s",
+        )
+    }
+    assert units == {
+        "train/zero_var_groups": "groups",
+        "train/tokens_per_s": "tokens per second",
+        "rollout/policy_load_s": "seconds",
+        "train/adv_std": "advantage",
+        "eval/held/pass@1": "share of prompts",
+        "time/train_s": "seconds",
+    }
 
 
 def test_last_figures_wrap_long_names_and_the_timeline_labels_are_legible():

@@ -98,9 +98,12 @@ class BisectingPolicy:
             lo, hi = 1, 100
             for g, w in zip(guesses, words, strict=False):
                 lo, hi = (g + 1, hi) if w == "higher" else (lo, g - 1) if w == "lower" else (g, g)
-            reply = (f"\\boxed{{{guesses[-1]}}}" if words and words[-1] == "correct" else
-                     f'<tool_call>{{"name": "env", "arguments": {{"guess": {(lo + hi) // 2}}}}}'
-                     "</tool_call>")  # fmt: skip
+            reply = (
+                f"\\boxed{{{guesses[-1]}}}"
+                if words and words[-1] == "correct"
+                else f'<tool_call>{{"name": "env", "arguments": {{"guess": {(lo + hi) // 2}}}}}'
+                "</tool_call>"
+            )
             ids = self.tok(reply, add_special_tokens=False)["input_ids"]
             out.append(Sample(r.prompt_id, 0, reply, ids, [-0.1] * len(ids), "stop"))
         yield out
@@ -117,17 +120,30 @@ def _stage_rollouts(tmp_path, tiny_assets, server, name):
     from components.generate.tools import ToolBox
 
     _, tok = load_policy(tiny_assets / "base")
-    prompts = [PromptRow(f"p{i}", "guess", "0", [{"role": "user", "content": f"G{i}:"}], None)
-               for i in range(2)]  # fmt: skip
+    prompts = [
+        PromptRow(f"p{i}", "guess", "0", [{"role": "user", "content": f"G{i}:"}], None)
+        for i in range(2)
+    ]
     out = OutputDir(LocalStore(), str(tmp_path / name), "generate")
     spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=100, seed=7)
     box = ToolBox({})
     try:
-        stats = generate_rollouts(out, BisectingPolicy(tok), tok, prompts, spec, iteration=0,
-                                  checkpoint_uri="base", max_prompt_tokens=64, rows_per_part=100,
-                                  policy_version=0, tools=box, max_turns=10,
-                                  max_response_tokens=4000,
-                                  environment=EnvironmentSection(url=server.url, timeout_s=5))  # fmt: skip
+        stats = generate_rollouts(
+            out,
+            BisectingPolicy(tok),
+            tok,
+            prompts,
+            spec,
+            iteration=0,
+            checkpoint_uri="base",
+            max_prompt_tokens=64,
+            rows_per_part=100,
+            policy_version=0,
+            tools=box,
+            max_turns=10,
+            max_response_tokens=4000,
+            environment=EnvironmentSection(url=server.url, timeout_s=5),
+        )
     finally:
         box.close()
     out.commit(stats)
@@ -173,8 +189,11 @@ def _five_readers_agree(path: str, rows: list[dict]) -> None:
     import polars as pl
 
     def norm(turns, mask, reward):
-        return ([(t["role"], t["content"], t["start"], t["end"]) for t in turns],
-                [int(m) for m in mask], float(reward))  # fmt: skip
+        return (
+            [(t["role"], t["content"], t["start"], t["end"]) for t in turns],
+            [int(m) for m in mask],
+            float(reward),
+        )
 
     want = [norm(r["turns"], r["response_mask"], r["env_reward"]) for r in rows]
     df = pd.read_parquet(path)
@@ -183,11 +202,14 @@ def _five_readers_agree(path: str, rows: list[dict]) -> None:
     got = {
         "pandas": [norm(*v) for v in zip(df.turns, df.response_mask, df.env_reward, strict=True)],
         "polars": [norm(*v) for v in pl_df.select("turns", "response_mask", "env_reward").rows()],
-        "duckdb": [norm(*v) for v in duckdb.sql(
-            f"SELECT turns, response_mask, env_reward FROM '{path}'").fetchall()],
-        "datasets": [norm(*v) for v in zip(hf["turns"], hf["response_mask"], hf["env_reward"],
-                                           strict=True)],
-    }  # fmt: skip
+        "duckdb": [
+            norm(*v)
+            for v in duckdb.sql(f"SELECT turns, response_mask, env_reward FROM '{path}'").fetchall()
+        ],
+        "datasets": [
+            norm(*v) for v in zip(hf["turns"], hf["response_mask"], hf["env_reward"], strict=True)
+        ],
+    }
     for reader, value in got.items():
         assert value == want, reader
 

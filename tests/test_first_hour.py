@@ -81,9 +81,13 @@ def test_compile_warns_about_what_a_cluster_cannot_reach(workspace: Path, tmp_pa
     }
     remote = load_config(
         workspace,
-        ["run.store=s3://b/runs", "model.base=s3://b/base", "data.train=s3://b/t.parquet",
-         "data.eval.0.path=s3://b/e.parquet"],
-    )  # fmt: skip
+        [
+            "run.store=s3://b/runs",
+            "model.base=s3://b/base",
+            "data.train=s3://b/t.parquet",
+            "data.eval.0.path=s3://b/e.parquet",
+        ],
+    )
     assert local_path_warnings(remote) == []
     out = CliRunner().invoke(main, ["compile", str(workspace), "-o", str(tmp_path / "p.yaml")])
     assert out.exit_code == 0 and "warning: run.store is a local path" in out.output
@@ -110,12 +114,31 @@ def test_the_example_warm_up_says_nothing_alarming(tmp_path: Path) -> None:
     no DeepSpeed "Setting accelerator to CPU", and a bar that ends full where the stop rule
     fires (it was sized for --max-steps and froze part way)."""
     res = subprocess.run(
-        [sys.executable, "-m", "examples.arithmetic.prepare", "--out", str(tmp_path / "b"),
-         "--n-train", "300", "--n-eval", "10", "--max-steps", "4", "--eval-every", "2",
-         "--target", "0", "--batch-size", "8"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "examples.arithmetic.prepare",
+            "--out",
+            str(tmp_path / "b"),
+            "--n-train",
+            "300",
+            "--n-eval",
+            "10",
+            "--max-steps",
+            "4",
+            "--eval-every",
+            "2",
+            "--target",
+            "0",
+            "--batch-size",
+            "8",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"},
-    )  # fmt: skip
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-2000:]
     assert "warm-up stopped at step 2" in out

@@ -391,15 +391,21 @@ def test_stop_in_tail_agrees_with_a_full_decode():
     for ids, stop in cases:
         row = torch.tensor(ids)
         full = next(
-            (e for e in range(1, len(ids) + 1)
-             if cut_at_stop(tok.decode(ids[:e], skip_special_tokens=True), stop)[1]),
+            (
+                e
+                for e in range(1, len(ids) + 1)
+                if cut_at_stop(tok.decode(ids[:e], skip_special_tokens=True), stop)[1]
+            ),
             None,
-        )  # fmt: skip
+        )
         tail = next(
-            (e for e in range(1, len(ids) + 1)
-             if stop_in_tail(tok, row, e, stop, stop_window(stop))),
+            (
+                e
+                for e in range(1, len(ids) + 1)
+                if stop_in_tail(tok, row, e, stop, stop_window(stop))
+            ),
             None,
-        )  # fmt: skip
+        )
         assert tail == full, (stop, tok.decode(ids), tail, full)
 
 

@@ -94,10 +94,20 @@ def test_bf16_zero3_through_the_trainjob_pod_entry_equals_one_gpu_zero1(prepared
     job = jobspec.train_job(pod, ["--iteration", "0"], name="j", namespace="rlvr", iterations=1)
     trainer = job["spec"]["trainer"]
     env = {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
-    env.update(PET_NNODES="1", PET_NPROC_PER_NODE="1", PET_NODE_RANK="0",
-               PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(_free_port()))  # fmt: skip
-    ran = subprocess.run([sys.executable, *trainer["command"][1:]], capture_output=True,
-                         text=True, env={**os.environ, **env}, timeout=600)  # fmt: skip
+    env.update(
+        PET_NNODES="1",
+        PET_NPROC_PER_NODE="1",
+        PET_NODE_RANK="0",
+        PET_MASTER_ADDR="127.0.0.1",
+        PET_MASTER_PORT=str(_free_port()),
+    )
+    ran = subprocess.run(
+        [sys.executable, *trainer["command"][1:]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=600,
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     pod_update = _update(cfg)
 

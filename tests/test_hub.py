@@ -62,8 +62,11 @@ def test_bare_ids_become_hub_specs_unless_a_local_path_exists(tmp_path: Path, ti
 def test_parse_and_errors() -> None:
     ref = hub.parse("hf://datasets/acme/arith/data/train.parquet@v1")
     assert (ref.repo_type, ref.repo_id, ref.filename, ref.revision) == (
-        "dataset", "acme/arith", "data/train.parquet", "v1"
-    )  # fmt: skip
+        "dataset",
+        "acme/arith",
+        "data/train.parquet",
+        "v1",
+    )
     assert hub.parse("hf://Qwen/Qwen2.5-0.5B-Instruct").spec == "hf://Qwen/Qwen2.5-0.5B-Instruct"
     with pytest.raises(hub.HubError, match="names a Parquet file"):
         hub.parse("hf://datasets/acme/arith")
@@ -109,8 +112,12 @@ def test_the_token_reaches_the_cluster_by_reference(tmp_path: Path, tiny_assets)
     text = out_yaml.read_text()
     _ir, platform = yaml.safe_load_all(text)
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    refs = [s for e in executors.values() for s in e.get("secretAsEnv", [])
-            if s["secretName"] == "hf-token"]  # fmt: skip
+    refs = [
+        s
+        for e in executors.values()
+        for s in e.get("secretAsEnv", [])
+        if s["secretName"] == "hf-token"
+    ]
     assert refs and all(
         r["keyToEnv"] == [{"secretKey": "HF_TOKEN", "envVar": "HF_TOKEN"}] for r in refs
     )

@@ -239,8 +239,12 @@ def test_what_the_real_build_taught(stage):
         # torch first, in the layer the three torch images share: identical instructions
         # straight after FROM
         kinds = [i for i in df.structure if i["instruction"] not in ("COMMENT",)]
-        after_from = [i["instruction"] for i in kinds[kinds.index(next(
-            i for i in kinds if i["instruction"] == "FROM")) + 1 :][:2]]  # fmt: skip
+        after_from = [
+            i["instruction"]
+            for i in kinds[kinds.index(next(i for i in kinds if i["instruction"] == "FROM")) + 1 :][
+                :2
+            ]
+        ]
         assert after_from == ["COPY", "RUN"] and "--if-missing=torch" in runs[0]
 
 
@@ -308,8 +312,11 @@ def test_installer_tooling_is_not_held_and_if_missing_follows_the_base():
     # Debian's ensurepip gives a venv setuptools 66; torch 2.13 needs >= 77. Holding it made the
     # first CPU build unresolvable.
     pins = pip_install.parse_pins("torch==2.13.0\ntransformers==4.57.1\n")
-    base = {"setuptools": ("setuptools", "66.1.1"), "pip": ("pip", "23.0.1"),
-            "torch": ("torch", "2.13.0+cpu")}  # fmt: skip
+    base = {
+        "setuptools": ("setuptools", "66.1.1"),
+        "pip": ("pip", "23.0.1"),
+        "torch": ("torch", "2.13.0+cpu"),
+    }
     lines, warnings = pip_install.merged_constraints(pins, ["transformers"], base)
     assert lines == ["torch==2.13.0+cpu", "transformers==4.57.1"]
     assert not warnings  # 2.13.0+cpu is the pin's release: no "keeping the base's" warning
@@ -321,12 +328,16 @@ def test_installer_tooling_is_not_held_and_if_missing_follows_the_base():
 def test_prune_removes_tests_and_build_only_files_of_what_it_installed(tmp_path, monkeypatch):
     site = tmp_path / "site"
     files = {
-        "torch/__init__.py": "", "torch/lib/libtorch.so": "x" * 100,
-        "torch/include/c10/a.h": "x" * 50, "torch/test/Dict_test": "x" * 70,
-        "torch/bin/test_api": "x" * 30, "torch/bin/TCPStoreTest": "x" * 20,
-        "torch/bin/torch_shm_manager": "x", "torch/testing/_internal/common.py": "",
+        "torch/__init__.py": "",
+        "torch/lib/libtorch.so": "x" * 100,
+        "torch/include/c10/a.h": "x" * 50,
+        "torch/test/Dict_test": "x" * 70,
+        "torch/bin/test_api": "x" * 30,
+        "torch/bin/TCPStoreTest": "x" * 20,
+        "torch/bin/torch_shm_manager": "x",
+        "torch/testing/_internal/common.py": "",
         "torch/utils/tests/t.py": "x" * 10,
-    }  # fmt: skip
+    }
     for rel, text in files.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text(text)
@@ -338,11 +349,16 @@ def test_prune_removes_tests_and_build_only_files_of_what_it_installed(tmp_path,
     freed = pip_install.prune(["torch"])
     assert freed == 50 + 70 + 30 + 20 + 10
     left = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file())
-    assert left == sorted([
-        "torch-2.13.0.dist-info/METADATA", "torch-2.13.0.dist-info/RECORD", "torch/__init__.py",
-        "torch/bin/torch_shm_manager", "torch/lib/libtorch.so",
-        "torch/testing/_internal/common.py",
-    ])  # fmt: skip
+    assert left == sorted(
+        [
+            "torch-2.13.0.dist-info/METADATA",
+            "torch-2.13.0.dist-info/RECORD",
+            "torch/__init__.py",
+            "torch/bin/torch_shm_manager",
+            "torch/lib/libtorch.so",
+            "torch/testing/_internal/common.py",
+        ]
+    )
 
 
 def test_pip_install_dry_run_prints_the_merged_constraints(tmp_path):
@@ -526,15 +542,30 @@ def test_build_script_builds_a_subset_with_base_overrides(tmp_path):
 def test_build_script_cpu_flavor(tmp_path):
     conf = tmp_path / "pip.conf"
     conf.write_text("[global]\n")
-    proc = _run_build(tmp_path, "rlvr.local", "0.3.0", FLAVOR="cpu", CPU_BASE="b:1.2.3",
-                      PIP_CONF=str(conf), PIP_CA=str(conf), NETWORK="host")  # fmt: skip
+    proc = _run_build(
+        tmp_path,
+        "rlvr.local",
+        "0.3.0",
+        FLAVOR="cpu",
+        CPU_BASE="b:1.2.3",
+        PIP_CONF=str(conf),
+        PIP_CA=str(conf),
+        NETWORK="host",
+    )
     assert proc.returncode == 0, proc.stderr
     builds = (tmp_path / "docker.log").read_text().splitlines()
     assert len(builds) == len(STAGES)
     for line in builds:
-        for arg in ("VLLM_BASE=b:1.2.3", "TORCH_BASE=b:1.2.3", "PYTHON_BASE=b:1.2.3",
-                    "FLAVOR=cpu", "rlvr.flavor=cpu", f"id=pip.conf,src={conf}",
-                    f"id=pip-ca,src={conf}", "--network host"):  # fmt: skip
+        for arg in (
+            "VLLM_BASE=b:1.2.3",
+            "TORCH_BASE=b:1.2.3",
+            "PYTHON_BASE=b:1.2.3",
+            "FLAVOR=cpu",
+            "rlvr.flavor=cpu",
+            f"id=pip.conf,src={conf}",
+            f"id=pip-ca,src={conf}",
+            "--network host",
+        ):
             assert arg in line, (arg, line)
         assert "--platform" not in line  # the machine's own
     # Without PIP_CONF the CPU flavor gets PyTorch's CPU index through a generated pip.conf.

@@ -52,8 +52,10 @@ def _run(
         cmd += ["--security-opt", f"seccomp={profile}"]
     return subprocess.run(
         [*cmd, "--entrypoint", "python", image, *args],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_code_rewards_in_the_verify_image(images, tmp_path):
@@ -68,11 +70,14 @@ def test_code_rewards_in_the_verify_image(images, tmp_path):
     profile = tmp_path / "profile.json"
     out = subprocess.run(
         [sys.executable, "-m", "components.verify.sandbox", "pod-profile"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     profile.write_text(out.stdout)
-    shipped = _run(images["verify"], "-m", "components.verify.sandbox", "probe",
-                   profile=str(profile))  # fmt: skip
+    shipped = _run(
+        images["verify"], "-m", "components.verify.sandbox", "probe", profile=str(profile)
+    )
     assert shipped.returncode == 0, shipped.stdout + shipped.stderr
     assert "available: True, network isolated: True" in shipped.stdout
 

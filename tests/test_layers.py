@@ -15,8 +15,11 @@ def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
     return subprocess.run(
         [exe, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_every_import_keeps_the_layers_and_no_cycle():

@@ -37,7 +37,7 @@ def test_the_plan_mounts_the_run_and_its_inputs(tmp_path, tiny_assets):
             f"verify.rewards.custom={plugin}:score",
             "cluster.image_repo=rlvr.local",
             "cluster.image_tag=t1",
-        ],  # fmt: skip
+        ],
     )
     run_root = Path(cfg.run.store) / cfg.run_id
     plan = plan_for(cfg, run_root)
@@ -91,11 +91,16 @@ def test_nested_mounts_collapse_to_the_outermost():
             _m("/p", True),
             _m("/p/data", True),
             _m("/p/rlvr-runs/r", False),
-        ]  # fmt: skip
+        ]
     )
     # a read-write run inside a read-only input directory stays: Docker stacks nested binds
-    assert got == [_m("/b", False), _m("/p", True), _m("/a/run", False), _m("/a/runs2", True),
-                   _m("/p/rlvr-runs/r", False)]  # fmt: skip
+    assert got == [
+        _m("/b", False),
+        _m("/p", True),
+        _m("/a/run", False),
+        _m("/a/runs2", True),
+        _m("/p/rlvr-runs/r", False),
+    ]
 
 
 def test_symlinked_inputs_mount_at_the_configs_path(tmp_path, tiny_assets):
@@ -198,10 +203,14 @@ class _Client:
 )
 def test_a_task_container_gets_the_plan(task, profiled, monkeypatch):
     plan = DockerPlan(
-        images={}, mounts=[Mount("/real/runs/r", "/runs/r", False), _m("/data", True)],
-        user=None, network="none", pythonpath=["/plugins"], seccomp_profile='{"x": 1}',
+        images={},
+        mounts=[Mount("/real/runs/r", "/runs/r", False), _m("/data", True)],
+        user=None,
+        network="none",
+        pythonpath=["/plugins"],
+        seccomp_profile='{"x": 1}',
         apparmor_unconfined=True,
-    )  # fmt: skip
+    )
     written: list[str] = []
 
     @contextlib.contextmanager
@@ -220,17 +229,29 @@ def test_a_task_container_gets_the_plan(task, profiled, monkeypatch):
         plan, open_log, lambda: task, lambda name: {"OMP_NUM_THREADS": "2"}
     )
     command = ["sh", "-c", "python3 -m kfp.dsl.executor_main"]
-    status = runner(client, "img:1", command, {"/runs/r/kfp": {"bind": "/runs/r/kfp", "mode": "rw"}},
-                    environment={"KFP": "1"})  # fmt: skip
+    status = runner(
+        client,
+        "img:1",
+        command,
+        {"/runs/r/kfp": {"bind": "/runs/r/kfp", "mode": "rw"}},
+        environment={"KFP": "1"},
+    )
     assert status == 3 and container.started and container.removed
     assert written == ["one\n", "two\n", "three\n"]  # chunks re-split into lines
     (call,) = client.calls
     # KFP's command replaces the image's ENTRYPOINT (`python -m components.<stage>`)
     assert call["entrypoint"] == command and call["command"] == []
-    assert call["environment"] == {"AWS_ACCESS_KEY_ID": "k", "OMP_NUM_THREADS": "2", "KFP": "1",
-                                   "PYTHONPATH": "/plugins"}  # fmt: skip
-    assert call["volumes"] == ["/runs/r/kfp:/runs/r/kfp:rw", "/real/runs/r:/runs/r:rw",
-                               "/data:/data:ro"]  # fmt: skip
+    assert call["environment"] == {
+        "AWS_ACCESS_KEY_ID": "k",
+        "OMP_NUM_THREADS": "2",
+        "KFP": "1",
+        "PYTHONPATH": "/plugins",
+    }
+    assert call["volumes"] == [
+        "/runs/r/kfp:/runs/r/kfp:rw",
+        "/real/runs/r:/runs/r:rw",
+        "/data:/data:ro",
+    ]
     assert call["network_mode"] == "none" and call["cap_drop"] == ["ALL"] and call["init"]
     assert "user" not in call  # the image's own USER
     assert ("security_opt" in call) is profiled

@@ -18,9 +18,13 @@ def test_kfp_is_the_version_whose_internals_are_replaced():
     from kfp.local.orchestrator import dag_orchestrator
 
     assert importlib.metadata.version("kfp") == "2.17.0"
-    for mod, name in ((dag_orchestrator, "run_dag"), (logging_utils, "local_logger_context"),
-                      (logging_utils, "indented_print"), (logging_utils, "print_horizontal_line"),
-                      (subprocess_task_handler, "run_local_subprocess")):  # fmt: skip
+    for mod, name in (
+        (dag_orchestrator, "run_dag"),
+        (logging_utils, "local_logger_context"),
+        (logging_utils, "indented_print"),
+        (logging_utils, "print_horizontal_line"),
+        (subprocess_task_handler, "run_local_subprocess"),
+    ):
         assert callable(getattr(mod, name)), name
 
 
@@ -59,8 +63,12 @@ def test_tasks_that_wait_on_each_other_run_side_by_side(tmp_path):
         after(inputs=[a.output, b.output]).set_display_name("after")
 
     t0 = time.monotonic()
-    run_pipeline(pipeline, {"root": str(tmp_path)}, pipeline_root=str(tmp_path / "kfp"),
-                 log_dir=tmp_path / "logs")  # fmt: skip
+    run_pipeline(
+        pipeline,
+        {"root": str(tmp_path)},
+        pipeline_root=str(tmp_path / "kfp"),
+        log_dir=tmp_path / "logs",
+    )
     assert time.monotonic() - t0 < 60
     assert {p.name for p in (tmp_path / "logs").iterdir()} == {"a.log", "b.log", "after.log"}
 
@@ -78,8 +86,13 @@ def test_a_failed_task_stops_the_run_with_its_message(tmp_path):
         (tmp_path / "stop").write_text(task)
 
     with pytest.raises(LocalRunError) as e:
-        run_pipeline(pipeline, {"root": str(tmp_path)}, pipeline_root=str(tmp_path / "kfp"),
-                     log_dir=tmp_path / "logs", on_failure=on_failure)  # fmt: skip
+        run_pipeline(
+            pipeline,
+            {"root": str(tmp_path)},
+            pipeline_root=str(tmp_path / "kfp"),
+            log_dir=tmp_path / "logs",
+            on_failure=on_failure,
+        )
     assert e.value.task == "broken"
     assert "ValueError: verifier plugin missing" in str(e.value)
     assert e.value.log_file == tmp_path / "logs" / "broken.log"

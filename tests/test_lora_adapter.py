@@ -70,8 +70,10 @@ def test_an_adapter_checkpoint_loads_with_plain_peft_and_is_refused_on_another_b
     digest = base_digest(base_dir)
     files = save_adapter(peft_model, tmp_path / "adapter", digest)
     assert sorted(f.name for f in files) == [
-        "adapter_config.json", "adapter_model.safetensors", "rlvr_base.json",
-    ]  # fmt: skip
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "rlvr_base.json",
+    ]
     assert json.loads((tmp_path / "adapter" / "rlvr_base.json").read_text()) == {
         "base_digest": digest
     }
@@ -93,8 +95,11 @@ def test_the_base_digest_comes_from_the_manifest_or_the_files(base_dir, tmp_path
     import shutil
 
     digest = base_digest(base_dir)
-    files = [{"path": p.name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-             for p in base_dir.iterdir() if p.is_file()]  # fmt: skip
+    files = [
+        {"path": p.name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in base_dir.iterdir()
+        if p.is_file()
+    ]
     assert base_digest(base_dir, {"files": files}) == digest  # no file read again
     other = tmp_path / "other"
     shutil.copytree(base_dir, other)
@@ -126,12 +131,16 @@ def test_merge_gives_a_plain_checkpoint_with_the_same_greedy_tokens(
     out = merge(base_dir, tmp_path / "adapter", tmp_path / "merged")
     merged = AutoModelForCausalLM.from_pretrained(out).eval()
     assert not any("lora" in n for n, _ in merged.named_parameters())
-    adapted = {n.split(".lora_B")[0].rsplit(".", 1)[-1] for n, _ in peft_model.named_parameters()
-               if "lora_B" in n}  # fmt: skip
+    adapted = {
+        n.split(".lora_B")[0].rsplit(".", 1)[-1]
+        for n, _ in peft_model.named_parameters()
+        if "lora_B" in n
+    }
     assert ("lm_head" in adapted) == output_head
     base = load_policy(base_dir)[0]
-    torch.testing.assert_close(merged.get_input_embeddings().weight,
-                               base.get_input_embeddings().weight, rtol=0, atol=0)  # fmt: skip
+    torch.testing.assert_close(
+        merged.get_input_embeddings().weight, base.get_input_embeddings().weight, rtol=0, atol=0
+    )
     ids = tok(["12+34=", "7*8=", "90-45="], return_tensors="pt", padding=True)
     kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": tok.pad_token_id}
     with torch.no_grad():
@@ -151,8 +160,14 @@ def test_a_7b_adapter_weighs_at_least_50x_less_than_its_base():
     adds r * (d_in + d_out) per linear layer: per layer r * 90,112 here, 2.52M * r in all."""
     from transformers import Qwen2Config
 
-    cfg = Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                      num_attention_heads=28, num_key_value_heads=4, vocab_size=152064)  # fmt: skip
+    cfg = Qwen2Config(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+    )
     adapter, base = adapter_parameter_count(cfg, LoraSection(rank=32))
     assert adapter == 32 * 28 * (
         2 * (3584 + 3584) + 2 * (3584 + 512) + 2 * (3584 + 18944) + (18944 + 3584)
@@ -206,8 +221,9 @@ def test_rlvr_export_refuses_a_used_output_and_a_broken_base_and_writes_nothing(
     assert result.exit_code == 2 and "exists and is not an empty directory" in result.output
     assert sorted(p.name for p in used.iterdir()) == ["keep.txt"]
     (run / "00000" / "config.json").write_text("{nope")
-    result = CliRunner().invoke(main, ["export", "--merge", str(run / "00003"),
-                                       str(tmp_path / "m")])  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["export", "--merge", str(run / "00003"), str(tmp_path / "m")]
+    )
     assert result.exit_code == 2 and "config.json" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "m").exists()
@@ -233,12 +249,18 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
     from tests.conftest import write_config
 
     plugin = tmp_path / "odd_length.py"  # rewards that differ within a group: a gradient
-    plugin.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):"
-                      "\n    return float(len(solution_str) % 2)\n")  # fmt: skip
-    path = write_config(tmp_path, tiny_assets, model={"lora": {"rank": 2, "alpha": 4.0}},
-                        verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
-                        train={"lr": 5e-2, "micro_batch_tokens": 512, "kl_metric": True},
-                        run={"iterations": 2})  # fmt: skip
+    plugin.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):"
+        "\n    return float(len(solution_str) % 2)\n"
+    )
+    path = write_config(
+        tmp_path,
+        tiny_assets,
+        model={"lora": {"rank": 2, "alpha": 4.0}},
+        verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
+        train={"lr": 5e-2, "micro_batch_tokens": 512, "kl_metric": True},
+        run={"iterations": 2},
+    )
     cfg = load_config(path)
     layout = RunLayout.of(cfg)
     run_setup.run(cfg)
@@ -249,8 +271,10 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
         train(cfg, i)
     ckpt1, ckpt2 = Path(layout.checkpoint(1)), Path(layout.checkpoint(2))
     # KL to the base is taken with the adapter off (no second model): zero while B = 0.
-    kl = [json.loads(Path(layout.checkpoint(c), "_SUCCESS").read_text())["stats"]["train/kl_ref"]
-          for c in (1, 2)]  # fmt: skip
+    kl = [
+        json.loads(Path(layout.checkpoint(c), "_SUCCESS").read_text())["stats"]["train/kl_ref"]
+        for c in (1, 2)
+    ]
     assert kl[0] == 0.0 and kl[1] > 0.0
     names = sorted(p.name for p in ckpt2.iterdir())
     assert "adapter_model.safetensors" in names and "model.safetensors" not in names
@@ -287,12 +311,28 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
         part = Path(layout.rollouts(1), f"shard-{s:05d}-of-00002", "part-00000.parquet")
         if part.exists():
             t = pq.read_table(part)
-            union.update(zip(zip(t.column("prompt_id").to_pylist(),
-                                 t.column("sample_index").to_pylist(), strict=True),
-                             t.column("response_token_ids").to_pylist(), strict=True))  # fmt: skip
-    single = dict(zip(zip(cold_rows.column("prompt_id").to_pylist(),
-                          cold_rows.column("sample_index").to_pylist(), strict=True),
-                      cold_rows.column("response_token_ids").to_pylist(), strict=True))  # fmt: skip
+            union.update(
+                zip(
+                    zip(
+                        t.column("prompt_id").to_pylist(),
+                        t.column("sample_index").to_pylist(),
+                        strict=True,
+                    ),
+                    t.column("response_token_ids").to_pylist(),
+                    strict=True,
+                )
+            )
+    single = dict(
+        zip(
+            zip(
+                cold_rows.column("prompt_id").to_pylist(),
+                cold_rows.column("sample_index").to_pylist(),
+                strict=True,
+            ),
+            cold_rows.column("response_token_ids").to_pylist(),
+            strict=True,
+        )
+    )
     assert union == single
     # Evaluate scores an adapter checkpoint like any other.
     from components.evaluate.stage import run as evaluate
@@ -305,9 +345,15 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("zero_stage", "dtype", "output_head"),
-    [(0, "float32", False), (2, "float32", False), (3, "float32", False),
-     (1, "bfloat16", False), (3, "bfloat16", False), (3, "float32", True)],
-)  # fmt: skip
+    [
+        (0, "float32", False),
+        (2, "float32", False),
+        (3, "float32", False),
+        (1, "bfloat16", False),
+        (3, "bfloat16", False),
+        (3, "float32", True),
+    ],
+)
 def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, dtype, output_head):
     """The warm train worker (engine, adapter and Adam state kept across iterations) commits the
     same adapter bytes as one cold process per iteration, under ZeRO 0, 2 and 3, and under bf16,
@@ -328,18 +374,23 @@ def test_a_warm_lora_train_equals_cold_steps(tmp_path, tiny_assets, zero_stage, 
     from tests.conftest import write_config
 
     plugin = tmp_path / "odd_length.py"
-    plugin.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):"
-                      "\n    return float(len(solution_str) % 2)\n")  # fmt: skip
+    plugin.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):"
+        "\n    return float(len(solution_str) % 2)\n"
+    )
     digests = []
     for mode in ("cold", "warm"):
         root = tmp_path / mode
         root.mkdir()
         lora = {"rank": 2, "alpha": 2.0, "output_head": output_head}
-        path = write_config(root, tiny_assets, model={"lora": lora},
-                            verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
-                            train={"lr": 1e-2, "micro_batch_tokens": 512,
-                                   "zero_stage": zero_stage, "dtype": dtype},
-                            run={"iterations": 2})  # fmt: skip
+        path = write_config(
+            root,
+            tiny_assets,
+            model={"lora": lora},
+            verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
+            train={"lr": 1e-2, "micro_batch_tokens": 512, "zero_stage": zero_stage, "dtype": dtype},
+            run={"iterations": 2},
+        )
         cfg = load_config(path)
         run_setup.run(cfg)
         stage = TrainStage(cfg) if mode == "warm" else None
@@ -375,7 +426,15 @@ def test_vllm_gets_a_max_lora_rank_it_accepts():
     from components.generate.vllm_backend import vllm_max_lora_rank
 
     assert [vllm_max_lora_rank(r) for r in (1, 2, 8, 9, 16, 32, 33, 512)] == [
-        8, 8, 8, 16, 16, 32, 64, 512]  # fmt: skip
+        8,
+        8,
+        8,
+        16,
+        16,
+        32,
+        64,
+        512,
+    ]
     with pytest.raises(ValueError, match="up to rank 512; lower model.lora.rank"):
         vllm_max_lora_rank(513)
 
@@ -410,10 +469,12 @@ def test_sampled_logprobs_equal_the_train_forward_with_an_adapter(
     set_train_modes(model, checkpointing=False, lora_dropout=0.0)
     ids = torch.tensor([tok("12+34=", add_special_tokens=False)["input_ids"]])
     with torch.no_grad():  # the adapter matters: a sampler without it would fail the check
-        assert not torch.allclose(sampler(ids).logits, load_policy(base_dir)[0](ids).logits,
-                                  atol=1e-3)  # fmt: skip
-    _check_logprobs(TransformersBackend(sampler, tok, batch_size=8), (model, tok), temperature,
-                    1.0, 0)  # fmt: skip
+        assert not torch.allclose(
+            sampler(ids).logits, load_policy(base_dir)[0](ids).logits, atol=1e-3
+        )
+    _check_logprobs(
+        TransformersBackend(sampler, tok, batch_size=8), (model, tok), temperature, 1.0, 0
+    )
 
 
 def test_an_adapter_config_is_the_same_bytes_in_every_process(base_dir, tmp_path):
@@ -440,8 +501,13 @@ def test_an_adapter_config_is_the_same_bytes_in_every_process(base_dir, tmp_path
         shutil.copytree(base_dir, base)
         out = tmp_path / f"adapter{seed}"
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        subprocess.run([sys.executable, "-c", code, str(base), str(out)], check=True, env=env,
-                       cwd=Path(__file__).resolve().parent.parent, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", code, str(base), str(out)],
+            check=True,
+            env=env,
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+        )
         texts.append((out / "adapter_config.json").read_text())
     assert texts[0] == texts[1]
     config = json.loads(texts[0])

@@ -158,8 +158,12 @@ def render(directory: Path) -> list[dict]:
     if k.get("namespace"):
         _set_namespace(objs, k["namespace"])
     for spec in k.get("labels", []):
-        _add_labels(objs, spec["pairs"], spec.get("includeSelectors", False),
-                    spec.get("includeTemplates", False))  # fmt: skip
+        _add_labels(
+            objs,
+            spec["pairs"],
+            spec.get("includeSelectors", False),
+            spec.get("includeTemplates", False),
+        )
     if k.get("commonLabels"):
         _add_labels(objs, k["commonLabels"], True, True)
     keys = [_key(o) for o in objs]
@@ -249,8 +253,11 @@ def test_renderer_agrees_with_kustomize_on_common_labels_and_deletes(tmp_path):
     (tmp_path / "base" / "kustomization.yaml").write_text(
         "resources: [deploy.yaml, svc.yaml, job.yaml]\ncommonLabels: {team: ml}\n"
     )
-    for src, dst in (("minio-deployment", "deploy"), ("minio-service", "svc"),
-                     ("create-bucket-job", "job")):  # fmt: skip
+    for src, dst in (
+        ("minio-deployment", "deploy"),
+        ("minio-service", "svc"),
+        ("create-bucket-job", "job"),
+    ):
         shutil.copy(dev / f"{src}.yaml", tmp_path / "base" / f"{dst}.yaml")
     (tmp_path / "over" / "kustomization.yaml").write_text(
         "namespace: other\nresources: [../base]\npatches:\n"
@@ -464,8 +471,12 @@ def test_gpu_pools_schedule_the_stages(rendered):
     assert {"cpu", "memory"} <= set(limits["defaultRequest"])
 
     pools = yaml.safe_load(_one(objs, "ConfigMap", "rlvr-node-pools")["data"]["pools.yaml"])
-    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present",
-                 "effect": "NoSchedule"}  # fmt: skip
+    gpu_taint = {
+        "key": "nvidia.com/gpu",
+        "operator": "Equal",
+        "value": "present",
+        "effect": "NoSchedule",
+    }
     for stage in ("generate", "train", "evaluate"):
         pool = pools[stage]
         assert pool["nodeSelector"]["rlvr.io/pool"] in {"generate", "train"}
@@ -548,15 +559,21 @@ def test_multi_node_runtime_matches_what_the_train_task_submits(rendered):
     from components.train import jobspec
 
     objs = rendered["overlays/multi-node"]
-    cfg = RunConfig.model_validate({"run": {"run_id": "r", "store": "/s"}, "model": {"base": "/b"},
-                                    "data": {"train": "/t.parquet"}})  # fmt: skip
+    cfg = RunConfig.model_validate(
+        {
+            "run": {"run_id": "r", "store": "/s"},
+            "model": {"base": "/b"},
+            "data": {"train": "/t.parquet"},
+        }
+    )
     runtime = _one(objs, "ClusterTrainingRuntime", cfg.cluster.train_job.runtime)
     assert "namespace" not in runtime["metadata"]
     assert runtime["spec"]["mlPolicy"] == {"numNodes": 1, "torch": {}}
     (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     assert node["name"] == jobspec.NODE_CONTAINER["trainer"]
     assert node["template"]["metadata"]["labels"] == {
-        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}  # fmt: skip
+        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"
+    }
     assert node["template"]["spec"]["backoffLimit"] == 0
     pod = node["template"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -573,13 +590,18 @@ def test_multi_node_rbac_lets_the_runner_manage_its_jobs(rendered):
     assert role["metadata"]["namespace"] == NAMESPACE
     rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in role["rules"]}
     verbs = {"create", "get", "list", "watch", "delete"}  # components/train/jobs.py uses these
-    assert rules == {("trainer.kubeflow.org", "trainjobs"): verbs,
-                     ("kubeflow.org", "pytorchjobs"): verbs}  # fmt: skip
+    assert rules == {
+        ("trainer.kubeflow.org", "trainjobs"): verbs,
+        ("kubeflow.org", "pytorchjobs"): verbs,
+    }
     binding = _one(objs, "RoleBinding", "rlvr-train-launcher")
     assert binding["roleRef"]["name"] == "rlvr-train-launcher"
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": NAMESPACE,
-                                    "name": ClusterSection().service_account}]  # fmt: skip
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "namespace": NAMESPACE, "name": ClusterSection().service_account}
+    ]
     # the job's pods and logs are read under the base Role
-    base = {r["resources"][0]: set(r["verbs"])
-            for r in _one(rendered["base"], "Role", "rlvr-pipeline-runner")["rules"]}  # fmt: skip
+    base = {
+        r["resources"][0]: set(r["verbs"])
+        for r in _one(rendered["base"], "Role", "rlvr-pipeline-runner")["rules"]
+    }
     assert {"get", "list"} <= base["pods"] and "get" in base["pods/log"]

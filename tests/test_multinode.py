@@ -38,8 +38,13 @@ from tests.test_train import PLUGIN
 
 
 def test_trainer_v2_environment_places_the_node():
-    env = {"PET_NNODES": "4", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "3",
-           "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"}  # fmt: skip
+    env = {
+        "PET_NNODES": "4",
+        "PET_NPROC_PER_NODE": "8",
+        "PET_NODE_RANK": "3",
+        "PET_MASTER_ADDR": "job-node-0-0.job",
+        "PET_MASTER_PORT": "29400",
+    }
     assert node_place(env, 4, 8) == NodePlace(3, "job-node-0-0.job", 29400)
 
 
@@ -54,18 +59,36 @@ def test_pytorchjob_environment_places_the_node():
 @pytest.mark.parametrize(
     ("env", "match"),
     [
-        ({"PET_NNODES": "3", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "a",
-          "PET_MASTER_PORT": "1"}, "PET_NNODES=3 nodes but train.nodes is 2"),
-        ({"PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "a",
-          "PET_MASTER_PORT": "1"}, "PET_NPROC_PER_NODE=4 processes per node but this config runs 8"),
+        (
+            {
+                "PET_NNODES": "3",
+                "PET_NODE_RANK": "0",
+                "PET_MASTER_ADDR": "a",
+                "PET_MASTER_PORT": "1",
+            },
+            "PET_NNODES=3 nodes but train.nodes is 2",
+        ),
+        (
+            {
+                "PET_NPROC_PER_NODE": "4",
+                "PET_NODE_RANK": "0",
+                "PET_MASTER_ADDR": "a",
+                "PET_MASTER_PORT": "1",
+            },
+            "PET_NPROC_PER_NODE=4 processes per node but this config runs 8",
+        ),
         ({"PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1"}, "no node rank"),
         ({"PET_NODE_RANK": "0", "PET_MASTER_PORT": "1"}, "PET_MASTER_ADDR"),
-        ({"PET_NODE_RANK": "2", "PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1"},
-         "PET_NODE_RANK=2 is outside the job's 2 nodes"),
-        ({"PET_NODE_RANK": "x", "PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1"},
-         "PET_NODE_RANK='x' is not an integer"),
+        (
+            {"PET_NODE_RANK": "2", "PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1"},
+            "PET_NODE_RANK=2 is outside the job's 2 nodes",
+        ),
+        (
+            {"PET_NODE_RANK": "x", "PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1"},
+            "PET_NODE_RANK='x' is not an integer",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_job_that_disagrees_with_the_config_is_refused(env, match):
     with pytest.raises(StageError, match=match):
         node_place(env, 2, 8)
@@ -86,9 +109,22 @@ def test_a_pod_without_its_resolved_config_is_refused_clearly(monkeypatch):
     with pytest.raises(ConfigError, match="--set applies to config files only"):
         config_from_arg("env:RLVR_CONFIG_JSON", ["train.lr=1"])
     env = {k: v for k, v in os.environ.items() if k != "RLVR_CONFIG_JSON"}
-    ran = subprocess.run([sys.executable, "-m", "components.train.node", "env:RLVR_CONFIG_JSON",
-                          "--run-id", "r", "--iteration", "0"], capture_output=True, text=True,
-                         env=env, timeout=120)  # fmt: skip
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.train.node",
+            "env:RLVR_CONFIG_JSON",
+            "--run-id",
+            "r",
+            "--iteration",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert ran.returncode == 2 and "Traceback" not in ran.stderr
     assert "error: env:RLVR_CONFIG_JSON: environment variable RLVR_CONFIG_JSON is not set" in (
         ran.stderr
@@ -97,10 +133,22 @@ def test_a_pod_without_its_resolved_config_is_refused_clearly(monkeypatch):
 
 def test_node_runs_torchrun_with_a_static_rendezvous_at_node_0():
     cmd = torchrun_command(2, 8, NodePlace(1, "m", 29400), ["cfg", "--segment", "0"], 1800)
-    assert cmd[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8",
-                       "--node-rank=1", "--master-addr=m", "--master-port=29400",
-                       "--rdzv-conf=timeout=1800", "--max-restarts=0", "-m", "components.train",
-                       "cfg", "--segment", "0"]  # fmt: skip
+    assert cmd[1:] == [
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--node-rank=1",
+        "--master-addr=m",
+        "--master-port=29400",
+        "--rdzv-conf=timeout=1800",
+        "--max-restarts=0",
+        "-m",
+        "components.train",
+        "cfg",
+        "--segment",
+        "0",
+    ]
     # a PyTorchJob worker's RANK=1 is the node's, never a rank's: it stays with the agent
     env = rank_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "m", "PATH": "/bin"})
     assert env == {"PATH": "/bin"}
@@ -122,15 +170,25 @@ def test_check_flags_a_multi_node_config_that_cannot_be_placed():
     from components.train.checks import check_train
 
     base = {"model": {"base": "b"}, "data": {"train": "t.parquet"}}
-    cfg = RunConfig.model_validate({**base, "train": {"nodes": 2, "processes": 16},
-                                    "cluster": {"stages": {"train": {"accelerator_count": 8}}}})  # fmt: skip
+    cfg = RunConfig.model_validate(
+        {
+            **base,
+            "train": {"nodes": 2, "processes": 16},
+            "cluster": {"stages": {"train": {"accelerator_count": 8}}},
+        }
+    )
     problems = Problems()
     check_train(cfg, problems)
     (error,) = problems.errors
     assert error.where == "config train.processes" and "a train node has 8 GPUs" in error.what
     assert [p.where for p in problems.items if p.warning] == ["config train.zero_stage"]
-    late = RunConfig.model_validate({**base, "train": {"nodes": 2, "zero_stage": 3}, "cluster": {
-        "train_job": {"schedule_timeout_s": 7200, "rendezvous_timeout_s": 1800}}})  # fmt: skip
+    late = RunConfig.model_validate(
+        {
+            **base,
+            "train": {"nodes": 2, "zero_stage": 3},
+            "cluster": {"train_job": {"schedule_timeout_s": 7200, "rendezvous_timeout_s": 1800}},
+        }
+    )
     problems = Problems()
     check_train(late, problems)
     assert [p.where for p in problems.items] == ["config cluster.train_job.schedule_timeout_s"]
@@ -170,8 +228,14 @@ time.sleep(300)
 """
 
 #: what a loopback agent becomes (node.py execs torchrun), with one rank that only sleeps
-AGENT = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-         "--max-restarts=0"]  # fmt: skip
+AGENT = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc-per-node=1",
+    "--max-restarts=0",
+]
 
 
 def _rank_pid(path: Path, timeout_s: float = 60) -> int:
@@ -212,10 +276,16 @@ def test_the_local_runner_stopping_a_train_task_stops_its_loopback_ranks(tmp_pat
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     task = subprocess.Popen(  # the task, as the runner starts it; its agent as launch does
-        [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); "
-         "time.sleep(300)", *AGENT, str(script), str(tmp_path / "pid")],
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(300)",
+            *AGENT,
+            str(script),
+            str(tmp_path / "pid"),
+        ],
         start_new_session=True,
-    )  # fmt: skip
+    )
     rank = _rank_pid(tmp_path / "pid")
     os.killpg(task.pid, signal.SIGTERM)
     task.wait(10)
@@ -237,10 +307,14 @@ def prepare_update(tmp_path, tiny_assets, **train) -> RunConfig:
     """Iteration 0's scored rollouts, ready for one update (one optimizer step)."""
     plugin = tmp_path / "reward_plugin.py"
     plugin.write_text(PLUGIN)
-    cfg = load_config(write_config(
-        tmp_path, tiny_assets, verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
-        train={"lr": 1e-3, "micro_batch_tokens": 4096, "mini_batches": 1, **train},
-    ))  # fmt: skip
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            tiny_assets,
+            verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
+            train={"lr": 1e-3, "micro_batch_tokens": 4096, "mini_batches": 1, **train},
+        )
+    )
     run_setup.run(cfg)
     generate(cfg, 0)
     verify(cfg, 0)
@@ -288,9 +362,19 @@ def test_two_trainjob_pods_on_loopback_match_one_node_of_two_processes(prepared,
     config = tmp_path / "resolved.yaml"
     config.write_text(cfg.to_json())
     one = subprocess.run(
-        [sys.executable, "-m", "components.train", str(config), "-i", "0",
-         "--set", "train.processes=2"], capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "components.train",
+            str(config),
+            "-i",
+            "0",
+            "--set",
+            "train.processes=2",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     single = _update(cfg)
 
@@ -304,12 +388,23 @@ def test_two_trainjob_pods_on_loopback_match_one_node_of_two_processes(prepared,
     command = [sys.executable, *trainer["command"][1:]]  # the image's python is this one
     port = _free_port()
     agents = [
-        subprocess.Popen(command, env={**os.environ, **pod_env, "PET_NNODES": "2",
-                                       "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(node),
-                                       "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            command,
+            env={
+                **os.environ,
+                **pod_env,
+                "PET_NNODES": "2",
+                "PET_NPROC_PER_NODE": "1",
+                "PET_NODE_RANK": str(node),
+                "PET_MASTER_ADDR": "127.0.0.1",
+                "PET_MASTER_PORT": str(port),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for node in range(2)
-    ]  # fmt: skip
+    ]
     outs = [a.communicate(timeout=600) for a in agents]
     for a, (_, err) in zip(agents, outs, strict=True):
         assert a.returncode == 0, err[-3000:]
@@ -326,16 +421,27 @@ def test_a_pod_entry_of_one_rank_trains(prepared, tmp_path):
     """torchrun with a world of one (one node, one rank): the rank meets the agent's store at
     the launcher's port, as every rank does (it once took a fresh port of its own, as a bare
     single process does, and waited there forever)."""
-    job = jobspec.train_job(prepared, ["--iteration", "0"], name="j", namespace="rlvr",
-                            iterations=1)  # fmt: skip
+    job = jobspec.train_job(
+        prepared, ["--iteration", "0"], name="j", namespace="rlvr", iterations=1
+    )
     trainer = job["spec"]["trainer"]
     env = {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
-    env.update(PET_NNODES="1", PET_NPROC_PER_NODE="1", PET_NODE_RANK="0",
-               PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(_free_port()))  # fmt: skip
+    env.update(
+        PET_NNODES="1",
+        PET_NPROC_PER_NODE="1",
+        PET_NODE_RANK="0",
+        PET_MASTER_ADDR="127.0.0.1",
+        PET_MASTER_PORT=str(_free_port()),
+    )
     prepared.train.processes = 1
     env["RLVR_CONFIG_JSON"] = prepared.to_json()
-    ran = subprocess.run([sys.executable, *trainer["command"][1:]], capture_output=True,
-                         text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
+    ran = subprocess.run(
+        [sys.executable, *trainer["command"][1:]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert _update(prepared)[2]["train/world_size"] == 1
 
@@ -350,9 +456,20 @@ def test_stage_command_with_two_nodes_runs_loopback_agents(prepared, tmp_path):
     config.write_text(cfg.to_json())
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     two = subprocess.run(
-        [sys.executable, "-m", "components.train", str(config), "-i", "0", "--set", "train.nodes=2"],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "components.train",
+            str(config),
+            "-i",
+            "0",
+            "--set",
+            "train.nodes=2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     result = json.loads(two.stdout[two.stdout.rfind("\n{") + 1 :])
     assert result["skipped"] is False and result["uri"].endswith("checkpoints/00001")
@@ -360,9 +477,22 @@ def test_stage_command_with_two_nodes_runs_loopback_agents(prepared, tmp_path):
     assert metrics["train/world_size"] == 2
     # a node that fails takes the step down with a message, not a hang
     bad = subprocess.run(
-        [sys.executable, "-m", "components.train", str(config), "-i", "0", "--set",
-         "train.nodes=2", "--set", "train.advantage=nope"], capture_output=True, text=True,
-        env=env, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "components.train",
+            str(config),
+            "-i",
+            "0",
+            "--set",
+            "train.nodes=2",
+            "--set",
+            "train.advantage=nope",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert bad.returncode != 0
     assert "train node" in bad.stderr and "failed" in bad.stderr

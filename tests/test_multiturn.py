@@ -37,20 +37,35 @@ def test_grpo_token_mean_on_a_multi_turn_group_by_hand():
     mask = response_mask_of([3, 2], [[1, 0, 1], [0, 1]])
     old = torch.zeros(2, 3)
     targets = build_targets(
-        t, rewards=torch.tensor([1.0, 0.0]), group_ids=torch.tensor([0, 0]), response_mask=mask,
-        truncated=torch.tensor([False, False]), old_logprobs=old, rollout_logprobs=old,
-        ref_logprobs=None, entropy=None,
-    )  # fmt: skip
+        t,
+        rewards=torch.tensor([1.0, 0.0]),
+        group_ids=torch.tensor([0, 0]),
+        response_mask=mask,
+        truncated=torch.tensor([False, False]),
+        old_logprobs=old,
+        rollout_logprobs=old,
+        ref_logprobs=None,
+        entropy=None,
+    )
     a = 0.5 / (1 / math.sqrt(2) + 1e-6)  # GRPO divides by std + 1e-6 (verl's epsilon)
     assert targets.loss_mask.tolist() == mask.tolist()
-    torch.testing.assert_close(targets.advantages[mask], torch.tensor([a, a, -a]),
-                               rtol=0, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        targets.advantages[mask], torch.tensor([a, a, -a]), rtol=0, atol=1e-6
+    )
     logprobs = old.clone().requires_grad_()
     loss, _ = micro_batch_loss(
-        t, logprobs=logprobs, entropy=None, old_logprobs=old, advantages=targets.advantages,
-        loss_mask=targets.loss_mask, is_weights=targets.is_weights, ref_logprobs=None,
-        num_tokens=float(targets.loss_mask.sum()), num_seqs=2.0, horizon=3,
-    )  # fmt: skip
+        t,
+        logprobs=logprobs,
+        entropy=None,
+        old_logprobs=old,
+        advantages=targets.advantages,
+        loss_mask=targets.loss_mask,
+        is_weights=targets.is_weights,
+        ref_logprobs=None,
+        num_tokens=float(targets.loss_mask.sum()),
+        num_seqs=2.0,
+        horizon=3,
+    )
     assert loss.item() == pytest.approx(-a / 3, abs=1e-6)
     loss.backward()
     expected = torch.tensor([[-a / 3, 0.0, -a / 3], [0.0, a / 3, 0.0]])
@@ -65,25 +80,46 @@ def test_kl_to_the_reference_skips_tool_tokens():
     old = torch.tensor([[-1.0, -9.0]])
     ref = torch.tensor([[-1.5, -4.0]])
     targets = build_targets(
-        t, rewards=torch.tensor([1.0]), group_ids=torch.tensor([0]), response_mask=mask,
-        truncated=torch.tensor([False]), old_logprobs=old, rollout_logprobs=old,
-        ref_logprobs=ref, entropy=None,
-    )  # fmt: skip
+        t,
+        rewards=torch.tensor([1.0]),
+        group_ids=torch.tensor([0]),
+        response_mask=mask,
+        truncated=torch.tensor([False]),
+        old_logprobs=old,
+        rollout_logprobs=old,
+        ref_logprobs=ref,
+        entropy=None,
+    )
     assert targets.metrics["train/kl_ref"] == pytest.approx(0.5)  # k1: old - ref, sampled only
 
 
 def _scored(response_mask) -> pa.Table:
-    row = {"prompt_id": "p", "sample_index": 0, "data_source": "d", "ground_truth": "1",
-           "prompt": "q", "prompt_token_ids": [1, 2], "response": "r",
-           "response_token_ids": [3, 4, 5], "response_logprobs": [-0.1, 0.0, -0.2],
-           "finish_reason": "stop", "checkpoint": "c", "extra_info": None,
-           "policy_version": 0, "reward": 1.0, "verifier": "v", "extracted_answer": "1",
-           "verify_error": None, "reward_components": []}  # fmt: skip
+    row = {
+        "prompt_id": "p",
+        "sample_index": 0,
+        "data_source": "d",
+        "ground_truth": "1",
+        "prompt": "q",
+        "prompt_token_ids": [1, 2],
+        "response": "r",
+        "response_token_ids": [3, 4, 5],
+        "response_logprobs": [-0.1, 0.0, -0.2],
+        "finish_reason": "stop",
+        "checkpoint": "c",
+        "extra_info": None,
+        "policy_version": 0,
+        "reward": 1.0,
+        "verifier": "v",
+        "extracted_answer": "1",
+        "verify_error": None,
+        "reward_components": [],
+    }
     table = pa.Table.from_pylist([row], schema=SCORED)
     if response_mask is not None:
         table = table.append_column(
-            pa.field("response_mask", OPTIONAL["response_mask"]), pa.array([response_mask],
-                                                                         OPTIONAL["response_mask"]))  # fmt: skip
+            pa.field("response_mask", OPTIONAL["response_mask"]),
+            pa.array([response_mask], OPTIONAL["response_mask"]),
+        )
     return table
 
 
@@ -128,28 +164,39 @@ def test_the_void_turn_filter_masks_whole_trajectories_that_still_count_in_their
     rows 1 and 2; with the filter row 2 leaves the loss mask, the others keep theirs unchanged."""
     mask = response_mask_of([2, 2, 2], [[1, 1], [1, 0], [1, 1]])
     old = torch.zeros(3, 2)
-    kw = dict(rewards=torch.tensor([1.0, 0.0, 0.0]), group_ids=torch.tensor([0, 0, 0]),
-              response_mask=mask, truncated=torch.tensor([False] * 3), old_logprobs=old,
-              rollout_logprobs=old, void=torch.tensor([False, False, True]))  # fmt: skip
+    kw = dict(
+        rewards=torch.tensor([1.0, 0.0, 0.0]),
+        group_ids=torch.tensor([0, 0, 0]),
+        response_mask=mask,
+        truncated=torch.tensor([False] * 3),
+        old_logprobs=old,
+        rollout_logprobs=old,
+        void=torch.tensor([False, False, True]),
+    )
     on = build_targets(TrainSection(void_turn_filter=True), **kw)
     off = build_targets(TrainSection(), **kw)
     assert on.loss_mask.tolist() == [[True, True], [True, False], [False, False]]
     assert off.loss_mask.tolist() == mask.tolist()
     assert on.metrics["train/void_masked"] == 1.0 and "train/void_masked" not in off.metrics
     std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)
-    torch.testing.assert_close(on.advantages[:, 0],
-                               torch.tensor([2 / 3, -1 / 3, -1 / 3]) / (std + 1e-6),
-                               rtol=0, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        on.advantages[:, 0], torch.tensor([2 / 3, -1 / 3, -1 / 3]) / (std + 1e-6), rtol=0, atol=1e-6
+    )
     torch.testing.assert_close(on.advantages, off.advantages, rtol=0, atol=0)
 
 
 def test_rollouts_find_void_turns_in_the_turns_column():
     table = _scored([1, 0, 1])
-    turns = [[{"role": "assistant", "content": "<tool_call>{}</tool_call>", "start": 0, "end": 1},
-              {"role": "tool", "content": "1", "start": 1, "end": 2},
-              {"role": "assistant", "content": "nothing", "start": 2, "end": 3}]]  # fmt: skip
-    with_turns = table.append_column(pa.field("turns", OPTIONAL["turns"]),
-                                     pa.array([turns[0]], OPTIONAL["turns"]))  # fmt: skip
+    turns = [
+        [
+            {"role": "assistant", "content": "<tool_call>{}</tool_call>", "start": 0, "end": 1},
+            {"role": "tool", "content": "1", "start": 1, "end": 2},
+            {"role": "assistant", "content": "nothing", "start": 2, "end": 3},
+        ]
+    ]
+    with_turns = table.append_column(
+        pa.field("turns", OPTIONAL["turns"]), pa.array([turns[0]], OPTIONAL["turns"])
+    )
     ro = Rollouts.from_table(with_turns, "s.parquet")
     assert ro.void(r"\\boxed\{").tolist() == [True]
     assert ro.void(r"nothing").tolist() == [False]
@@ -180,8 +227,9 @@ def test_features_a_run_does_not_use_stay_out_of_its_lineage():
     assert not {"tools", "max_turns", "max_response_tokens", "environment"} & set(dumped)
     assert "void_turn_filter" not in plain.train.model_dump(exclude=unused["train"])
     assert "env_reward_weight" not in plain.verify.model_dump(exclude=unused["verify"])
-    tools = RunConfig.model_validate({**base, "generate": {"tools": ["python"]},
-                                      "train": {"void_turn_filter": True}})  # fmt: skip
+    tools = RunConfig.model_validate(
+        {**base, "generate": {"tools": ["python"]}, "train": {"void_turn_filter": True}}
+    )
     used = unused_keys(tools)
     assert used["generate"] == set() and used["train"] == {"nodes"}  # one node: as before
     assert used["verify"] == {"env_reward_weight"}  # no environment: its weight changes nothing

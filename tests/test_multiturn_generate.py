@@ -33,12 +33,23 @@ class ScriptedBackend:
         for r in requests:
             self.requests.append((r, spec))
             prompt = next(p for p in self.scripts if tuple(r.prompt_token_ids[: len(p)]) == p)
-            done = sum(1 for q, _ in self.requests[:-1]
-                       if tuple(q.prompt_token_ids[: len(prompt)]) == prompt)  # fmt: skip
+            done = sum(
+                1
+                for q, _ in self.requests[:-1]
+                if tuple(q.prompt_token_ids[: len(prompt)]) == prompt
+            )
             text = self.scripts[prompt][done][: spec.max_new_tokens]
             ids = [ord(c) for c in text]
-            out.append(Sample(r.prompt_id, 0, text, ids, [-0.5] * len(ids),
-                              "stop" if len(text) < spec.max_new_tokens else "length"))  # fmt: skip
+            out.append(
+                Sample(
+                    r.prompt_id,
+                    0,
+                    text,
+                    ids,
+                    [-0.5] * len(ids),
+                    "stop" if len(text) < spec.max_new_tokens else "length",
+                )
+            )
         yield out
 
 
@@ -54,12 +65,22 @@ BAD = '<tool_call>{"name": "mul", "arguments": {}}</tool_call>'
 def run(scripts, *, max_turns=4, max_response_tokens=1000, n=1):
     backend = ScriptedBackend({tuple(map(ord, p)): s for p, s in scripts.items()})
     box = ToolBox({"add": tool_from_callable(add)})
-    reqs = [PromptRequest(f"p{i}", [ord(c) for c in p], [11 * (i + 1) + j for j in range(n)])
-            for i, p in enumerate(scripts)]  # fmt: skip
+    reqs = [
+        PromptRequest(f"p{i}", [ord(c) for c in p], [11 * (i + 1) + j for j in range(n)])
+        for i, p in enumerate(scripts)
+    ]
     spec = SamplingSpec(n=n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1000)
     try:
-        return generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
-                                   decode=chars, max_turns=max_turns, max_response_tokens=max_response_tokens), backend  # fmt: skip
+        return generate_multi_turn(
+            backend,
+            reqs,
+            spec,
+            box,
+            plain_observation(CharTokenizer()),
+            decode=chars,
+            max_turns=max_turns,
+            max_response_tokens=max_response_tokens,
+        ), backend
     finally:
         box.close()
 
@@ -74,9 +95,13 @@ def test_a_tool_call_then_an_answer():
     assert tr.turns == [
         {"role": "assistant", "content": CALL, "start": 0, "end": len(CALL)},
         {"role": "tool", "content": "5", "start": len(CALL), "end": len(CALL) + len(obs)},
-        {"role": "assistant", "content": "It is \\boxed{5}.", "start": len(CALL) + len(obs),
-         "end": len(tr.token_ids)},
-    ]  # fmt: skip
+        {
+            "role": "assistant",
+            "content": "It is \\boxed{5}.",
+            "start": len(CALL) + len(obs),
+            "end": len(tr.token_ids),
+        },
+    ]
     assert tr.response == "It is \\boxed{5}."
     # turn 2 continues from the prompt plus the whole trajectory, as tokens, with its own seed
     (r0, s0), (r1, s1) = backend.requests
@@ -86,8 +111,11 @@ def test_a_tool_call_then_an_answer():
 
 
 def test_a_failed_call_is_an_observation_and_budgets_end_trajectories():
-    (bad, many, long), _ = run({"A:": [BAD, "no"], "B:": [CALL] * 9, "C:": [CALL, "x" * 500]},
-                               max_turns=3, max_response_tokens=400)  # fmt: skip
+    (bad, many, long), _ = run(
+        {"A:": [BAD, "no"], "B:": [CALL] * 9, "C:": [CALL, "x" * 500]},
+        max_turns=3,
+        max_response_tokens=400,
+    )
     assert bad.finish_reason == "stop" and bad.tool_errors == 1
     assert bad.turns[1]["content"] == "Error: no tool named 'mul' (tools: add)"
     assert many.finish_reason == "turns" and many.tool_calls == 3  # max_turns policy turns
@@ -121,8 +149,16 @@ def test_the_calls_of_a_turn_run_side_by_side_across_trajectories():
     reqs = [PromptRequest(p, [ord(c) for c in p], [i]) for i, p in enumerate(("A:", "B:"))]
     spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1000)
     try:
-        trajs = generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
-                                    decode=chars, max_turns=2, max_response_tokens=1000)  # fmt: skip
+        trajs = generate_multi_turn(
+            backend,
+            reqs,
+            spec,
+            box,
+            plain_observation(CharTokenizer()),
+            decode=chars,
+            max_turns=2,
+            max_response_tokens=1000,
+        )
     finally:
         box.close()
     assert [t.tool_errors for t in trajs] == [0, 0]
@@ -144,14 +180,28 @@ def test_without_tool_calls_the_loop_samples_what_single_turn_generation_does(ti
 
     model, tok = load_policy(tiny_assets / "base")
     backend = TransformersBackend(model, tok, batch_size=16)
-    reqs = [PromptRequest(f"p{i}", tok(f"{i}+{2 * i}=", add_special_tokens=False)["input_ids"],
-                          [sample_seed(0, 0, f"p{i}", j) for j in range(3)]) for i in range(4)]  # fmt: skip
+    reqs = [
+        PromptRequest(
+            f"p{i}",
+            tok(f"{i}+{2 * i}=", add_special_tokens=False)["input_ids"],
+            [sample_seed(0, 0, f"p{i}", j) for j in range(3)],
+        )
+        for i in range(4)
+    ]
     spec = SamplingSpec(n=3, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
     single = {(s.prompt_id, s.sample_index): s for b in backend.generate(reqs, spec) for s in b}
     box = ToolBox({"add": tool_from_callable(add)})
     try:
-        trajs = generate_multi_turn(backend, reqs, spec, box, plain_observation(tok),
-                                    decode=tok.decode, max_turns=3, max_response_tokens=64)  # fmt: skip
+        trajs = generate_multi_turn(
+            backend,
+            reqs,
+            spec,
+            box,
+            plain_observation(tok),
+            decode=tok.decode,
+            max_turns=3,
+            max_response_tokens=64,
+        )
     finally:
         box.close()
     assert len(trajs) == 12
@@ -183,11 +233,17 @@ def test_a_run_with_tools_writes_turns_that_verify_and_train_read(tmp_path, tiny
     from tests.conftest import write_config
 
     tools = tmp_path / "tools.py"
-    tools.write_text('def add(a: int, b: int) -> int:\n    """Add two integers."""\n'
-                     "    return a + b\n")  # fmt: skip
-    cfg = load_config(write_config(tmp_path, tiny_assets,
-                                   generate={"tools": [f"{tools}:add"], "max_turns": 2},
-                                   run={"iterations": 1}))  # fmt: skip
+    tools.write_text(
+        'def add(a: int, b: int) -> int:\n    """Add two integers."""\n    return a + b\n'
+    )
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            tiny_assets,
+            generate={"tools": [f"{tools}:add"], "max_turns": 2},
+            run={"iterations": 1},
+        )
+    )
     run_setup.run(cfg)
     generate(cfg, 0)
     layout = RunLayout.of(cfg)
@@ -219,10 +275,26 @@ def test_tool_figures_combine_over_shards_as_one_run_would():
     calls: weighting by samples would give (10 * 0.25 + 30 * 0.5) / 40 = 0.4375)."""
     from components.core.figures import combine_shards, stage_figures
 
-    a = stage_figures("generate", {"samples": 10, "tool_calls": 4, "tool_calls_per_sample": 0.4,
-                                   "tool_error_share": 0.25, "turns_mean": 1.5})  # fmt: skip
-    b = stage_figures("generate", {"samples": 30, "tool_calls": 6, "tool_calls_per_sample": 0.2,
-                                   "tool_error_share": 0.5, "turns_mean": 1.0})  # fmt: skip
+    a = stage_figures(
+        "generate",
+        {
+            "samples": 10,
+            "tool_calls": 4,
+            "tool_calls_per_sample": 0.4,
+            "tool_error_share": 0.25,
+            "turns_mean": 1.5,
+        },
+    )
+    b = stage_figures(
+        "generate",
+        {
+            "samples": 30,
+            "tool_calls": 6,
+            "tool_calls_per_sample": 0.2,
+            "tool_error_share": 0.5,
+            "turns_mean": 1.0,
+        },
+    )
     both = combine_shards([a, b])
     assert both["rollout/tool_calls"] == 10
     assert both["rollout/tool_calls_per_sample"] == pytest.approx(0.25)
@@ -251,15 +323,26 @@ def test_an_environment_drives_a_trajectory_and_a_dying_server_ends_only_its_sam
         box = ToolBox({"add": tool_from_callable(add)})
         reqs = [PromptRequest(f"p{i}", [ord(c) for c in p], [3]) for i, p in enumerate(scripts)]
         spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1000)
-        guess, plain = generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
-                                           decode=chars, max_turns=4, max_response_tokens=2000, environment=env)  # fmt: skip
+        guess, plain = generate_multi_turn(
+            backend,
+            reqs,
+            spec,
+            box,
+            plain_observation(CharTokenizer()),
+            decode=chars,
+            max_turns=4,
+            max_response_tokens=2000,
+            environment=env,
+        )
         box.close()
     finally:
         server.close()
     assert guess.finish_reason == "stop" and guess.error is None and guess.tool_calls == 2
     target = _target(3)  # the server's number for seed 3, the trajectory's seed
     assert [t["content"] for t in guess.turns if t["role"] == "tool"] == [
-        _feedback(50, target), _feedback(75, target)]  # fmt: skip
+        _feedback(50, target),
+        _feedback(75, target),
+    ]
     assert guess.env_reward == float(75 == target or 50 == target)
     assert plain.finish_reason == "stop" and plain.tool_calls == 1
 
@@ -268,8 +351,17 @@ def test_an_environment_drives_a_trajectory_and_a_dying_server_ends_only_its_sam
         env = EnvironmentSpec(dying.url, timeout_s=5)
         backend = ScriptedBackend({tuple(map(ord, p)): s for p, s in scripts.items()})
         box = ToolBox({"add": tool_from_callable(add)})
-        guess, plain = generate_multi_turn(backend, reqs, spec, box, plain_observation(CharTokenizer()),
-                                           decode=chars, max_turns=4, max_response_tokens=2000, environment=env)  # fmt: skip
+        guess, plain = generate_multi_turn(
+            backend,
+            reqs,
+            spec,
+            box,
+            plain_observation(CharTokenizer()),
+            decode=chars,
+            max_turns=4,
+            max_response_tokens=2000,
+            environment=env,
+        )
         box.close()
     finally:
         dying.close()
@@ -310,11 +402,15 @@ def test_observations_follow_the_chat_template_where_it_has_a_tool_role(tiny_ass
     tok.chat_template = QWEN_LIKE
     assert template_observation_text(tok, "42") == (
         "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
-        "<|im_start|>assistant\n")  # fmt: skip
-    assert observation_encoder(tok)("42") == tok(template_observation_text(tok, "42"),
-                                                 add_special_tokens=False)["input_ids"]  # fmt: skip
-    tok.chat_template = ("{% for m in messages %}{% if m.role != 'tool' %}{{ m.content }}"
-                         "{% endif %}{% endfor %}")  # fmt: skip
+        "<|im_start|>assistant\n"
+    )
+    assert (
+        observation_encoder(tok)("42")
+        == tok(template_observation_text(tok, "42"), add_special_tokens=False)["input_ids"]
+    )
+    tok.chat_template = (
+        "{% for m in messages %}{% if m.role != 'tool' %}{{ m.content }}{% endif %}{% endfor %}"
+    )
     assert template_observation_text(tok, "42") is None  # the tool message is dropped
     plain = observation_encoder(tok)("42")
     assert tok.decode(plain) == "\n<tool_response>\n42\n</tool_response>\n"

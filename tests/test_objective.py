@@ -80,11 +80,18 @@ def test_loss_adds_kl_and_entropy_bonus():
     ref = torch.tensor([[-1.5, -1.0]], dtype=F64)
     ent = torch.tensor([[2.0, 4.0]], dtype=F64)
     loss, metrics = micro_batch_loss(
-        t, logprobs=lp, entropy=ent, old_logprobs=lp.detach(),
-        advantages=torch.tensor([[1.0, 1.0]], dtype=F64), loss_mask=torch.tensor([[True, True]]),
-        is_weights=torch.ones(1, 2, dtype=F64), ref_logprobs=ref, num_tokens=4, num_seqs=1,
+        t,
+        logprobs=lp,
+        entropy=ent,
+        old_logprobs=lp.detach(),
+        advantages=torch.tensor([[1.0, 1.0]], dtype=F64),
+        loss_mask=torch.tensor([[True, True]]),
+        is_weights=torch.ones(1, 2, dtype=F64),
+        ref_logprobs=ref,
+        num_tokens=4,
+        num_seqs=1,
         horizon=2,
-    )  # fmt: skip
+    )
     # token-mean with a GLOBAL count of 4 tokens (this micro-batch holds 2 of them):
     # pg = -(1*-1 + 1*-2)/4 = .75; k1 = lp - ref = (.5, -1) -> -.5/4 = -.125; entropy 6/4 = 1.5
     assert loss.item() == pytest.approx(0.75 + 0.5 * -0.125 - 0.1 * 1.5, abs=1e-12)

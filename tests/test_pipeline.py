@@ -16,21 +16,38 @@ from components.core.warm import eval_checkpoints
 def _compile(workspace, out, *args):
     proc = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "compile", str(workspace), "-o", str(out), *args],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     return yaml.safe_load_all(out.read_text())
 
 
 def test_compile_segment_pipeline_with_stage_images(workspace, tmp_path):
-    ir, platform = _compile(workspace, tmp_path / "p.yaml", "--iterations", "3",
-                            "--set", "cluster.image_tag=v9", "--set", "verify.num_shards=2")  # fmt: skip
+    ir, platform = _compile(
+        workspace,
+        tmp_path / "p.yaml",
+        "--iterations",
+        "3",
+        "--set",
+        "cluster.image_tag=v9",
+        "--set",
+        "verify.num_shards=2",
+    )
     tasks = ir["root"]["dag"]["tasks"]
     names = sorted(t["taskInfo"]["name"] for t in tasks.values())
-    assert names == sorted([
-        "init", "generate", "verify-shard-00000-of-00002", "verify-shard-00001-of-00002",
-        "train", "evaluate", "next-segment", "report",
-    ])  # fmt: skip
+    assert names == sorted(
+        [
+            "init",
+            "generate",
+            "verify-shard-00000-of-00002",
+            "verify-shard-00001-of-00002",
+            "train",
+            "evaluate",
+            "next-segment",
+            "report",
+        ]
+    )
     executors = ir["deploymentSpec"]["executors"]
     images = {e["container"]["image"] for e in executors.values()}
     assert images == {
@@ -43,8 +60,14 @@ def test_compile_segment_pipeline_with_stage_images(workspace, tmp_path):
     by_name = {t["taskInfo"]["name"]: t for t in tasks.values()}
     deps = lambda n: {tasks[d]["taskInfo"]["name"] for d in by_name[n].get("dependentTasks", [])}  # noqa: E731
     # Every task but the report starts at once; they meet through the store, not the DAG.
-    for w in ("init", "generate", "verify-shard-00000-of-00002", "train", "evaluate",
-              "next-segment"):  # fmt: skip
+    for w in (
+        "init",
+        "generate",
+        "verify-shard-00000-of-00002",
+        "train",
+        "evaluate",
+        "next-segment",
+    ):
         assert deps(w) == set(), w
     assert deps("report") == {"evaluate"}
     params = ir["root"]["inputDefinitions"]["parameters"]
@@ -56,9 +79,20 @@ def test_generate_runs_code_with_tools(workspace, tmp_path):
     pod carries the runs-code label the code-sandbox overlay matches."""
     out = tmp_path / "tools.yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "compile", str(workspace), "-o", str(out),
-         "--set", "generate.tools=[python]"], capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "compile",
+            str(workspace),
+            "-o",
+            str(out),
+            "--set",
+            "generate.tools=[python]",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     ir, platform = yaml.safe_load_all(out.read_text())
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
@@ -91,10 +125,22 @@ def test_compiled_placement_from_config(workspace, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "super-secret-value-123")
     out = tmp_path / "pipeline.yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "compile", str(workspace), "-o", str(out),
-         "--set", "cluster.stages.train.accelerator_count=8", "--set", "cluster.stages.verify.retries=5"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "compile",
+            str(workspace),
+            "-o",
+            str(out),
+            "--set",
+            "cluster.stages.train.accelerator_count=8",
+            "--set",
+            "cluster.stages.verify.retries=5",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "super-secret-value-123" not in text and "testing" not in text
@@ -143,17 +189,38 @@ def test_rlvr_run_in_segments_on_kfp_local_and_resume(workspace):
     """Three iterations in two segments of warm workers (two generate shards, two evaluation
     shards and their gather), then a resume that redoes only what is missing: a segment with
     nothing to do does not even start."""
-    cmd = [sys.executable, "-m", "pipelines.cli", "run", str(workspace), "--iterations", "3",
-           "--set", "run.segment_iterations=2", "--set", "evaluate.every=2",
-           "--set", "generate.num_shards=2", "--set", "evaluate.num_shards=2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "run",
+        str(workspace),
+        "--iterations",
+        "3",
+        "--set",
+        "run.segment_iterations=2",
+        "--set",
+        "evaluate.every=2",
+        "--set",
+        "generate.num_shards=2",
+        "--set",
+        "evaluate.num_shards=2",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workspace.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "3 iterations in 2 segment(s)" in proc.stderr
     root = workspace.parent / "runs" / "t"
-    for d in ("checkpoints/00000", "checkpoints/00003", "train_state/00003",
-              "iterations/00002/rollouts/shard-00000-of-00002",
-              "iterations/00002/rollouts/shard-00001-of-00002", "iterations/00002/scored",
-              "evals/00000", "evals/00002", "evals/00003"):  # fmt: skip
+    for d in (
+        "checkpoints/00000",
+        "checkpoints/00003",
+        "train_state/00003",
+        "iterations/00002/rollouts/shard-00000-of-00002",
+        "iterations/00002/rollouts/shard-00001-of-00002",
+        "iterations/00002/scored",
+        "evals/00000",
+        "evals/00002",
+        "evals/00003",
+    ):
         assert (root / d / "_SUCCESS").is_file(), d
     assert not (root / "evals/00001").exists()  # evaluate.every=2
     for c in (0, 2, 3):
@@ -171,8 +238,10 @@ def test_rlvr_run_in_segments_on_kfp_local_and_resume(workspace):
     state = json.loads((root / "train_state/00003/state.json").read_text())
     assert state["step"] == 3
     # One warm train worker per segment: it built its engine once and reused it.
-    engines = [json.loads((root / f"checkpoints/{c:05d}/_SUCCESS").read_text())["stats"]
-               ["train/engine"] for c in (1, 2, 3)]  # fmt: skip
+    engines = [
+        json.loads((root / f"checkpoints/{c:05d}/_SUCCESS").read_text())["stats"]["train/engine"]
+        for c in (1, 2, 3)
+    ]
     assert engines == ["load", "reuse", "load"]
     for i in range(3):
         rollouts = root / f"iterations/{i:05d}/rollouts/shard-00000-of-00002/_SUCCESS"
@@ -189,15 +258,22 @@ def test_rlvr_run_in_segments_on_kfp_local_and_resume(workspace):
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workspace.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "segment 0 (iterations 0..1): done" in proc.stderr
-    redone = {p.relative_to(root).parent.as_posix() for p, t in stamps.items()
-              if not p.exists() or p.stat().st_mtime_ns != t}  # fmt: skip
+    redone = {
+        p.relative_to(root).parent.as_posix()
+        for p, t in stamps.items()
+        if not p.exists() or p.stat().st_mtime_ns != t
+    }
     # Training is deterministic: checkpoint 3 comes back with the same content, so its
     # evaluation is still up to date. Its evaluation shards were resampled: the plan uncommits
     # them so that the gather cannot combine them with a new checkpoint (here the same one).
     # The run-level report is always regenerated.
-    assert redone == {"checkpoints/00003", "train_state/00003", "report",
-                      "eval_shards/00003/shard-00000-of-00002",
-                      "eval_shards/00003/shard-00001-of-00002"}  # fmt: skip
+    assert redone == {
+        "checkpoints/00003",
+        "train_state/00003",
+        "report",
+        "eval_shards/00003/shard-00000-of-00002",
+        "eval_shards/00003/shard-00001-of-00002",
+    }
     assert (root / "checkpoints/00003/_SUCCESS").is_file()
 
 
@@ -210,9 +286,20 @@ def test_a_failing_worker_stops_the_run_with_its_error(workspace):
 
     plugin = workspace.parent / "broken_plugin.py"
     plugin.write_text("def compute_score(*args, **kwargs):\n    raise KeyError('no grader')\n")
-    cmd = [sys.executable, "-m", "pipelines.cli", "run", str(workspace), "--iterations", "2",
-           "--set", f"verify.rewards.arithmetic={plugin}:compute_score",
-           "--set", "run.wait_timeout_s=600", "--skip-check"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "run",
+        str(workspace),
+        "--iterations",
+        "2",
+        "--set",
+        f"verify.rewards.arithmetic={plugin}:compute_score",
+        "--set",
+        "run.wait_timeout_s=600",
+        "--skip-check",
+    ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workspace.parent)
     assert proc.returncode == 2, proc.stderr[-3000:]  # bad input (the verifier), not a crash
@@ -244,11 +331,21 @@ def test_rlvr_run_checks_everything_before_any_work(workspace):
     plugin = workspace.parent / "broken_plugin.py"
     plugin.write_text("def compute_score(*args, **kwargs):\n    raise KeyError('no grader')\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "run", str(workspace),
-         "--set", f"verify.rewards.arithmetic={plugin}:compute_score",
-         "--set", "train.policy_loss_options={clip_hi: 0.3}"],
-        capture_output=True, text=True, cwd=workspace.parent,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "run",
+            str(workspace),
+            "--set",
+            f"verify.rewards.arithmetic={plugin}:compute_score",
+            "--set",
+            "train.policy_loss_options={clip_hi: 0.3}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=workspace.parent,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr
     assert "2 problems" in err and "Traceback" not in err

@@ -47,10 +47,17 @@ def test_a_changed_config_uncommits_everything_it_affects(train_cfg):  # noqa: F
     assert first_out_of_date(changed, segment(changed, 0)) == (0, "generate", "stale")
     stats = plan_segment(changed, 0, "attempt-1")
     assert set(stats["uncommitted"]) == {
-        layout.rollouts(0), layout.scored(0), layout.rollouts(1), layout.scored(1),
-        layout.prompt_stats(0), layout.prompt_stats(1),
-        layout.checkpoint(1), layout.checkpoint(2), layout.train_state(1), layout.train_state(2),
-    }  # fmt: skip
+        layout.rollouts(0),
+        layout.scored(0),
+        layout.rollouts(1),
+        layout.scored(1),
+        layout.prompt_stats(0),
+        layout.prompt_stats(1),
+        layout.checkpoint(1),
+        layout.checkpoint(2),
+        layout.train_state(1),
+        layout.train_state(2),
+    }
     assert _committed(layout.checkpoint(0)) and _committed(RunStatus.of(seg, "attempt-1").plan)
 
     # The workers of that attempt (processes, as in a pipeline run) redo every step, each
@@ -58,11 +65,23 @@ def test_a_changed_config_uncommits_everything_it_affects(train_cfg):  # noqa: F
     config = layout.root + "/../changed.json"
     Path(config).write_text(changed.to_json())
     procs = [
-        subprocess.Popen([sys.executable, "-m", f"components.{stage}", config, "--segment", "0",
-                          "--attempt", "attempt-1"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                f"components.{stage}",
+                config,
+                "--segment",
+                "0",
+                "--attempt",
+                "attempt-1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for stage in ("generate", "verify", "train")
-    ]  # fmt: skip
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]

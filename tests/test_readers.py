@@ -71,12 +71,15 @@ def test_five_readers_agree(outputs: dict[str, Path], kind: str) -> None:
 
 def test_version_2_files_still_read(tmp_path: Path) -> None:
     v2_type = pa.map_(pa.string(), pa.float32())
-    old_schema = pa.schema([f if f.name != "reward_components" else pa.field(f.name, v2_type)
-                            for f in SCORED])  # fmt: skip
+    old_schema = pa.schema(
+        [f if f.name != "reward_components" else pa.field(f.name, v2_type) for f in SCORED]
+    )
     row = {f.name: None for f in SCORED}
     row.update(prompt_id="p", sample_index=0, reward=1.0)
-    rows = [dict(row, reward_components=[("correct", 1.0), ("format", 0.5)]),
-            dict(row, sample_index=1, reward_components=None)]  # fmt: skip
+    rows = [
+        dict(row, reward_components=[("correct", 1.0), ("format", 0.5)]),
+        dict(row, sample_index=1, reward_components=None),
+    ]
     table = pa.Table.from_pylist(rows, schema=old_schema)
     meta = stamp(table.schema, "scored").metadata
     meta[b"rlvr.schema_version"] = b"2"
@@ -100,6 +103,8 @@ def test_upgrade_handles_sliced_chunks_nulls_and_empty_maps() -> None:
     )
     table = pa.table({"reward_components": pa.chunked_array([v2.slice(0, 4), v2.slice(4, 9)])})
     got = upgrade(table).column("reward_components").to_pylist()
-    want = [[{"name": k, "value": v} for k, v in row] if row is not None else None
-            for row in v2.to_pylist()[:13]]  # fmt: skip
+    want = [
+        [{"name": k, "value": v} for k, v in row] if row is not None else None
+        for row in v2.to_pylist()[:13]
+    ]
     assert got == want

@@ -20,14 +20,25 @@ from pipelines.cli import main
 from pipelines.local import tensorboard_hint
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-        *sorted(ROOT.glob("examples/*/README.md"))]  # fmt: skip
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted(ROOT.glob("examples/*/README.md")),
+]
 # every file a user reads an install hint in: docs, the benchmarks' docstrings, messages and
 # skip reasons (components/train/ is another change's; its LoRA hint is listed in issue 35)
-HINTED = [*DOCS, *sorted(ROOT.glob("benchmarks/*.py")), *sorted(ROOT.glob("tests/*.py")),
-          *sorted(ROOT.glob("pipelines/*.py")), *sorted(ROOT.glob("examples/**/*.py")),
-          *(p for p in sorted(ROOT.glob("components/**/*.py")) if "components/train/" not in
-            p.as_posix())]  # fmt: skip
+HINTED = [
+    *DOCS,
+    *sorted(ROOT.glob("benchmarks/*.py")),
+    *sorted(ROOT.glob("tests/*.py")),
+    *sorted(ROOT.glob("pipelines/*.py")),
+    *sorted(ROOT.glob("examples/**/*.py")),
+    *(
+        p
+        for p in sorted(ROOT.glob("components/**/*.py"))
+        if "components/train/" not in p.as_posix()
+    ),
+]
 
 
 def _extras() -> set[str]:
@@ -66,8 +77,10 @@ def test_every_install_line_names_an_extra_that_exists():
         for m in re.finditer(r"pip install[^\n]*?(\S*)\[([a-z0-9_,-]+)\]", text):
             target, names = m.group(1).strip("'\""), m.group(2).split(",")
             if target.startswith("rlvr") or "rlvr[" in m.group(0):
-                bad.append(f"{path.name}: {m.group(0)!r}: rlvr is installed from the repository "
-                           "(pip install -e \".[EXTRA]\"), not from an index")  # fmt: skip
+                bad.append(
+                    f"{path.name}: {m.group(0)!r}: rlvr is installed from the repository "
+                    '(pip install -e ".[EXTRA]"), not from an index'
+                )
             for name in names:
                 if target.endswith(".") and name not in extras:
                     bad.append(f"{path.name}: {m.group(0)!r}: no extra {name!r} in pyproject.toml")
@@ -133,8 +146,10 @@ def test_every_script_and_module_the_docs_name_exists():
             if not (ROOT / rel).exists():
                 missing.append(f"{path.name}: {rel}")
         for mod in set(re.findall(r"python -m ((?:components|examples|pipelines)[\w.]*\w)", text)):
-            if not (ROOT / mod.replace(".", "/")).with_suffix(".py").exists() and not (
-                ROOT / mod.replace(".", "/") / "__main__.py").exists():  # fmt: skip
+            if (
+                not (ROOT / mod.replace(".", "/")).with_suffix(".py").exists()
+                and not (ROOT / mod.replace(".", "/") / "__main__.py").exists()
+            ):
                 missing.append(f"{path.name}: python -m {mod}")
     assert not missing, missing
 
@@ -145,8 +160,11 @@ def test_the_readme_counts_the_bad_input_cases():
     readme = (ROOT / "README.md").read_text()
     stated = re.search(r"\((\d+) cases in `tests/test_bad_input.py`", readme)
     assert stated and int(stated.group(1)) == len(CASES), (stated and stated.group(1), len(CASES))
-    rows = [line for line in (ROOT / "docs/errors.md").read_text().splitlines()
-            if re.match(r"\| [a-z-]+/", line)]  # fmt: skip
+    rows = [
+        line
+        for line in (ROOT / "docs/errors.md").read_text().splitlines()
+        if re.match(r"\| [a-z-]+/", line)
+    ]
     assert sorted(r.split("|")[1].strip() for r in rows) == sorted(c[0] for c in CASES)
 
 
@@ -182,10 +200,17 @@ def test_the_readme_demo_figures_are_the_ones_readme_figures_checks():
     cost = rf.COST_RE.search(rf._row(readme, rf.COST_ROW))
     assert demo and cost
     base, final = float(demo.group(1)), float(demo.group(3))
-    like = {"base": base, "base_ci": [base - 0.03, base + 0.03], "final": final,
-            "final_ci": [final - 0.05, final + 0.05], "wall_s": float(demo.group(5)),
-            "iteration_s": float(cost.group(3)), "startup_s": float(cost.group(5)),
-            "fixed_share": float(cost.group(1)) / 100, "checkpoint": 12}  # fmt: skip
+    like = {
+        "base": base,
+        "base_ci": [base - 0.03, base + 0.03],
+        "final": final,
+        "final_ci": [final - 0.05, final + 0.05],
+        "wall_s": float(demo.group(5)),
+        "iteration_s": float(cost.group(3)),
+        "startup_s": float(cost.group(5)),
+        "fixed_share": float(cost.group(1)) / 100,
+        "checkpoint": 12,
+    }
     assert rf.compare(readme, like) == []
     drifted = {
         **like,

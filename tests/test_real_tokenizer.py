@@ -59,11 +59,18 @@ def smol_assets(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("smol")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -128,8 +135,10 @@ def test_every_stage_on_the_real_tokenizer_and_template(smol_cfg, smol_assets):
     assert result["stats"]["train/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # policy == base
     # The trained checkpoint keeps the tokenizer byte for byte and loads in both majors.
     for name in ("tokenizer.json", "chat_template.jinja"):
-        digests = {hashlib.sha256(Path(d, name).read_bytes()).hexdigest()
-                   for d in (layout.checkpoint(0), layout.checkpoint(1))}  # fmt: skip
+        digests = {
+            hashlib.sha256(Path(d, name).read_bytes()).hexdigest()
+            for d in (layout.checkpoint(0), layout.checkpoint(1))
+        }
         assert len(digests) == 1, name
     tok_cfg = json.loads(Path(layout.checkpoint(1), "tokenizer_config.json").read_text())
     assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
@@ -172,8 +181,9 @@ def test_trainer_logprobs_equal_the_samplers_at_a_49k_vocabulary(smol_cfg, monke
     assert bool((ent[mb.response_mask] > 0).all())
 
 
-def test_check_names_a_missing_chat_template_and_an_overlong_response(smol_cfg, smol_assets,
-                                                                     tmp_path):  # fmt: skip
+def test_check_names_a_missing_chat_template_and_an_overlong_response(
+    smol_cfg, smol_assets, tmp_path
+):
     """What `rlvr check` says about a real model: chat prompts with no template to render them
     (a warning: they would reach the model as bare text), and prompt + response past the
     model's context (an error naming the setting)."""

@@ -67,8 +67,19 @@ def test_a_moved_run_resumes_without_recomputing(workspace: Path, commit_log) ->
     assert "recomputing" not in commit_log.text
 
     # a changed input: regenerate iteration 0 differently; verify says why it recomputes
-    res = CliRunner().invoke(main, ["stage", "generate", str(workspace), "--force", "--set",
-                                    f"run.store={moved}", "--set", "generate.temperature=0.7"])  # fmt: skip
+    res = CliRunner().invoke(
+        main,
+        [
+            "stage",
+            "generate",
+            str(workspace),
+            "--force",
+            "--set",
+            f"run.store={moved}",
+            "--set",
+            "generate.temperature=0.7",
+        ],
+    )
     assert res.exit_code == 0, res.output
     commit_log.lines.clear()
     res = CliRunner().invoke(

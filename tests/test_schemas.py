@@ -109,6 +109,8 @@ def test_reading_parquet_never_aborts_the_interpreter_at_exit(tmp_path, tiny_ass
         f"read_dataset(LocalStore(), {str(tiny_assets / 'train.parquet')!r})\n"
         "sys.exit(2)\n"
     )
-    codes = [subprocess.run([sys.executable, "-c", script], capture_output=True).returncode
-             for _ in range(10)]  # fmt: skip
+    codes = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True).returncode
+        for _ in range(10)
+    ]
     assert codes == [2] * 10, codes

@@ -73,8 +73,15 @@ def test_evaluate_writes_metrics_plots_and_report(cfg):
     run_setup.run(cfg)
     result = evaluate(cfg, 0)
     root = Path(RunLayout.of(cfg).evals(0))
-    for name in ("metrics.json", "heldout/metrics.json", "heldout/samples.parquet",
-                 "pass_at_k.png", "history.png", "report.md", "_SUCCESS"):  # fmt: skip
+    for name in (
+        "metrics.json",
+        "heldout/metrics.json",
+        "heldout/samples.parquet",
+        "pass_at_k.png",
+        "history.png",
+        "report.md",
+        "_SUCCESS",
+    ):
         assert (root / name).is_file(), name
     m = json.loads((root / "metrics.json").read_text())
     assert m["checkpoint"].endswith("checkpoints/00000") and m["n"] == 4
@@ -140,8 +147,14 @@ def test_stages_run_against_s3(cfg, s3_bucket):
         for page in boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=s3_bucket)
         for o in page.get("Contents", [])
     }
-    for d in ("checkpoints/00000", "checkpoints/00001", "train_state/00001",
-              "iterations/00000/rollouts", "iterations/00000/scored", "evals/00001"):  # fmt: skip
+    for d in (
+        "checkpoints/00000",
+        "checkpoints/00001",
+        "train_state/00001",
+        "iterations/00000/rollouts",
+        "iterations/00000/scored",
+        "evals/00001",
+    ):
         assert f"runs/t/{d}/_SUCCESS" in keys, d
     assert "runs/t/checkpoints/00001/model.safetensors" in keys
 
@@ -161,19 +174,35 @@ def test_weighted_reward_components_and_overlong_penalty():
         ("<think>x</think> \\boxed{4}", "4", 8),
     ]
     for i, (resp, gt, length) in enumerate(cases):
-        values = dict(prompt_id=f"p{i}", sample_index=0, data_source="mix", ground_truth=gt, prompt="q",
-                      prompt_token_ids=[1], response=resp, response_token_ids=list(range(length)),
-                      response_logprobs=[0.0] * length, finish_reason="stop", checkpoint="c", extra_info=None,
-                      policy_version=0)  # fmt: skip
+        values = dict(
+            prompt_id=f"p{i}",
+            sample_index=0,
+            data_source="mix",
+            ground_truth=gt,
+            prompt="q",
+            prompt_token_ids=[1],
+            response=resp,
+            response_token_ids=list(range(length)),
+            response_logprobs=[0.0] * length,
+            finish_reason="stop",
+            checkpoint="c",
+            extra_info=None,
+            policy_version=0,
+        )
         for k, v in values.items():
             rows[k].append(v)
     table = pa.Table.from_pydict(rows, schema=ROLLOUTS)
-    spec = RewardSpec(components=[{"verifier": "math", "name": "correct"},
-                                  {"verifier": "format", "weight": 0.5}])  # fmt: skip
+    spec = RewardSpec(
+        components=[{"verifier": "math", "name": "correct"}, {"verifier": "format", "weight": 0.5}]
+    )
     scored, stats = score_table(
-        table, {"mix": spec}, num_workers=0, timeout_s=5, max_error_fraction=0.0,
+        table,
+        {"mix": spec},
+        num_workers=0,
+        timeout_s=5,
+        max_error_fraction=0.0,
         overlong=OverlongPenalty(max_length=10, buffer=4, penalty=1.0),
-    )  # fmt: skip
+    )
     out = scored.to_pylist()
     # overlong: length <= 6 -> 0; 8 -> -(8-6)/4 = -0.5; 10 -> -(10-6)/4 = -1.0
     assert [components_dict(r["reward_components"]) for r in out] == [
@@ -219,9 +248,14 @@ def test_sharded_evaluation_matches_unsharded_and_greedy(cfg):
         )
         ev = cfg.data.eval[0]
         spec = spec_from(
-            cfg.generate, cfg.evaluate.seed, n=n, temperature=ev.temperature if n > 1 else 0.0,
-            top_p=ev.top_p, top_k=ev.top_k, max_new_tokens=ev.max_new_tokens,
-        )  # fmt: skip
+            cfg.generate,
+            cfg.evaluate.seed,
+            n=n,
+            temperature=ev.temperature if n > 1 else 0.0,
+            top_p=ev.top_p,
+            top_k=ev.top_k,
+            max_new_tokens=ev.max_new_tokens,
+        )
         diverged += assert_equal_up_to_rounding(
             a, b, model, spec, cfg.evaluate.seed, EVAL_SEED_ITERATION
         )
@@ -243,9 +277,9 @@ def test_eval_set_ks_and_data_source_filter(cfg):
     )
     run_setup.run(cfg)
     metrics = evaluate(cfg, 0)["metrics"]["sets"]
-    assert set(k for k in metrics["filtered"]["overall"] if k.startswith("pass@") and "_" not in k) == {
-        "pass@1", "pass@2", "pass@3"
-    }  # fmt: skip
+    assert set(
+        k for k in metrics["filtered"]["overall"] if k.startswith("pass@") and "_" not in k
+    ) == {"pass@1", "pass@2", "pass@3"}
     assert metrics["filtered"]["overall"]["num_problems"] == 5
     cfg.data.eval[1].data_sources = ["nope"]
     with pytest.raises(ValueError, match="matches no prompt"):

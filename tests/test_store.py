@@ -109,10 +109,19 @@ def test_killed_stage_leaves_nothing_trusted(workspace, cfg):
     layout = RunLayout.of(cfg)
     rollouts = Path(layout.rollouts(0))
     args = [
-        sys.executable, "-m", "components.generate", str(workspace), "-i", "0",
-        "--set", "generate.rows_per_part=4", "--set", "generate.batch_size=4",
-        "--set", "generate.max_new_tokens=64",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "components.generate",
+        str(workspace),
+        "-i",
+        "0",
+        "--set",
+        "generate.rows_per_part=4",
+        "--set",
+        "generate.batch_size=4",
+        "--set",
+        "generate.max_new_tokens=64",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
@@ -174,8 +183,11 @@ def test_local_put_tree_moves_by_rename_and_records_hashes(tmp_path):
     moved = tmp_path / "runs" / "ckpt" / "sub" / "w.bin"
     assert moved.stat().st_ino == inode and not (scratch / "sub" / "w.bin").exists()
     (entry,) = read_manifest(LocalStore(), str(tmp_path / "runs" / "ckpt"))["files"]
-    assert entry == {"path": "sub/w.bin", "bytes": 7000,
-                     "sha256": hashlib.sha256(b"weights" * 1000).hexdigest()}  # fmt: skip
+    assert entry == {
+        "path": "sub/w.bin",
+        "bytes": 7000,
+        "sha256": hashlib.sha256(b"weights" * 1000).hexdigest(),
+    }
 
 
 def test_local_writes_get_the_ordinary_file_mode(tmp_path):

@@ -40,8 +40,9 @@ def test_a_stage_rerun_long_after_the_run_leaves_its_timing_alone(tmp_path: Path
     _warm_run(tmp_path)
     before = summary(load_timeline(get_store(str(tmp_path)), str(tmp_path)))
     # `rlvr stage verify -i 1 --force` twenty minutes later
-    _commit(tmp_path, "verify", 1, [["start", 2300.0, 2302.0], ["work", 2302.0, 2303.0]],
-            one_shot=True)  # fmt: skip
+    _commit(
+        tmp_path, "verify", 1, [["start", 2300.0, 2302.0], ["work", 2302.0, 2303.0]], one_shot=True
+    )
     tl = load_timeline(get_store(str(tmp_path)), str(tmp_path))
     after = summary(tl)
     assert after["wall_s"] == pytest.approx(before["wall_s"])
@@ -91,12 +92,25 @@ def test_the_handoff_counts_only_its_part_inside_an_iteration_and_the_slowest_sh
     steps = []
     for i in range(3):
         t = 10.0 * i
-        steps.append(Step("train", "train", i, [("work", t + 4, t + 8), ("commit", t + 8, t + 10)],
-                          pid=7))  # fmt: skip
-        steps.append(Step("generate-shard-00000-of-00002", "generate", i,
-                          [("load", t - 1, t + 1), ("work", t + 1, t + 3)]))  # fmt: skip
-        steps.append(Step("generate-shard-00001-of-00002", "generate", i,
-                          [("load", t, t + 1.5), ("work", t + 1.5, t + 3)]))  # fmt: skip
+        steps.append(
+            Step("train", "train", i, [("work", t + 4, t + 8), ("commit", t + 8, t + 10)], pid=7)
+        )
+        steps.append(
+            Step(
+                "generate-shard-00000-of-00002",
+                "generate",
+                i,
+                [("load", t - 1, t + 1), ("work", t + 1, t + 3)],
+            )
+        )
+        steps.append(
+            Step(
+                "generate-shard-00001-of-00002",
+                "generate",
+                i,
+                [("load", t, t + 1.5), ("work", t + 1.5, t + 3)],
+            )
+        )
     got = handoff_times(RunTimeline(steps))
     assert [i for i, _, _ in got] == [1, 2]
     for _, handoff, period in got:

@@ -49,16 +49,22 @@ def test_a_warm_up_trace_is_what_the_generate_loop_writes():
     tools = load_tools(["python"])
     try:
         (tr,) = generate_multi_turn(
-            Replay(tok, [tool_call_text(p), answer_text(p)]), [PromptRequest("p", prompt, [1])],
-            SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=64), tools,
-            observation_encoder(tok), decode=tok.decode, max_turns=2, max_response_tokens=112,
-        )  # fmt: skip
+            Replay(tok, [tool_call_text(p), answer_text(p)]),
+            [PromptRequest("p", prompt, [1])],
+            SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=64),
+            tools,
+            observation_encoder(tok),
+            decode=tok.decode,
+            max_turns=2,
+            max_response_tokens=112,
+        )
     finally:
         tools.close()
     assert tr.tool_errors == 0 and tr.turns[1]["content"] == "171981\n"
     assert tr.token_ids == ids and tr.mask == trained
     assert tok.decode(ids[trained.index(0) : len(trained) - trained[::-1].index(0)]) == (
-        "<tool_response>171981\n</tool_response>")  # fmt: skip
+        "<tool_response>171981\n</tool_response>"
+    )
     direct, mask = trace_ids(tok, observation_encoder(tok), p, tool=False)
     assert tok.decode(direct) == "\\boxed{171981}<eos>" and mask == [1] * len(direct)
 

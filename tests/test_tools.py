@@ -26,11 +26,18 @@ def add(a: int, b: int = 0) -> int:
 
 def test_a_tool_is_described_from_its_signature_and_docstring():
     tool = tool_from_callable(add)
-    assert tool.schema() == {"type": "function", "function": {
-        "name": "add", "description": "Add two integers.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                         "b": {"type": "integer"}},
-                       "required": ["a"]}}}  # fmt: skip
+    assert tool.schema() == {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a"],
+            },
+        },
+    }
 
     def untyped(x):
         """Doc."""
@@ -46,9 +53,11 @@ def test_a_tool_is_described_from_its_signature_and_docstring():
 
 
 def test_tool_calls_are_parsed_in_order_and_bad_ones_carry_their_error():
-    text = ('I will compute. <tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n'
-            '</tool_call> and <tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>'
-            "<tool_call>{not json}</tool_call><tool_call>[1]</tool_call>")  # fmt: skip
+    text = (
+        'I will compute. <tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n'
+        '</tool_call> and <tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>'
+        "<tool_call>{not json}</tool_call><tool_call>[1]</tool_call>"
+    )
     calls = parse_tool_calls(text)
     assert calls[0] == ToolCall("add", {"a": 2, "b": 3})
     assert calls[1] == ToolCall("add", {"a": 1})  # JSON-encoded arguments are decoded
@@ -71,16 +80,23 @@ def test_every_failure_is_an_observation():
         """Print a lot."""
         return "y" * 100
 
-    box = ToolBox({"add": tool_from_callable(add),
-                   "slow": tool_from_callable(slow, timeout_s=0.2),
-                   "boom": tool_from_callable(boom),
-                   "big": tool_from_callable(big, max_output_chars=10)})  # fmt: skip
+    box = ToolBox(
+        {
+            "add": tool_from_callable(add),
+            "slow": tool_from_callable(slow, timeout_s=0.2),
+            "boom": tool_from_callable(boom),
+            "big": tool_from_callable(big, max_output_chars=10),
+        }
+    )
     try:
         assert box.call(ToolCall("add", {"a": 2, "b": 3})) == ("5", True)
         assert box.call(ToolCall("sub", {})) == (
-            "Error: no tool named 'sub' (tools: add, slow, boom, big)", False)  # fmt: skip
+            "Error: no tool named 'sub' (tools: add, slow, boom, big)",
+            False,
+        )
         assert box.call(ToolCall("add", {"c": 1}))[0] == (
-            "Error: add takes no argument 'c' (its arguments: a, b)")  # fmt: skip
+            "Error: add takes no argument 'c' (its arguments: a, b)"
+        )
         assert box.call(ToolCall("add", {}))[0] == "Error: add needs the argument 'a'"
         assert (
             box.call(ToolCall("add", {"a": "2"}))[0] == "Error: add: argument 'a' must be a integer"

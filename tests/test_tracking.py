@@ -387,8 +387,11 @@ class FakeStage:
 
     def step(self, i: int, *, force: bool = False, timeline: Timeline) -> dict:
         if self.task.startswith("evaluate"):
-            metrics = {"sets": {"heldout": {"overall": {"pass@1": i / 4, "n": 8,
-                                                          "pass@1_ci95": [0.0, 0.5]}}}}  # fmt: skip
+            metrics = {
+                "sets": {
+                    "heldout": {"overall": {"pass@1": i / 4, "n": 8, "pass@1_ci95": [0.0, 0.5]}}
+                }
+            }
             stats = {"timeline": {"seconds": {"start": 3.0, "work": 2.0}}}  # as evaluate commits
             return {"skipped": False, "uri": "u", "stats": stats, "metrics": metrics}
         if i == 1 and not force:

@@ -115,16 +115,26 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
     model, tok = load_policy(Path(RunLayout.of(cfg).checkpoint(0)))
     train.init_distributed("cpu")
     engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=list(model.parameters()),
+        model=model,
+        model_parameters=list(model.parameters()),
         config=train.deepspeed_config(cfg.train, 1, torch.float32),
-    )  # fmt: skip
+    )
     step = 0
     for i in range(3):
         torch.manual_seed(cfg.run.seed + i)
         step, _ = update.train_iteration(
-            engine, rollouts_of(cfg, i), cfg.train, temperature=1.0, horizon=6, start_step=step,
-            total_steps=6, seed=cfg.run.seed, iteration=i, pad_id=tok.pad_token_id, device="cpu",
-        )  # fmt: skip
+            engine,
+            rollouts_of(cfg, i),
+            cfg.train,
+            temperature=1.0,
+            horizon=6,
+            start_step=step,
+            total_steps=6,
+            seed=cfg.run.seed,
+            iteration=i,
+            pad_id=tok.pad_token_id,
+            device="cpu",
+        )
     got = weights(cfg, 3)
     base = weights(cfg, 0)
     for name, ref in engine.module.state_dict().items():
@@ -143,10 +153,14 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
     mask = response_mask_of([len(r) for r in ro.response_tokens])
     old = pad_rows(ro.rollout_logprobs, mask.shape[1])
     targets = build_targets(
-        cfg.train, rewards=torch.tensor(ro.rewards, dtype=torch.float32), group_ids=ro.group_ids(),
-        response_mask=mask, truncated=torch.tensor(ro.truncated), old_logprobs=old,
+        cfg.train,
+        rewards=torch.tensor(ro.rewards, dtype=torch.float32),
+        group_ids=ro.group_ids(),
+        response_mask=mask,
+        truncated=torch.tensor(ro.truncated),
+        old_logprobs=old,
         rollout_logprobs=old,
-    )  # fmt: skip
+    )
     rows = list(range(n))
     num_tokens = int(mask.sum())
     assert len(plan_micro_batches(ro.lengths(), rows, 1)) == n  # really one row per micro-batch
@@ -164,9 +178,20 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
                 p.grad = None
             plan = plan_micro_batches(ro.lengths(), rows, budget)
             update.accumulate_mini_batch(
-                engine, ro, plan, targets, old, None, t, num_tokens=num_tokens, num_seqs=n,
-                horizon=6, temperature=1.0, pad_id=tok.pad_token_id, device="cpu",
-            )  # fmt: skip
+                engine,
+                ro,
+                plan,
+                targets,
+                old,
+                None,
+                t,
+                num_tokens=num_tokens,
+                num_seqs=n,
+                horizon=6,
+                temperature=1.0,
+                pad_id=tok.pad_token_id,
+                device="cpu",
+            )
             grads[budget] = torch.cat([p.grad.flatten() for p in engine.module.parameters()])
         assert grads[10**6].abs().sum() > 0, mode
         for budget in (1, 64):
@@ -228,15 +253,28 @@ def test_stage_with_every_objective_option(train_cfg):
     """KL (reference loaded), entropy bonus, TIS, dynamic sampling, overlong filter and forking
     tokens together through the real stage: finite metrics and a committed checkpoint."""
     cfg = train_cfg
-    for key, value in dict(kl_coef=0.1, entropy_coef=0.01, rollout_correction="tis",
-                           dynamic_sampling=True, overlong_filter=True, forking_top_rho=0.5).items():  # fmt: skip
+    for key, value in dict(
+        kl_coef=0.1,
+        entropy_coef=0.01,
+        rollout_correction="tis",
+        dynamic_sampling=True,
+        overlong_filter=True,
+        forking_top_rho=0.5,
+    ).items():
         setattr(cfg.train, key, value)
     run_setup.run(cfg)
     generate(cfg, 0)
     verify(cfg, 0)
     stats = train.run(cfg, 0)["stats"]
-    for key in ("train/kl", "train/kl_loss", "train/entropy", "train/tis_clipped",
-                "train/zero_var_groups", "train/overlong_masked", "train/grad_norm"):  # fmt: skip
+    for key in (
+        "train/kl",
+        "train/kl_loss",
+        "train/entropy",
+        "train/tis_clipped",
+        "train/zero_var_groups",
+        "train/overlong_masked",
+        "train/grad_norm",
+    ):
         assert key in stats and math.isfinite(stats[key]), key
     # Rollout logprobs come from the same definition, so TIS weights are ~1: nothing clipped.
     assert stats["train/tis_clipped"] == 0.0
@@ -280,9 +318,19 @@ def test_two_processes_in_one_pod_match_one(train_cfg, tmp_path):
     config = tmp_path / "resolved.yaml"
     config.write_text(cfg.to_json())
     proc = subprocess.run(
-        [sys.executable, "-m", "components.train", str(config), "-i", "0", "--set", "train.processes=2"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "components.train",
+            str(config),
+            "-i",
+            "0",
+            "--set",
+            "train.processes=2",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (
         json.loads(Path(layout.train_state(1), "metrics.json").read_text())["train/world_size"] == 2
@@ -316,10 +364,20 @@ def test_single_process_ignores_inherited_rendezvous(train_cfg, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(taken.getsockname()[1])}  # fmt: skip
-        proc = subprocess.run([sys.executable, "-m", "components.train", str(config), "-i", "0"],
-                              env=env, capture_output=True, text=True)  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(taken.getsockname()[1]),
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "components.train", str(config), "-i", "0"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert Path(RunLayout.of(cfg).checkpoint(1), "_SUCCESS").is_file()
 
@@ -422,16 +480,26 @@ def test_zero2_state_restores_exactly(train_cfg):
     model, tok = load_policy(Path(RunLayout.of(cfg).checkpoint(0)))
     train.init_distributed("cpu")
     engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=list(model.parameters()),
+        model=model,
+        model_parameters=list(model.parameters()),
         config=train.deepspeed_config(cfg.train, 1, torch.float32),
-    )  # fmt: skip
+    )
     step = 0
     for i in range(2):
         torch.manual_seed(cfg.run.seed + i)
         step, _ = update.train_iteration(
-            engine, rollouts_of(cfg, i), cfg.train, temperature=1.0, horizon=6, start_step=step,
-            total_steps=4, seed=cfg.run.seed, iteration=i, pad_id=tok.pad_token_id, device="cpu",
-        )  # fmt: skip
+            engine,
+            rollouts_of(cfg, i),
+            cfg.train,
+            temperature=1.0,
+            horizon=6,
+            start_step=step,
+            total_steps=4,
+            seed=cfg.run.seed,
+            iteration=i,
+            pad_id=tok.pad_token_id,
+            device="cpu",
+        )
     got = weights(cfg, 2)
     for name, ref in train.full_state_dict(engine).items():
         # Same layout on both sides (see test_stage_continuity_and_micro_batch_invariance).
@@ -465,9 +533,13 @@ def test_cpu_start_compiles_no_deepspeed_op(tmp_path):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
         cwd=Path(__file__).resolve().parent.parent,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "shm op: None" in out.stdout
     assert not (tmp_path / "ext").exists() or not any((tmp_path / "ext").rglob("*.so"))
@@ -507,9 +579,13 @@ def test_sequence_logprobs_keep_the_logits_of_a_forward_that_changes_them():
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = LlamaForCausalLM(cfg).eval()
     assert update.output_head(model) is not None
     _logprobs_against_the_models_logits(model, 64)  # the chunked path, identical values
@@ -527,11 +603,20 @@ def test_sequence_logprobs_keep_the_logits_of_a_model_that_scales_its_head():
 
     torch.manual_seed(0)
     cfg = FalconH1Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, mamba_d_ssm=32, mamba_n_heads=4,
-        mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=8,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        mamba_d_ssm=32,
+        mamba_n_heads=4,
+        mamba_d_head=8,
+        mamba_d_state=8,
+        mamba_n_groups=1,
+        mamba_chunk_size=8,
         lm_head_multiplier=0.25,
-    )  # fmt: skip
+    )
     model = FalconH1ForCausalLM(cfg).eval()
     assert update.output_head(model) is None
     _logprobs_against_the_models_logits(model, 64)

@@ -86,11 +86,15 @@ def test_lora_dropout_applies_to_the_gradient_passes_only(tiny_assets):
         d = model(input_ids=ids).logits
     torch.testing.assert_close(c, d, rtol=0, atol=0)
     # The per-module modes come back after the no-grad pass, not a flat model.train(False).
-    drop = [m for n, m in model.named_modules()
-            if isinstance(m, torch.nn.Dropout) and ".lora_dropout." in f".{n}."]  # fmt: skip
+    drop = [
+        m
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Dropout) and ".lora_dropout." in f".{n}."
+    ]
     assert drop and all(m.training for m in drop)
-    assert not any(m.training for m in model.modules() if isinstance(m, torch.nn.Dropout)
-                   and m not in drop)  # fmt: skip
+    assert not any(
+        m.training for m in model.modules() if isinstance(m, torch.nn.Dropout) and m not in drop
+    )
 
 
 @pytest.mark.slow
@@ -116,8 +120,10 @@ def test_a_train_step_with_gradient_checkpointing_commits_the_same_weights(
     from tests.conftest import write_config
 
     plugin = tmp_path / "odd_length.py"  # rewards that differ within a group: a gradient
-    plugin.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):"
-                      "\n    return float(len(solution_str) % 2)\n")  # fmt: skip
+    plugin.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):"
+        "\n    return float(len(solution_str) % 2)\n"
+    )
     from components.train import stage
 
     calls = [0]
@@ -138,12 +144,20 @@ def test_a_train_step_with_gradient_checkpointing_commits_the_same_weights(
         calls[0] = 0
         root = tmp_path / f"gc{int(checkpointing)}"
         root.mkdir()
-        path = write_config(root, tiny_assets, model={"lora": lora},
-                            verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
-                            train={"lr": 1e-2, "micro_batch_tokens": 128, "mini_batches": 2,
-                                   "zero_stage": zero_stage,
-                                   "gradient_checkpointing": checkpointing},
-                            run={"iterations": 1})  # fmt: skip
+        path = write_config(
+            root,
+            tiny_assets,
+            model={"lora": lora},
+            verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
+            train={
+                "lr": 1e-2,
+                "micro_batch_tokens": 128,
+                "mini_batches": 2,
+                "zero_stage": zero_stage,
+                "gradient_checkpointing": checkpointing,
+            },
+            run={"iterations": 1},
+        )
         cfg = load_config(path)
         run_setup.run(cfg)
         generate(cfg, 0)

@@ -40,8 +40,11 @@ def scored(tmp_path_factory, tiny_assets):
     run_setup.run(cfg)
     generate(cfg, 0)
     verify(cfg, 0)
-    (part,) = committed_files(__import__("components.core.store", fromlist=["x"]).LocalStore(),
-                              RunLayout.of(cfg).scored(0), ".parquet")  # fmt: skip
+    (part,) = committed_files(
+        __import__("components.core.store", fromlist=["x"]).LocalStore(),
+        RunLayout.of(cfg).scored(0),
+        ".parquet",
+    )
     return part, str(tiny_assets / "base")
 
 
@@ -53,12 +56,26 @@ def run_ranks(
         port = s.getsockname()[1]
     procs = []
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
         if rows is not None:
             env["ROWS"] = str(rows)
-        args = [sys.executable, str(ROOT / "tests/zero_worker.py"), scored[0], scored[1], str(out),
-                str(zero), str(budget)]  # fmt: skip
+        args = [
+            sys.executable,
+            str(ROOT / "tests/zero_worker.py"),
+            scored[0],
+            scored[1],
+            str(out),
+            str(zero),
+            str(budget),
+        ]
         procs.append(subprocess.Popen(args, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True))
     for p in procs:
         _, err = p.communicate(timeout=600)

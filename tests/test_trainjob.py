@@ -20,40 +20,73 @@ SEGMENT_ARGS = ["--segment", "1", "--attempt", "run-abc"]
 
 
 def cluster_cfg(tmp_path, api: str = "trainer", **train) -> RunConfig:
-    return RunConfig.model_validate({
-        "run": {"run_id": "Demo_Run.7", "store": str(tmp_path / "runs"), "iterations": 8,
-                "segment_iterations": 4},
-        "model": {"base": "s3://b/base"},
-        "data": {"train": "s3://b/train.parquet"},
-        "train": {"nodes": 2, **train},
-        "cluster": {"image_repo": "registry.example/rlvr", "image_tag": "1.2",
-                    "hf_token_secret": "hf-token",
-                    "stages": {"train": {"accelerator_count": 8, "cpu_limit": "96"}},
-                    "train_job": {"api": api, "env": {"NCCL_SOCKET_IFNAME": "eth0"},
-                                  "poll_s": 0.01}},
-    })  # fmt: skip
+    return RunConfig.model_validate(
+        {
+            "run": {
+                "run_id": "Demo_Run.7",
+                "store": str(tmp_path / "runs"),
+                "iterations": 8,
+                "segment_iterations": 4,
+            },
+            "model": {"base": "s3://b/base"},
+            "data": {"train": "s3://b/train.parquet"},
+            "train": {"nodes": 2, **train},
+            "cluster": {
+                "image_repo": "registry.example/rlvr",
+                "image_tag": "1.2",
+                "hf_token_secret": "hf-token",
+                "stages": {"train": {"accelerator_count": 8, "cpu_limit": "96"}},
+                "train_job": {"api": api, "env": {"NCCL_SOCKET_IFNAME": "eth0"}, "poll_s": 0.01},
+            },
+        }
+    )
 
 
-OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "task-pod", "uid": "u-1",
-         "blockOwnerDeletion": False, "controller": False}  # fmt: skip
+OWNER = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "name": "task-pod",
+    "uid": "u-1",
+    "blockOwnerDeletion": False,
+    "controller": False,
+}
 
 ENV_REFS = [
-    {"name": "AWS_ACCESS_KEY_ID",
-     "valueFrom": {"secretKeyRef": {"name": "rlvr-object-store", "key": "AWS_ACCESS_KEY_ID"}}},
-    {"name": "AWS_SECRET_ACCESS_KEY",
-     "valueFrom": {"secretKeyRef": {"name": "rlvr-object-store", "key": "AWS_SECRET_ACCESS_KEY"}}},
+    {
+        "name": "AWS_ACCESS_KEY_ID",
+        "valueFrom": {"secretKeyRef": {"name": "rlvr-object-store", "key": "AWS_ACCESS_KEY_ID"}},
+    },
+    {
+        "name": "AWS_SECRET_ACCESS_KEY",
+        "valueFrom": {
+            "secretKeyRef": {"name": "rlvr-object-store", "key": "AWS_SECRET_ACCESS_KEY"}
+        },
+    },
     {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}},
-    {"name": "AWS_ENDPOINT_URL", "valueFrom": {"configMapKeyRef": {
-        "name": "rlvr-defaults", "key": "AWS_ENDPOINT_URL", "optional": True}}},
+    {
+        "name": "AWS_ENDPOINT_URL",
+        "valueFrom": {
+            "configMapKeyRef": {
+                "name": "rlvr-defaults",
+                "key": "AWS_ENDPOINT_URL",
+                "optional": True,
+            }
+        },
+    },
     {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
-]  # fmt: skip
-LABELS = {"app.kubernetes.io/part-of": "rlvr", "app.kubernetes.io/component": "train",
-          "rlvr.dev/run-id": "Demo_Run.7"}  # fmt: skip
+]
+LABELS = {
+    "app.kubernetes.io/part-of": "rlvr",
+    "app.kubernetes.io/component": "train",
+    "rlvr.dev/run-id": "Demo_Run.7",
+}
 
 
 def labels(cfg: RunConfig, args: list[str]) -> dict[str, str]:
     """LABELS and the step's own label (one value per run, segment or iteration, attempt)."""
     return {**LABELS, "rlvr.dev/train-step": jobspec.step_key(cfg, args)}
+
+
 POD_SPEC = {
     "nodeSelector": {"rlvr.io/pool": "train"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -61,14 +94,17 @@ POD_SPEC = {
     "securityContext": {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True},
     "serviceAccountName": "rlvr-pipeline-runner",
 }
-RESOURCES = {"requests": {"cpu": "8", "memory": "128Gi"},
-             "limits": {"cpu": "96", "memory": "128Gi", "nvidia.com/gpu": "8"}}  # fmt: skip
+RESOURCES = {
+    "requests": {"cpu": "8", "memory": "128Gi"},
+    "limits": {"cpu": "96", "memory": "128Gi", "nvidia.com/gpu": "8"},
+}
 
 
 def test_trainjob_field_by_field(tmp_path):
     cfg = cluster_cfg(tmp_path)
-    job = jobspec.train_job(cfg, SEGMENT_ARGS, name="rlvr-train-x", namespace="team-a",
-                            iterations=4, owner=OWNER)  # fmt: skip
+    job = jobspec.train_job(
+        cfg, SEGMENT_ARGS, name="rlvr-train-x", namespace="team-a", iterations=4, owner=OWNER
+    )
     assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and job["kind"] == "TrainJob"
     meta = job["metadata"]
     assert meta["name"] == "rlvr-train-x"
@@ -76,13 +112,23 @@ def test_trainjob_field_by_field(tmp_path):
     assert meta["labels"] == labels(cfg, SEGMENT_ARGS)
     assert meta["ownerReferences"] == [OWNER]
     spec = job["spec"]
-    assert spec["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
-                                  "kind": "ClusterTrainingRuntime", "name": "rlvr-train"}  # fmt: skip
+    assert spec["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "rlvr-train",
+    }
     assert spec["activeDeadlineSeconds"] == 12 * 3600 * 4  # train's timeout x the segment's
     t = spec["trainer"]
     assert t["image"] == "registry.example/rlvr/rlvr-train:1.2"
-    assert t["command"] == ["python", "-m", "components.train.node", "env:RLVR_CONFIG_JSON",
-                            "--run-id", "Demo_Run.7", *SEGMENT_ARGS]  # fmt: skip
+    assert t["command"] == [
+        "python",
+        "-m",
+        "components.train.node",
+        "env:RLVR_CONFIG_JSON",
+        "--run-id",
+        "Demo_Run.7",
+        *SEGMENT_ARGS,
+    ]
     assert (t["numNodes"], t["numProcPerNode"]) == (2, 8)
     assert t["resourcesPerNode"] == RESOURCES
     assert t["env"][0]["name"] == "RLVR_CONFIG_JSON"
@@ -95,8 +141,12 @@ def test_trainjob_field_by_field(tmp_path):
     assert node["name"] == "node"
     pod = node["template"]["spec"]["template"]
     assert pod["metadata"] == {"labels": labels(cfg, SEGMENT_ARGS)}  # leftovers are found by it
-    assert pod["spec"] == {**POD_SPEC, "containers": [
-        {"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]}  # fmt: skip
+    assert pod["spec"] == {
+        **POD_SPEC,
+        "containers": [
+            {"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+        ],
+    }
     assert set(job) == {"apiVersion", "kind", "metadata", "spec"}
     assert set(spec) == {"runtimeRef", "trainer", "runtimePatches", "activeDeadlineSeconds"}
     assert_valid(job)
@@ -110,11 +160,16 @@ def test_pytorchjob_field_by_field(tmp_path):
     assert job["metadata"] == {"name": "j", "namespace": "team-a", "labels": labels(cfg, args)}
     spec = job["spec"]
     assert spec["nprocPerNode"] == "8"
-    assert spec["runPolicy"] == {"backoffLimit": 0, "cleanPodPolicy": "None",
-                                 "activeDeadlineSeconds": 12 * 3600}  # fmt: skip
+    assert spec["runPolicy"] == {
+        "backoffLimit": 0,
+        "cleanPodPolicy": "None",
+        "activeDeadlineSeconds": 12 * 3600,
+    }
     replicas = spec["pytorchReplicaSpecs"]
     assert {k: (v["replicas"], v["restartPolicy"]) for k, v in replicas.items()} == {
-        "Master": (1, "Never"), "Worker": (2, "Never")}  # fmt: skip
+        "Master": (1, "Never"),
+        "Worker": (2, "Never"),
+    }
     assert replicas["Master"]["template"] == replicas["Worker"]["template"]
     template = replicas["Master"]["template"]
     assert template["metadata"] == {"labels": labels(cfg, args)}
@@ -122,9 +177,16 @@ def test_pytorchjob_field_by_field(tmp_path):
     assert {k: v for k, v in template["spec"].items() if k != "containers"} == POD_SPEC
     assert container["name"] == "pytorch"
     assert container["image"] == "registry.example/rlvr/rlvr-train:1.2"
-    assert container["command"] == ["python", "-m", "components.train.node",
-                                    "env:RLVR_CONFIG_JSON", "--run-id", "Demo_Run.7",
-                                    "--iteration", "5"]  # fmt: skip
+    assert container["command"] == [
+        "python",
+        "-m",
+        "components.train.node",
+        "env:RLVR_CONFIG_JSON",
+        "--run-id",
+        "Demo_Run.7",
+        "--iteration",
+        "5",
+    ]
     assert container["env"][2:] == ENV_REFS
     assert container["resources"] == RESOURCES
     assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
@@ -135,7 +197,8 @@ def test_cpu_pool_and_bare_placement_give_minimal_valid_specs(tmp_path):
     """No accelerator, no shm, no security context, no secrets: only what is configured."""
     cfg = cluster_cfg(tmp_path, processes=2)
     cfg.cluster.stages["train"] = cfg.cluster.stages["verify"].model_copy(
-        update={"node_selector": {}, "timeout_s": None})  # fmt: skip
+        update={"node_selector": {}, "timeout_s": None}
+    )
     cfg.cluster.run_as_user = cfg.cluster.service_account = None
     cfg.cluster.object_store_secret = cfg.cluster.hf_token_secret = None
     cfg.cluster.defaults_config_map = None
@@ -148,8 +211,10 @@ def test_cpu_pool_and_bare_placement_give_minimal_valid_specs(tmp_path):
         "trainer"
     ]
     assert t["numProcPerNode"] == 2  # train.processes wins
-    assert t["resourcesPerNode"] == {"requests": {"cpu": "8", "memory": "16Gi"},
-                                     "limits": {"cpu": "16", "memory": "32Gi"}}  # fmt: skip
+    assert t["resourcesPerNode"] == {
+        "requests": {"cpu": "8", "memory": "16Gi"},
+        "limits": {"cpu": "16", "memory": "32Gi"},
+    }
     pod = jobspec.train_job(cfg, SEGMENT_ARGS, name="j", namespace="ns", iterations=4)["spec"][
         "runtimePatches"
     ][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
@@ -157,8 +222,9 @@ def test_cpu_pool_and_bare_placement_give_minimal_valid_specs(tmp_path):
 
 
 def test_a_misspelt_field_fails_validation(tmp_path):
-    job = jobspec.train_job(cluster_cfg(tmp_path), SEGMENT_ARGS, name="j", namespace="ns",
-                            iterations=4)  # fmt: skip
+    job = jobspec.train_job(
+        cluster_cfg(tmp_path), SEGMENT_ARGS, name="j", namespace="ns", iterations=4
+    )
     job["spec"]["trainer"]["numNode"] = job["spec"]["trainer"].pop("numNodes")
     with pytest.raises(AssertionError, match=r"\.spec\.trainer\.numNode \(not in the schema\)"):
         assert_valid(job)
@@ -193,15 +259,34 @@ def test_the_names_rlvr_and_the_launchers_set_are_refused_in_train_job_env(tmp_p
     ours = {e["name"] for e in jobspec.env(cfg)} - set(cfg.cluster.train_job.env)
     assert ours and ours <= RESERVED_NODE_ENV  # every variable rlvr sets is guarded
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"model": {"base": "s3://b/m"}, "data": {"train": "s3://b/d"},
-                                    "cluster": {"train_job": {"env": {
-                                        "NCCL_DEBUG": "INFO", "PET_NNODES": "4",
-                                        "MASTER_ADDR": "10.0.0.1"}}}}))  # fmt: skip
-    with pytest.raises(ConfigError, match=r"c\.yaml:\n  cluster\.train_job\.env: .*MASTER_ADDR, "
-                       r"PET_NNODES: set by the job controller, torchrun or rlvr .*; remove them"):  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"base": "s3://b/m"},
+                "data": {"train": "s3://b/d"},
+                "cluster": {
+                    "train_job": {
+                        "env": {"NCCL_DEBUG": "INFO", "PET_NNODES": "4", "MASTER_ADDR": "10.0.0.1"}
+                    }
+                },
+            }
+        )
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"c\.yaml:\n  cluster\.train_job\.env: .*MASTER_ADDR, "
+        r"PET_NNODES: set by the job controller, torchrun or rlvr .*; remove them",
+    ):
         load_config(path)
-    path.write_text(yaml.safe_dump({"model": {"base": "s3://b/m"}, "data": {"train": "s3://b/d"},
-                                    "cluster": {"train_job": {"env": {"NCCL_DEBUG": "INFO"}}}}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"base": "s3://b/m"},
+                "data": {"train": "s3://b/d"},
+                "cluster": {"train_job": {"env": {"NCCL_DEBUG": "INFO"}}},
+            }
+        )
+    )
     assert load_config(path).cluster.train_job.env == {"NCCL_DEBUG": "INFO"}
 
 
@@ -218,11 +303,15 @@ def test_compiled_pipeline_train_task_submits_instead_of_training(tmp_path):
         docs = list(yaml.safe_load_all(open(path)))
         spec, platform = docs[0], docs[1]
         executor = spec["deploymentSpec"]["executors"]["exec-train-worker"]["container"]
-        (task,) = [t for t in spec["root"]["dag"]["tasks"].values()
-                   if t["componentRef"]["name"] == "comp-train-worker"]  # fmt: skip
+        (task,) = [
+            t
+            for t in spec["root"]["dag"]["tasks"].values()
+            if t["componentRef"]["name"] == "comp-train-worker"
+        ]
         executor["retryPolicy"] = task.get("retryPolicy")
         k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
-            "exec-train-worker"]  # fmt: skip
+            "exec-train-worker"
+        ]
         return executor, k8s
 
     multi, multi_k8s = train_executor(2)
@@ -236,4 +325,6 @@ def test_compiled_pipeline_train_task_submits_instead_of_training(tmp_path):
     # the job's own deadline (the same) fires first, so the task reads and reports why
     assert multi_k8s["activeDeadlineSeconds"] == str(deadline + 900)
     # the train stage's retry policy, not init's (the peers' grace is computed from it)
-    assert multi["retryPolicy"] == single["retryPolicy"] and multi["retryPolicy"]["maxRetryCount"] == 2
+    assert (
+        multi["retryPolicy"] == single["retryPolicy"] and multi["retryPolicy"]["maxRetryCount"] == 2
+    )

@@ -26,8 +26,10 @@ from tests.test_trainjob import SEGMENT_ARGS, cluster_cfg
 
 def _pod(name: str, phase: str, terminated: dict | None = None) -> dict:
     state = {"terminated": terminated} if terminated else {"running": {}}
-    return {"metadata": {"name": name}, "status": {"phase": phase, "containerStatuses": [
-        {"name": "node", "state": state}]}}  # fmt: skip
+    return {
+        "metadata": {"name": name},
+        "status": {"phase": phase, "containerStatuses": [{"name": "node", "state": state}]},
+    }
 
 
 def _commit_checkpoints(cfg: RunConfig, iterations) -> None:
@@ -52,22 +54,54 @@ def _commits_as_it_runs(kube: FakeKube, cfg: RunConfig, iterations) -> None:
 def _run_on_a_fake_clock(cfg: RunConfig, kube: FakeKube) -> dict:
     """run_job with no real waiting: each poll is 100 s later than the last (timers elapse)."""
     clock = iter(range(0, 100_000, 100))
-    return jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
-                        sleep=lambda _: None, monotonic=lambda: next(clock))  # fmt: skip
+    return jobs.run_job(
+        cfg,
+        SEGMENT_ARGS,
+        api_client=kube.client(),
+        out=io.StringIO(),
+        sleep=lambda _: None,
+        monotonic=lambda: next(clock),
+    )
 
 
 RUNNING = {"conditions": [{"type": "Created", "status": "True"}]}
-COMPLETE = {"conditions": [{"type": "Created", "status": "True"},
-                           {"type": "Complete", "status": "True", "reason": "JobSetCompleted",
-                            "message": "jobset completed successfully"}]}  # fmt: skip
-FAILED = {"conditions": [{"type": "Failed", "status": "True", "reason": "JobSetFailed",
-                          "message": "jobset failed: job node-1 has failed"}]}  # fmt: skip
+COMPLETE = {
+    "conditions": [
+        {"type": "Created", "status": "True"},
+        {
+            "type": "Complete",
+            "status": "True",
+            "reason": "JobSetCompleted",
+            "message": "jobset completed successfully",
+        },
+    ]
+}
+FAILED = {
+    "conditions": [
+        {
+            "type": "Failed",
+            "status": "True",
+            "reason": "JobSetFailed",
+            "message": "jobset failed: job node-1 has failed",
+        }
+    ]
+}
 
 
 #: a node pod the scheduler cannot place
-PENDING = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending", "conditions": [
-    {"type": "PodScheduled", "status": "False",
-     "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu"}]}}  # fmt: skip
+PENDING = {
+    "metadata": {"name": "j-node-0-1"},
+    "status": {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu",
+            }
+        ],
+    },
+}
 
 
 @pytest.fixture
@@ -88,30 +122,56 @@ def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
     cfg.cluster.train_job.namespace = "team-a"
     in_pod.write_text("team-a")  # the task's pod runs there too: it owns the job
     pods = [_pod("j-node-0-0", "Running"), _pod("j-node-0-1", "Running")]
-    kube = FakeKube([RUNNING, RUNNING, COMPLETE], pods,
-                    {"j-node-0-0": ["rank 0 up", "train 00004: loss 0.5"], "j-node-0-1": ["rank 1 up"]})  # fmt: skip
+    kube = FakeKube(
+        [RUNNING, RUNNING, COMPLETE],
+        pods,
+        {"j-node-0-0": ["rank 0 up", "train 00004: loss 0.5"], "j-node-0-1": ["rank 1 up"]},
+    )
     _commits_as_it_runs(kube, cfg, range(4, 8))
     out = io.StringIO()
     result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
 
     name = kube.created()
-    assert re.fullmatch(rf"rlvr-train-demo-run-7-{jobspec.step_key(cfg, SEGMENT_ARGS)[:8]}-"
-                        r"[0-9a-f]{5}", name)  # fmt: skip
-    assert result == {"task": "train", "segment": 1, "steps": 4, "job": name, "nodes": 2,
-                      "processes_per_node": 8}  # fmt: skip
+    assert re.fullmatch(
+        rf"rlvr-train-demo-run-7-{jobspec.step_key(cfg, SEGMENT_ARGS)[:8]}-"
+        r"[0-9a-f]{5}",
+        name,
+    )
+    assert result == {
+        "task": "train",
+        "segment": 1,
+        "steps": 4,
+        "job": name,
+        "nodes": 2,
+        "processes_per_node": 8,
+    }
     # first: are there leftovers of this step? (none)
-    assert kube.requests[0][:3] == ("GET", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/"
-                                    "team-a/trainjobs", {"labelSelector": "rlvr.dev/train-step="
-                                    + jobspec.step_key(cfg, SEGMENT_ARGS)})  # fmt: skip
+    assert kube.requests[0][:3] == (
+        "GET",
+        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs",
+        {"labelSelector": "rlvr.dev/train-step=" + jobspec.step_key(cfg, SEGMENT_ARGS)},
+    )
     ((path, query, body),) = kube.calls("POST")
     assert path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"
     assert query == {"fieldManager": "rlvr", "fieldValidation": "Strict"}
-    expected = jobspec.train_job(cfg, SEGMENT_ARGS, name=name, namespace="team-a", iterations=4,
-                                 owner={"apiVersion": "v1", "kind": "Pod", "name": "task-pod-7",
-                                        "uid": "uid-of-task-pod-7", "blockOwnerDeletion": False,
-                                        "controller": False})  # fmt: skip
+    expected = jobspec.train_job(
+        cfg,
+        SEGMENT_ARGS,
+        name=name,
+        namespace="team-a",
+        iterations=4,
+        owner={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": "task-pod-7",
+            "uid": "uid-of-task-pod-7",
+            "blockOwnerDeletion": False,
+            "controller": False,
+        },
+    )
     assert {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "uid"}} == (
-        json.loads(json.dumps(expected)))
+        json.loads(json.dumps(expected))
+    )
     assert len(kube.calls("GET")) >= 3
     pod_lists = [q for p, q, _ in kube.calls("GET") if p.endswith("/pods")]
     assert pod_lists[0] == {"labelSelector": f"jobset.sigs.k8s.io/jobset-name={name}"}
@@ -128,9 +188,13 @@ def test_submit_follow_and_delete_a_trainjob(tmp_path, in_pod):
     assert options["preconditions"] == {"uid": "uid-1"}  # this job, never a namesake
     assert options["propagationPolicy"] == "Background"
     text = out.getvalue()
-    for line in ("[j-node-0-0] rank 0 up", "[j-node-0-0] train 00004: loss 0.5",
-                 "[j-node-0-1] rank 1 up", f"submitted TrainJob team-a/{name}: 2 nodes x 8",
-                 "completed: JobSetCompleted: jobset completed successfully"):  # fmt: skip
+    for line in (
+        "[j-node-0-0] rank 0 up",
+        "[j-node-0-0] train 00004: loss 0.5",
+        "[j-node-0-1] rank 1 up",
+        f"submitted TrainJob team-a/{name}: 2 nodes x 8",
+        "completed: JobSetCompleted: jobset completed successfully",
+    ):
         assert text.count(line) == 1, line
 
 
@@ -156,37 +220,55 @@ def test_the_job_is_owned_by_the_task_pod_kfp_names_in_its_own_namespace_only(
         owners.append(body["metadata"].get("ownerReferences"))
         assert not [p for p, _, _ in kube.calls("GET") if "/pods/" in p]  # no pod read
         shutil.rmtree(tmp_path / "runs")  # the next try has its checkpoints to commit again
-    assert owners == [[{"apiVersion": "v1", "kind": "Pod", "name": "a-long-kfp-pod-name-" + "x" * 60,
-                        "uid": "0b7e-uid", "blockOwnerDeletion": False, "controller": False}],
-                      None, None]  # fmt: skip
+    assert owners == [
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": "a-long-kfp-pod-name-" + "x" * 60,
+                "uid": "0b7e-uid",
+                "blockOwnerDeletion": False,
+                "controller": False,
+            }
+        ],
+        None,
+        None,
+    ]
 
 
 def test_a_dropped_log_stream_is_taken_up_where_it_stopped(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     lines = [f"step {i}" for i in range(4)]
-    kube = FakeKube([RUNNING] * 40 + [COMPLETE], [_pod("j-node-0-0", "Running")],
-                    {"j-node-0-0": lines})  # fmt: skip
+    kube = FakeKube(
+        [RUNNING] * 40 + [COMPLETE], [_pod("j-node-0-0", "Running")], {"j-node-0-0": lines}
+    )
     _commits_as_it_runs(kube, cfg, range(4, 8))
     kube.log_cut["j-node-0-0"] = 2  # the first two streams drop after a line each
     # (the fake resumes at the exact line; the real API resumes by seconds, so a line may repeat)
     out = io.StringIO()
-    jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out, sleep=lambda _: time.sleep(0.05))
+    jobs.run_job(
+        cfg, SEGMENT_ARGS, api_client=kube.client(), out=out, sleep=lambda _: time.sleep(0.05)
+    )
     got = [x for x in out.getvalue().splitlines() if x.startswith("[j-node-0-0]")]
     assert got == [f"[j-node-0-0] {x}" for x in lines]
 
 
 def test_a_failed_job_raises_its_own_message_and_is_deleted(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
-    pods = [_pod("j-node-0-0", "Running"),
-            _pod("j-node-0-1", "Failed", {"exitCode": 137, "reason": "OOMKilled"}),
-            {**PENDING, "metadata": {"name": "j-node-0-2"}}]
+    pods = [
+        _pod("j-node-0-0", "Running"),
+        _pod("j-node-0-1", "Failed", {"exitCode": 137, "reason": "OOMKilled"}),
+        {**PENDING, "metadata": {"name": "j-node-0-2"}},
+    ]
     kube = FakeKube([RUNNING, FAILED], pods, {"j-node-0-1": ["CUDA out of memory"]})
     out = io.StringIO()
     with pytest.raises(StageError) as err:
         jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
     msg = str(err.value)
-    assert msg.startswith(f"TrainJob default/{kube.created()} failed: "
-                          "JobSetFailed: jobset failed: job node-1 has failed")  # fmt: skip
+    assert msg.startswith(
+        f"TrainJob default/{kube.created()} failed: "
+        "JobSetFailed: jobset failed: job node-1 has failed"
+    )
     assert "j-node-0-1/node: OOMKilled (exit 137)" in msg
     assert "j-node-0-2: pending (0/3 nodes are available: 3 Insufficient nvidia.com/gpu)" in msg
     assert "[j-node-0-1] CUDA out of memory" in out.getvalue()
@@ -204,9 +286,16 @@ def test_leftover_jobs_of_the_step_go_first_pods_and_all(tmp_path, in_pod):
     step = {jobspec.STEP_LABEL: jobspec.step_key(cfg, SEGMENT_ARGS)}
     kube.existing = {
         "old-1": {"metadata": {"name": "old-1", "uid": "u-old", "labels": step}},
-        "other": {"metadata": {"name": "other", "uid": "u-x", "labels": {  # another step's
-            jobspec.STEP_LABEL: jobspec.step_key(cfg, ["--segment", "2"])}}},
-    }  # fmt: skip
+        "other": {
+            "metadata": {
+                "name": "other",
+                "uid": "u-x",
+                "labels": {  # another step's
+                    jobspec.STEP_LABEL: jobspec.step_key(cfg, ["--segment", "2"])
+                },
+            }
+        },
+    }
     kube.leftover_pods, kube.pod_lag = [_pod("old-1-node-0-0", "Running")], 2
     sleeps = []
     out = io.StringIO()
@@ -217,8 +306,11 @@ def test_leftover_jobs_of_the_step_go_first_pods_and_all(tmp_path, in_pod):
     assert deletes[0][2]["propagationPolicy"] == "Foreground"
     assert "other" in kube.existing  # another step's job is left alone
     post = next(i for i, r in enumerate(kube.requests) if r[0] == "POST")
-    step_pod_lists = [r for r in kube.requests[:post]
-                      if r[1].endswith("/pods") and "train-step" in r[2]["labelSelector"]]  # fmt: skip
+    step_pod_lists = [
+        r
+        for r in kube.requests[:post]
+        if r[1].endswith("/pods") and "train-step" in r[2]["labelSelector"]
+    ]
     assert len(step_pod_lists) == 3  # waited while the old pods lingered
     assert kube.created() != "old-1" and deletes[-1][0].endswith(f"/trainjobs/{kube.created()}")
     assert "TrainJob old-1 of this step exists" in out.getvalue()
@@ -234,8 +326,13 @@ def test_a_cancel_before_the_job_exists_leaks_nothing(tmp_path, in_pod):
     kube.leftover_pods, kube.pod_lag = [_pod("old-node-0-0", "Running")], 100
 
     with pytest.raises(SystemExit):
-        jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO(),
-                     sleep=lambda _: os.kill(os.getpid(), signal.SIGTERM))  # fmt: skip
+        jobs.run_job(
+            cfg,
+            SEGMENT_ARGS,
+            api_client=kube.client(),
+            out=io.StringIO(),
+            sleep=lambda _: os.kill(os.getpid(), signal.SIGTERM),
+        )
     assert not kube.calls("POST")
 
 
@@ -250,9 +347,17 @@ def test_a_job_that_completes_without_committing_fails(tmp_path, in_pod):
 
 def test_pytorchjob_path_one_iteration(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path, api="training-operator")
-    done = {"conditions": [{"type": "Running", "status": "False"},
-                           {"type": "Succeeded", "status": "True", "reason": "PyTorchJobSucceeded",
-                            "message": "PyTorchJob is successfully completed."}]}  # fmt: skip
+    done = {
+        "conditions": [
+            {"type": "Running", "status": "False"},
+            {
+                "type": "Succeeded",
+                "status": "True",
+                "reason": "PyTorchJobSucceeded",
+                "message": "PyTorchJob is successfully completed.",
+            },
+        ]
+    }
     pods = [_pod("j-master-0", "Succeeded"), _pod("j-worker-0", "Succeeded")]
     kube = FakeKube([RUNNING, done], pods, {"j-master-0": ["ok"]})
     _commits_as_it_runs(kube, cfg, [5])
@@ -290,10 +395,14 @@ def test_sigterm_deletes_the_job(tmp_path, in_pod):
 def test_job_state_reads_only_true_terminal_conditions():
     kind = jobstatus.KINDS["trainer"]
     assert jobstatus.job_state(kind, {}) == ("running", "")
-    assert jobstatus.job_state(kind, {"status": {"conditions": [
-        {"type": "Failed", "status": "False"}]}}) == ("running", "")  # fmt: skip
+    assert jobstatus.job_state(
+        kind, {"status": {"conditions": [{"type": "Failed", "status": "False"}]}}
+    ) == ("running", "")
     assert jobstatus.job_state(kind, {"status": FAILED})[0] == "failed"
-    assert jobstatus.job_state(jobstatus.KINDS["training-operator"], {"status": COMPLETE})[0] == "running"
+    assert (
+        jobstatus.job_state(jobstatus.KINDS["training-operator"], {"status": COMPLETE})[0]
+        == "running"
+    )
 
 
 def test_an_api_server_that_fails_for_a_while_is_ridden_out(tmp_path, in_pod):
@@ -304,14 +413,20 @@ def test_an_api_server_that_fails_for_a_while_is_ridden_out(tmp_path, in_pod):
     out = io.StringIO()
     result = jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
     assert result["steps"] == 4 and len(kube.calls("DELETE")) == 1
-    assert out.getvalue().count("failed (answer 5") == 2 and "(answer 429); trying again" in out.getvalue()
+    assert (
+        out.getvalue().count("failed (answer 5") == 2
+        and "(answer 429); trying again" in out.getvalue()
+    )
 
 
 def test_an_api_server_that_stays_down_fails_the_step_after_the_grace(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     kube = FakeKube([RUNNING, 503], [], {})
-    with pytest.raises(StageError, match=r"did not answer for 300 s while reading TrainJob "
-                       r"default/rlvr-train-.*: answer 503"):  # fmt: skip
+    with pytest.raises(
+        StageError,
+        match=r"did not answer for 300 s while reading TrainJob "
+        r"default/rlvr-train-.*: answer 503",
+    ):
         _run_on_a_fake_clock(cfg, kube)
     assert len(kube.calls("DELETE")) == 1
 
@@ -335,14 +450,16 @@ def test_a_forbidden_answer_is_not_retried(tmp_path, in_pod):
 def test_pods_that_cannot_start_are_reported_while_waiting(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     pending = PENDING
-    kube = FakeKube([RUNNING, RUNNING, RUNNING, COMPLETE], [_pod("j-node-0-0", "Running"), pending],
-                    {})  # fmt: skip
+    kube = FakeKube(
+        [RUNNING, RUNNING, RUNNING, COMPLETE], [_pod("j-node-0-0", "Running"), pending], {}
+    )
     _commits_as_it_runs(kube, cfg, range(4, 8))
     out = io.StringIO()
     jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=out)
     lines = [x for x in out.getvalue().splitlines() if x.startswith("not running: ")]
-    assert lines == ["not running: j-node-0-1: pending (0/3 nodes are available: 3 Insufficient "
-                     "nvidia.com/gpu)"]  # said once, not at every poll  # fmt: skip
+    assert lines == [
+        "not running: j-node-0-1: pending (0/3 nodes are available: 3 Insufficient nvidia.com/gpu)"
+    ]  # said once, not at every poll
 
 
 def test_a_failed_job_tells_the_other_workers(tmp_path, in_pod):
@@ -354,8 +471,14 @@ def test_a_failed_job_tells_the_other_workers(tmp_path, in_pod):
     for retried in (False, True):
         kube = FakeKube([FAILED], [], {})
         with pytest.raises(StageError):
-            jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", retried=retried,
-                         api_client=kube.client(), out=io.StringIO())  # fmt: skip
+            jobs.run_job(
+                cfg,
+                SEGMENT_ARGS,
+                attempt="run-abc",
+                retried=retried,
+                api_client=kube.client(),
+                out=io.StringIO(),
+            )
         marker = RunStatus.of(cfg, "run-abc").failures()["train"]
         assert "failed: JobSetFailed: jobset failed: job node-1 has failed" in marker["error"]
         assert marker["retry_grace_s"] == (retry_grace_s(cfg, "train") if retried else 0.0)
@@ -371,10 +494,12 @@ def test_a_ranks_own_failure_marker_is_kept(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     kube = FakeKube([RUNNING, FAILED], [], {})
     kube.on_poll = lambda: RunStatus.of(cfg, "run-abc").mark_failed(  # a rank, during the job
-        "train", "PeerFailed: verify failed")  # fmt: skip
+        "train", "PeerFailed: verify failed"
+    )
     with pytest.raises(StageError):
-        jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", api_client=kube.client(),
-                     out=io.StringIO())  # fmt: skip
+        jobs.run_job(
+            cfg, SEGMENT_ARGS, attempt="run-abc", api_client=kube.client(), out=io.StringIO()
+        )
     assert RunStatus.of(cfg, "run-abc").failures()["train"]["error"] == "PeerFailed: verify failed"
 
 
@@ -388,8 +513,11 @@ def test_the_train_task_passes_retried_and_attempt_to_the_job(tmp_path, monkeypa
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.setattr(jobs, "run_job", lambda cfg, args, **kw: seen.update(args=args, **kw))
     launch.serve(cluster_cfg(tmp_path), 1, attempt="run-abc", retried=True)
-    assert seen == {"args": ["--segment", "1", "--attempt", "run-abc", "--retried"],
-                    "attempt": "run-abc", "retried": True}  # fmt: skip
+    assert seen == {
+        "args": ["--segment", "1", "--attempt", "run-abc", "--retried"],
+        "attempt": "run-abc",
+        "retried": True,
+    }
 
 
 def test_pods_that_never_schedule_fail_the_step_after_the_schedule_timeout(tmp_path, in_pod):
@@ -397,8 +525,11 @@ def test_pods_that_never_schedule_fail_the_step_after_the_schedule_timeout(tmp_p
     cfg.cluster.train_job.schedule_timeout_s = 600
     pending = PENDING
     kube = FakeKube([RUNNING], [_pod("j-node-0-0", "Running"), pending], {})
-    with pytest.raises(StageError, match=r"pods still Pending after 600 s \(cluster.train_job."
-                       r"schedule_timeout_s\)\n  j-node-0-1: pending \(0/3 nodes"):  # fmt: skip
+    with pytest.raises(
+        StageError,
+        match=r"pods still Pending after 600 s \(cluster.train_job."
+        r"schedule_timeout_s\)\n  j-node-0-1: pending \(0/3 nodes",
+    ):
         _run_on_a_fake_clock(cfg, kube)
     assert len(kube.calls("DELETE")) == 1
 
@@ -408,9 +539,12 @@ def test_a_job_that_never_gets_a_pod_fails_after_the_schedule_timeout(tmp_path, 
     cfg = cluster_cfg(tmp_path)
     cfg.cluster.train_job.schedule_timeout_s = 600
     kube = FakeKube([RUNNING], [], {})
-    with pytest.raises(StageError, match=r"pods still Pending after 600 s .*\n  no pod was created: "
-                       r"check that Kubeflow Trainer's controller \(and JobSet's\) is running and "
-                       r"the ClusterTrainingRuntime 'rlvr-train' exists"):  # fmt: skip
+    with pytest.raises(
+        StageError,
+        match=r"pods still Pending after 600 s .*\n  no pod was created: "
+        r"check that Kubeflow Trainer's controller \(and JobSet's\) is running and "
+        r"the ClusterTrainingRuntime 'rlvr-train' exists",
+    ):
         _run_on_a_fake_clock(cfg, kube)
     assert len(kube.calls("DELETE")) == 1
     assert kube.gets[next(iter(kube.gets))] == 8  # t = 0..700 s: failed at the first poll past 600
@@ -435,11 +569,21 @@ def test_an_old_trainer_gets_a_hint(tmp_path, in_pod):
     """Trainer v2.0 / v2.1 do not know runtimePatches: Strict validation refuses the job."""
     cfg = cluster_cfg(tmp_path)
     kube = FakeKube([RUNNING], [], {})
-    kube.create_error = (400, {"kind": "Status", "code": 400, "message": 'TrainJob in version '
-                               '"v1alpha1" cannot be handled as a TrainJob: strict decoding '
-                               'error: unknown field "spec.runtimePatches"'})  # fmt: skip
-    with pytest.raises(StageError, match=r"(?s)creating TrainJob .* failed: .*unknown field.*"
-                       r"need Kubeflow Trainer v2.2 or later"):  # fmt: skip
+    kube.create_error = (
+        400,
+        {
+            "kind": "Status",
+            "code": 400,
+            "message": "TrainJob in version "
+            '"v1alpha1" cannot be handled as a TrainJob: strict decoding '
+            'error: unknown field "spec.runtimePatches"',
+        },
+    )
+    with pytest.raises(
+        StageError,
+        match=r"(?s)creating TrainJob .* failed: .*unknown field.*"
+        r"need Kubeflow Trainer v2.2 or later",
+    ):
         jobs.run_job(cfg, SEGMENT_ARGS, api_client=kube.client(), out=io.StringIO())
     assert not kube.calls("DELETE")[0][2].get("preconditions")  # nothing was created: no uid
 
@@ -452,12 +596,18 @@ def test_a_cluster_without_the_crd_says_what_to_install(tmp_path, in_pod):
     cfg = cluster_cfg(tmp_path)
     kube = FakeKube([RUNNING], [], {})
     kube.no_crd = True
-    with pytest.raises(StageError, match=r"listing the trainjobs of this step: the cluster has no "
-                       r"trainjobs.trainer.kubeflow.org \(install Kubeflow Trainer v2.2 or later"):  # fmt: skip
-        jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", api_client=kube.client(),
-                     out=io.StringIO())  # fmt: skip
+    with pytest.raises(
+        StageError,
+        match=r"listing the trainjobs of this step: the cluster has no "
+        r"trainjobs.trainer.kubeflow.org \(install Kubeflow Trainer v2.2 or later",
+    ):
+        jobs.run_job(
+            cfg, SEGMENT_ARGS, attempt="run-abc", api_client=kube.client(), out=io.StringIO()
+        )
     assert not kube.calls("POST") and not kube.calls("DELETE")
-    assert "the cluster has no trainjobs" in RunStatus.of(cfg, "run-abc").failures()["train"]["error"]
+    assert (
+        "the cluster has no trainjobs" in RunStatus.of(cfg, "run-abc").failures()["train"]["error"]
+    )
 
 
 def test_an_earlier_tries_marker_is_cleared_then_replaced(tmp_path, in_pod):
@@ -469,13 +619,24 @@ def test_an_earlier_tries_marker_is_cleared_then_replaced(tmp_path, in_pod):
     RunStatus.of(cfg, "run-abc").mark_failed("train", "old try: OOM")
     kube = FakeKube([FAILED], [], {})
     with pytest.raises(StageError):
-        jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", retried=True,
-                     api_client=kube.client(), out=io.StringIO())  # fmt: skip
+        jobs.run_job(
+            cfg,
+            SEGMENT_ARGS,
+            attempt="run-abc",
+            retried=True,
+            api_client=kube.client(),
+            out=io.StringIO(),
+        )
     assert "job node-1 has failed" in RunStatus.of(cfg, "run-abc").failures()["train"]["error"]
     _commit_checkpoints(cfg, range(4, 8))  # and a try that succeeds leaves no marker
     RunStatus.of(cfg, "run-abc").mark_failed("train", "old try: OOM")
-    jobs.run_job(cfg, SEGMENT_ARGS, attempt="run-abc", api_client=FakeKube([COMPLETE], [], {}).client(),
-                 out=io.StringIO())  # fmt: skip
+    jobs.run_job(
+        cfg,
+        SEGMENT_ARGS,
+        attempt="run-abc",
+        api_client=FakeKube([COMPLETE], [], {}).client(),
+        out=io.StringIO(),
+    )
     assert "train" not in RunStatus.of(cfg, "run-abc").failures()
 
 
@@ -483,22 +644,44 @@ def test_a_node_that_cannot_start_fails_the_step_after_five_minutes(tmp_path, in
     """A missing Secret or a bad image name does not cure itself: the step fails with it long
     before the scheduling timeout (an hour)."""
     cfg = cluster_cfg(tmp_path)
-    broken = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending",
-              "containerStatuses": [{"name": "node", "state": {"waiting": {
-                  "reason": "CreateContainerConfigError",
-                  "message": 'secret "rlvr-object-store" not found'}}}]}}  # fmt: skip
+    broken = {
+        "metadata": {"name": "j-node-0-1"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "node",
+                    "state": {
+                        "waiting": {
+                            "reason": "CreateContainerConfigError",
+                            "message": 'secret "rlvr-object-store" not found',
+                        }
+                    },
+                }
+            ],
+        },
+    }
     kube = FakeKube([RUNNING], [_pod("j-node-0-0", "Running"), broken], {})
-    with pytest.raises(StageError, match=r"a node cannot start, and waiting will not help .*\n  "
-                       r"j-node-0-1/node: waiting \(CreateContainerConfigError: secret "
-                       r'"rlvr-object-store" not found\)'):  # fmt: skip
+    with pytest.raises(
+        StageError,
+        match=r"a node cannot start, and waiting will not help .*\n  "
+        r"j-node-0-1/node: waiting \(CreateContainerConfigError: secret "
+        r'"rlvr-object-store" not found\)',
+    ):
         _run_on_a_fake_clock(cfg, kube)
     assert 4 <= len([p for p, _, _ in kube.calls("GET") if "/trainjobs/" in p]) <= 5  # ~300 s
 
 
 def test_every_pending_pod_is_named_even_while_its_image_pulls():
-    pulling = {"metadata": {"name": "j-node-0-1"}, "status": {"phase": "Pending",
-               "containerStatuses": [{"name": "node", "state": {"waiting": {
-                   "reason": "ContainerCreating"}}}]}}  # fmt: skip
+    pulling = {
+        "metadata": {"name": "j-node-0-1"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "node", "state": {"waiting": {"reason": "ContainerCreating"}}}
+            ],
+        },
+    }
     assert jobstatus.pod_failures([pulling]) == ["j-node-0-1: pending (ContainerCreating)"]
     assert jobstatus.pod_failures([_pod("j-node-0-0", "Running")]) == []
     assert jobstatus.fatal_waits([pulling]) == []

@@ -33,8 +33,13 @@ def test_a_missing_file_in_a_stage_keeps_its_traceback():
         run_stage(_raising(FileNotFoundError("/internal/scratch")), cfg=None)
 
 
-@pytest.mark.parametrize("error", [UserError("data.train: x.parquet row 3: prompt is empty"),
-                                   StageError("data.train: x.parquet row 3: prompt is empty")])  # fmt: skip
+@pytest.mark.parametrize(
+    "error",
+    [
+        UserError("data.train: x.parquet row 3: prompt is empty"),
+        StageError("data.train: x.parquet row 3: prompt is empty"),
+    ],
+)
 def test_a_user_error_in_a_stage_is_one_line_and_exit_status_2(error, capsys):
     with pytest.raises(SystemExit) as e:
         run_stage(_raising(error), cfg=None)
@@ -68,7 +73,7 @@ def test_user_errors(error):
         KeyError("k"),
         RuntimeError("r"),
         TypeError("t"),
-    ],  # fmt: skip
+    ],
 )
 def test_not_user_errors(error):
     assert not is_user_error(error)
@@ -100,7 +105,7 @@ def _error_classes() -> dict[str, type]:
             UnknownNameError,
             PreflightError,
             StageError,
-        )  # fmt: skip
+        )
     }
 
 
@@ -136,10 +141,12 @@ def test_a_warm_workers_failure_marker_says_whose_fault_it_was(tmp_path):
 def test_a_bad_verifier_spec_is_a_user_error(tmp_path):
     from components.verify.rewards import get_verifier, load_plugin
 
-    for call in (lambda: get_verifier("mathh"),
-                 lambda: load_plugin("no-colon"),
-                 lambda: load_plugin(f"{tmp_path}/missing.py:f"),
-                 lambda: load_plugin("no_such_module_xyz:f")):  # fmt: skip
+    for call in (
+        lambda: get_verifier("mathh"),
+        lambda: load_plugin("no-colon"),
+        lambda: load_plugin(f"{tmp_path}/missing.py:f"),
+        lambda: load_plugin("no_such_module_xyz:f"),
+    ):
         with pytest.raises(UserError):
             call()
 

@@ -64,11 +64,22 @@ def _random_answer(rng: random.Random, depth: int = 0) -> str:
     if depth > 4 or rng.random() < 0.25:
         return rng.choice([num(), "x", "y", r"\pi", "e", num()])
     a, b = _random_answer(rng, depth + 1), _random_answer(rng, depth + 1)
-    return rng.choice([
-        f"{{{a}}}^{{{b}}}", f"\\binom{{{a}}}{{{b}}}", f"({a})!", f"\\frac{{{a}}}{{{b}}}",
-        f"{a} \\cdot {b}", f"{a}+{b}", f"\\sqrt{{{a}}}", f"\\sin({a})", f"e^{{{a}}}",
-        f"\\log({a})", f"{a}-{b}", f"({a}, {b})",
-    ])  # fmt: skip
+    return rng.choice(
+        [
+            f"{{{a}}}^{{{b}}}",
+            f"\\binom{{{a}}}{{{b}}}",
+            f"({a})!",
+            f"\\frac{{{a}}}{{{b}}}",
+            f"{a} \\cdot {b}",
+            f"{a}+{b}",
+            f"\\sqrt{{{a}}}",
+            f"\\sin({a})",
+            f"e^{{{a}}}",
+            f"\\log({a})",
+            f"{a}-{b}",
+            f"({a}, {b})",
+        ]
+    )
 
 
 @pytest.mark.timeout(300)
@@ -76,8 +87,10 @@ def test_every_call_returns_within_the_budget():
     warm_up()  # the one-off sympy import is not a call's cost
     rng = random.Random(20261123)
     cases = [(a, "3") for a in ADVERSARIAL]
-    cases += [(f"\\boxed{{{_random_answer(rng)}}}", rng.choice(["3", "x+1", "120", r"\frac{1}{2}"]))
-              for _ in range(400)]  # fmt: skip
+    cases += [
+        (f"\\boxed{{{_random_answer(rng)}}}", rng.choice(["3", "x+1", "120", r"\frac{1}{2}"]))
+        for _ in range(400)
+    ]
     worst = (0.0, "")
     for response, truth in cases:
         clear_caches()  # every call pays its full cost

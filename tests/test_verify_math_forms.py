@@ -269,8 +269,12 @@ def test_development_set() -> None:
     with (DATA / "math_recall_v2.jsonl").open() as f:
         rows = [json.loads(line) for line in f if line.strip()]
     assert len(rows) >= 80 and {r["family"] for r in rows} >= {
-        "labelled", "joined_lists", "ranges", "spellings", "degenerate",
-    }  # fmt: skip
+        "labelled",
+        "joined_lists",
+        "ranges",
+        "spellings",
+        "degenerate",
+    }
     wrong = [
         f"[{r['family']}] gt={r['ground_truth']!r} label={r['label']} note={r['note']}"
         for r in rows

@@ -63,8 +63,14 @@ def test_a_peer_failure_stops_the_wait_but_not_ones_own(tmp_path):
 def test_wait_times_out_naming_the_missing_input(tmp_path):
     store = LocalStore()
     with pytest.raises(TimeoutError, match=r"waited 0 s .* for .*/missing to be committed"):
-        wait_committed(store, [str(tmp_path / "missing")], status=RunStatus(store, str(tmp_path)),
-                       task="t", timeout_s=0.1, poll_max_s=0.02)  # fmt: skip
+        wait_committed(
+            store,
+            [str(tmp_path / "missing")],
+            status=RunStatus(store, str(tmp_path)),
+            task="t",
+            timeout_s=0.1,
+            poll_max_s=0.02,
+        )
 
 
 class FakeStage:
@@ -108,8 +114,15 @@ def test_serve_steps_in_order_records_waits_and_marks_failures(tmp_path):
 
 
 def test_segments_eval_checkpoints_and_policy_versions(workspace):
-    cfg = load_config(workspace, ["run.iterations=7", "run.segment_iterations=3",
-                                  "evaluate.every=2", "train.max_staleness=2"])  # fmt: skip
+    cfg = load_config(
+        workspace,
+        [
+            "run.iterations=7",
+            "run.segment_iterations=3",
+            "evaluate.every=2",
+            "train.max_staleness=2",
+        ],
+    )
     assert [(s.start, s.stop) for s in segments(cfg)] == [(0, 3), (3, 6), (6, 7)]
     assert eval_checkpoints(cfg) == [0, 2, 4, 6, 7]
     # Each segment's evaluate worker takes the checkpoints its train worker writes (+ the base).

@@ -172,10 +172,20 @@ def test_warm_train_worker_on_two_processes_serves_a_segment(train_cfg, tmp_path
     for t in threads:
         t.start()
     proc = subprocess.run(
-        [sys.executable, "-m", "components.train", str(config), "--segment", "0",
-         "--set", "train.processes=2"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "components.train",
+            str(config),
+            "--segment",
+            "0",
+            "--set",
+            "train.processes=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     for t in threads:
         t.join(timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]

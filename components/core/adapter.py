@@ -90,8 +90,13 @@ def lora_config(section: LoraSection, model=None):
             from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
 
             linear = (torch.nn.Linear, Conv1D)
-            targets = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                              if isinstance(m, linear) and n != head})  # fmt: skip
+            targets = sorted(
+                {
+                    n.rsplit(".", 1)[-1]
+                    for n, m in model.named_modules()
+                    if isinstance(m, linear) and n != head
+                }
+            )
         if _leaf(head) not in targets:
             targets = [*targets, _leaf(head)]
     return LoraConfig(
@@ -212,12 +217,19 @@ def set_adapter_weights(peft_model, weights: dict, where: str) -> None:
     expected = get_peft_model_state_dict(peft_model, save_embedding_layers=False)
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
-    shapes = sorted(k for k in set(expected) & set(weights)
-                    if tuple(expected[k].shape) != tuple(weights[k].shape))  # fmt: skip
+    shapes = sorted(
+        k
+        for k in set(expected) & set(weights)
+        if tuple(expected[k].shape) != tuple(weights[k].shape)
+    )
     if missing or unexpected or shapes:
-        what = (f"{len(missing)} missing (e.g. {missing[:2]})" if missing else
-                f"{len(unexpected)} unexpected (e.g. {unexpected[:2]})" if unexpected else
-                f"other shapes for {shapes[:2]}")  # fmt: skip
+        what = (
+            f"{len(missing)} missing (e.g. {missing[:2]})"
+            if missing
+            else f"{len(unexpected)} unexpected (e.g. {unexpected[:2]})"
+            if unexpected
+            else f"other shapes for {shapes[:2]}"
+        )
         raise AdapterError(
             f"{where}: the adapter's weights do not fit model.lora: {what}; model.lora (rank, "
             "target_modules or output_head) must stay as the run started: start a new run to "

@@ -89,8 +89,11 @@ def check_checkpoint_dir(path: Path, where: str, problems: Problems) -> bool:
         if not isinstance(config, dict) or "model_type" not in config:
             raise ValueError("it has no 'model_type'")
     except (OSError, ValueError) as e:
-        problems.error(f"{path / 'config.json'}", f"is not a valid model config ({e})",
-                       "replace it with the config.json saved by save_pretrained")  # fmt: skip
+        problems.error(
+            f"{path / 'config.json'}",
+            f"is not a valid model config ({e})",
+            "replace it with the config.json saved by save_pretrained",
+        )
         ok = False
     for f in sorted(path.glob("*.safetensors")):
         why = safetensors_problem(f)
@@ -107,8 +110,11 @@ def check_checkpoint_dir(path: Path, where: str, problems: Problems) -> bool:
                 getattr(config, "text_config", None), "vocab_size", None
             )
             if tok.pad_token_id is None:
-                problems.error(f"{path}/tokenizer_config.json", "the tokenizer has no pad token",
-                               "set pad_token (e.g. to the eos token) in tokenizer_config.json")  # fmt: skip
+                problems.error(
+                    f"{path}/tokenizer_config.json",
+                    "the tokenizer has no pad token",
+                    "set pad_token (e.g. to the eos token) in tokenizer_config.json",
+                )
             special = {"pad": tok.pad_token_id, "eos": tok.eos_token_id, "bos": tok.bos_token_id}
             for name, tid in special.items():
                 if vocab and tid is not None and not 0 <= tid < vocab:
@@ -117,11 +123,14 @@ def check_checkpoint_dir(path: Path, where: str, problems: Problems) -> bool:
                         f"the {name} token ({getattr(tok, name + '_token')!r}, id {tid}) is outside "
                         f"the model's vocabulary of {vocab} (a token the tokenizer made up?)",
                         f"set {name}_token to a token of the vocabulary (e.g. the eos token)",
-                    )  # fmt: skip
+                    )
         except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/KeyError...
-            problems.error(str(path), f"cannot be loaded by transformers ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''})",
-                           "check config.json and the tokenizer files")  # fmt: skip
+            problems.error(
+                str(path),
+                f"cannot be loaded by transformers ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''})",
+                "check config.json and the tokenizer files",
+            )
             ok = False
     return ok
 

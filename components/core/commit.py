@@ -214,8 +214,14 @@ def committed_layout(uri: str, files: Iterable[str]) -> list[str]:
             return [""]
         head, _, rest = f.partition("/")
         parts = head.split("-")
-        if (rest == SUCCESS and len(parts) == 4 and parts[0] == "shard" and parts[2] == "of"
-                and parts[1].isdigit() and parts[3].isdigit()):  # fmt: skip
+        if (
+            rest == SUCCESS
+            and len(parts) == 4
+            and parts[0] == "shard"
+            and parts[2] == "of"
+            and parts[1].isdigit()
+            and parts[3].isdigit()
+        ):
             shards.setdefault(int(parts[3]), set()).add(int(parts[1]))
     if len(shards) > 1:
         raise StoreError(f"{uri} mixes shard counts {sorted(shards)}; rerun the stage with --force")

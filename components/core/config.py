@@ -82,8 +82,11 @@ class LoraSection(_Strict):
 
     @model_validator(mode="after")
     def _head_with_named_targets(self) -> LoraSection:
-        if (self.output_head and isinstance(self.target_modules, str)
-                and self.target_modules != "all-linear"):  # fmt: skip
+        if (
+            self.output_head
+            and isinstance(self.target_modules, str)
+            and self.target_modules != "all-linear"
+        ):
             raise ValueError(
                 f"output_head with target_modules {self.target_modules!r}: a pattern cannot be "
                 "extended by the head; give the modules as a list or use all-linear"
@@ -246,8 +249,10 @@ class OverlongPenalty(_Strict):
     def _buffer_within_max_length(cls, v: int, info: ValidationInfo) -> int:
         max_length = info.data.get("max_length")
         if max_length is not None and v > max_length:
-            raise ValueError(f"must be at most max_length ({max_length}): the penalty ramps "
-                             "over the last `buffer` tokens before max_length")  # fmt: skip
+            raise ValueError(
+                f"must be at most max_length ({max_length}): the penalty ramps "
+                "over the last `buffer` tokens before max_length"
+            )
         return v
 
 
@@ -398,8 +403,10 @@ class RunConfig(_Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"data.eval names must be unique, got {names}")
         if self.train.void_turn_filter and not (self.generate.tools or self.generate.environment):
-            raise ValueError("train.void_turn_filter drops multi-turn trajectories with a void "
-                             "turn; set generate.tools (or generate.environment), or turn it off")  # fmt: skip
+            raise ValueError(
+                "train.void_turn_filter drops multi-turn trajectories with a void "
+                "turn; set generate.tools (or generate.environment), or turn it off"
+            )
         return self
 
     @field_validator("train")
@@ -408,8 +415,9 @@ class RunConfig(_Strict):
         try:
             re.compile(t.answer_pattern)
         except re.error as e:
-            raise ValueError(f"train.answer_pattern {t.answer_pattern!r} is no regular "
-                             f"expression ({e}); fix it") from None  # fmt: skip
+            raise ValueError(
+                f"train.answer_pattern {t.answer_pattern!r} is no regular expression ({e}); fix it"
+            ) from None
         return t
 
     @property

@@ -100,11 +100,24 @@ OBJECT_STORE_SECRET_KEYS = {
 NODE_CONFIG_ENV = "RLVR_CONFIG_JSON"
 #: environment names a multi-node train pod gets from its controller (Kubeflow Trainer's PET_*
 #: as a prefix), from torchrun, or from rlvr (components/train/jobspec.env)
-RESERVED_NODE_ENV = frozenset({
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", NODE_CONFIG_ENV, "PYTHONUNBUFFERED",
-    *OBJECT_STORE_SECRET_KEYS, "AWS_ENDPOINT_URL", "HF_TOKEN",
-})  # fmt: skip
+RESERVED_NODE_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        NODE_CONFIG_ENV,
+        "PYTHONUNBUFFERED",
+        *OBJECT_STORE_SECRET_KEYS,
+        "AWS_ENDPOINT_URL",
+        "HF_TOKEN",
+    }
+)
 
 
 class TrainJobSection(_Strict):

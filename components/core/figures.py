@@ -59,14 +59,20 @@ _VERIFY_KEYS = {
 }
 #: How shards of one iteration combine: sums, maxima, or means weighted by a count figure.
 _SUMS = {
-    "rollout/samples", "rollout/prompts", "rollout/response_tokens", "rollout/skipped_prompts",
+    "rollout/samples",
+    "rollout/prompts",
+    "rollout/response_tokens",
+    "rollout/skipped_prompts",
     "rollout/tool_calls",
-    "verify/samples", "verify/groups",
-}  # fmt: skip
+    "verify/samples",
+    "verify/groups",
+}
 _MAXIMA = {"rollout/response_length_max", "rollout/policy_load_s", "rollout/policy_version"}
 _GROUP_WEIGHTED = {
-    "verify/zero_signal_share", "verify/all_correct_share", "verify/all_wrong_share",
-}  # fmt: skip
+    "verify/zero_signal_share",
+    "verify/all_correct_share",
+    "verify/all_wrong_share",
+}
 
 
 def _number(value: Any) -> float | None:

@@ -57,16 +57,22 @@ def check_store(store: Store, root: str, problems: Problems) -> None:
     if not path.exists():  # it will be created: its nearest existing parent must allow that
         parent = next((p for p in path.parents if p.exists()), Path("/"))
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            problems.error(f"run.store {root}", f"cannot be created ({parent} is not writable)",
-                           "choose a writable directory for run.store")  # fmt: skip
+            problems.error(
+                f"run.store {root}",
+                f"cannot be created ({parent} is not writable)",
+                "choose a writable directory for run.store",
+            )
         return
     probe = join(root, f".rlvr-check-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         store.write_bytes(probe, b"")
         store.delete(probe)
     except (StoreError, OSError) as e:
-        problems.error(f"run.store {root}", f"cannot write there ({e})",
-                       "choose a writable directory for run.store")  # fmt: skip
+        problems.error(
+            f"run.store {root}",
+            f"cannot write there ({e})",
+            "choose a writable directory for run.store",
+        )
 
 
 # --- datasets ----------------------------------------------------------------------------------
@@ -91,8 +97,11 @@ def scan_dataset(table: pa.Table, uri: str, problems: Problems) -> None:
             problems.error(f"{uri} {rows_text(rows)}", what, fix)
 
     ds = table.column("data_source")
-    report(pc.or_kleene(ds.is_null(), pc.equal(pc.utf8_length(ds), 0)),
-           "data_source is null or empty", "give every row the data_source of its verifier")  # fmt: skip
+    report(
+        pc.or_kleene(ds.is_null(), pc.equal(pc.utf8_length(ds), 0)),
+        "data_source is null or empty",
+        "give every row the data_source of its verifier",
+    )
     prompt = table.column("prompt")
     if pa.types.is_string(prompt.type) or pa.types.is_large_string(prompt.type):
         empty = pc.or_kleene(
@@ -112,15 +121,21 @@ def scan_dataset(table: pa.Table, uri: str, problems: Problems) -> None:
         bad_msgs = bad.fill_null(True).to_numpy(zero_copy_only=False)
         if bad_msgs.any():
             rows = np.unique(parents[bad_msgs])
-            problems.error(f"{uri} {rows_text(rows)}", "a prompt message has no role or no content",
-                           "every message needs a role and non-empty content")  # fmt: skip
+            problems.error(
+                f"{uri} {rows_text(rows)}",
+                "a prompt message has no role or no content",
+                "every message needs a role and non-empty content",
+            )
     rm = table.column("reward_model").combine_chunks()
     gt = pc.struct_field(rm, "ground_truth")
     missing = pc.or_kleene(rm.is_null(), gt.is_null())
     if pa.types.is_string(gt.type) or pa.types.is_large_string(gt.type):
         missing = pc.or_kleene(missing, pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(gt)), 0))
-    report(missing, "reward_model.ground_truth is missing or empty",
-           "every row needs the answer its verifier checks against")  # fmt: skip
+    report(
+        missing,
+        "reward_model.ground_truth is missing or empty",
+        "every row needs the answer its verifier checks against",
+    )
 
 
 def prompt_byte_lengths(table: pa.Table) -> np.ndarray:

@@ -51,8 +51,10 @@ def run(cfg: RunConfig, iteration: int = 0, *, force: bool = False) -> dict[str,
     tokenizer), so a bad one fails init with every problem named and nothing copied."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
     datasets = [("train", cfg.data.train, OutputDir(store, layout.train_data, "init"))]
-    datasets += [(f"eval/{ev.name}", ev.path, OutputDir(store, layout.eval_data(ev.name), "init"))
-                 for ev in cfg.data.eval]  # fmt: skip
+    datasets += [
+        (f"eval/{ev.name}", ev.path, OutputDir(store, layout.eval_data(ev.name), "init"))
+        for ev in cfg.data.eval
+    ]
     todo = [(name, src, out) for name, src, out in datasets if force or not out.is_committed()]
     base = OutputDir(store, layout.checkpoint(0), "init")
     copy_base = force or not base.is_committed()

@@ -72,8 +72,9 @@ SCHEMAS: dict[str, pa.Schema] = {"rollouts": ROLLOUTS, "scored": SCORED}
 # prompt, the policy's turns and the tools' observations in order, as one token stream.
 #: one turn of a trajectory: who wrote it, its text, and its span [start, end) in
 #: response_token_ids
-TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("start", pa.int32()),
-                  ("end", pa.int32())])  # fmt: skip
+TURN = pa.struct(
+    [("role", pa.string()), ("content", pa.string()), ("start", pa.int32()), ("end", pa.int32())]
+)
 #: Columns a record may carry beyond its contract, checked when present: `response_mask` is 1
 #: for each response token the policy sampled and 0 for one a tool or environment wrote (its
 #: `response_logprobs` entry is 0 and means nothing); `turns` lists the trajectory's turns.

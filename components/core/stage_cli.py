@@ -52,11 +52,14 @@ def config_from_arg(config: str, overrides: list[str], run_id: str | None = None
         return load_config(config, overrides, run_id=run_id)
     name = config[len(ENV_CONFIG_PREFIX) :]
     if name not in os.environ:
-        raise ConfigError(f"{config}: environment variable {name} is not set; it must hold the "
-                          "resolved config's JSON (set it, or pass a config file)")  # fmt: skip
+        raise ConfigError(
+            f"{config}: environment variable {name} is not set; it must hold the "
+            "resolved config's JSON (set it, or pass a config file)"
+        )
     if overrides:
-        raise ConfigError(f"{config}: --set applies to config files only; a resolved config "
-                          "is used as it is")  # fmt: skip
+        raise ConfigError(
+            f"{config}: --set applies to config files only; a resolved config is used as it is"
+        )
     try:
         return from_pipeline(os.environ[name], run_id or "")
     except ValueError as e:  # pydantic's ValidationError is a ValueError
@@ -74,12 +77,25 @@ def stage_command(
     @click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
     @click.option("--shard", type=int, default=0, show_default=True, hidden=not shardable)
     @click.option("--num-shards", type=int, default=1, show_default=True, hidden=not shardable)
-    @click.option("--segment", type=int, default=None, hidden=serve is None,
-                  help="Serve every iteration of this segment, warm (what a worker task runs).")  # fmt: skip
-    @click.option("--attempt", default=None, hidden=True,
-                  help="With --segment: the pipeline run's attempt id (failure markers, plan).")  # fmt: skip
-    @click.option("--retried", is_flag=True, hidden=True,
-                  help="With --segment: KFP retries this task (peers wait for it).")  # fmt: skip
+    @click.option(
+        "--segment",
+        type=int,
+        default=None,
+        hidden=serve is None,
+        help="Serve every iteration of this segment, warm (what a worker task runs).",
+    )
+    @click.option(
+        "--attempt",
+        default=None,
+        hidden=True,
+        help="With --segment: the pipeline run's attempt id (failure markers, plan).",
+    )
+    @click.option(
+        "--retried",
+        is_flag=True,
+        hidden=True,
+        help="With --segment: KFP retries this task (peers wait for it).",
+    )
     def cmd(
         config: str,
         run_id: str | None,

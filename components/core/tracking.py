@@ -126,8 +126,11 @@ def _warn(backend: str, error: BaseException) -> None:
     log.warning(
         "tracking: %s is off for the rest of this process (%s: %s); %s, or remove it from "
         "tracking.backends. The stage's outputs are not affected.",
-        backend, type(error).__name__, error, fix,
-    )  # fmt: skip
+        backend,
+        type(error).__name__,
+        error,
+        fix,
+    )
 
 
 def make_tracker(cfg: RunConfig, task: str) -> MultiTracker:
@@ -160,14 +163,16 @@ def check_tracking(cfg: RunConfig, problems: Problems, *, for_cluster: bool = Fa
         if for_cluster:
             if name != "tensorboard":
                 problems.warn(
-                    "config tracking.backends", f"the stage images do not install {module}",
+                    "config tracking.backends",
+                    f"the stage images do not install {module}",
                     f"build images with it ({install}) for the stages to log to {name}",
-                )  # fmt: skip
+                )
         elif importlib.util.find_spec(module) is None:
             problems.error(
-                "config tracking.backends", f"{name} is configured but {module} is not installed",
+                "config tracking.backends",
+                f"{name} is configured but {module} is not installed",
                 f"{install}, or remove {name} from tracking.backends",
-            )  # fmt: skip
+            )
 
 
 def step_figures(task: str, result: Mapping[str, Any]) -> dict[str, float]:
@@ -215,16 +220,18 @@ class StageTracking:
                 self.tracker = make_tracker(cfg, self.stage.task)
             self.tracker.log(figures, iteration)
         except Exception:  # the step is committed; tracking must not undo that
-            log.warning("tracking: could not log %s step %d", self.stage.task, iteration,
-                        exc_info=True)  # fmt: skip
+            log.warning(
+                "tracking: could not log %s step %d", self.stage.task, iteration, exc_info=True
+            )
 
     def close(self) -> None:
         if self.tracker is not None:
             try:
                 self.tracker.close()
             except Exception:
-                log.warning("tracking: could not close %s's tracker", self.stage.task,
-                            exc_info=True)  # fmt: skip
+                log.warning(
+                    "tracking: could not close %s's tracker", self.stage.task, exc_info=True
+                )
             self.tracker = None
 
 
@@ -324,10 +331,14 @@ class MlflowTracker:
         child = next((r for r in runs if r.data.tags.get("rlvr.task") == task), None)
         if child is None:
             self.child = self.client.create_run(
-                self.experiment_id, run_name=task,
-                tags={"rlvr.run_id": self.run_id, "rlvr.task": task,
-                      "mlflow.parentRunId": self.parent},
-            ).info.run_id  # fmt: skip
+                self.experiment_id,
+                run_name=task,
+                tags={
+                    "rlvr.run_id": self.run_id,
+                    "rlvr.task": task,
+                    "mlflow.parentRunId": self.parent,
+                },
+            ).info.run_id
             self._existing: set[str] = set()
         else:
             self.child = child.info.run_id
@@ -424,11 +435,17 @@ class WandbTracker:
 
         t = cfg.tracking
         self.run = wandb.init(
-            project=t.wandb_project, entity=t.wandb_entity, mode=t.wandb_mode,
-            id=wandb_run_id(cfg.run_id, task), resume="allow", group=cfg.run_id,
-            job_type=task.split("-")[0], name=task, reinit="create_new",
+            project=t.wandb_project,
+            entity=t.wandb_entity,
+            mode=t.wandb_mode,
+            id=wandb_run_id(cfg.run_id, task),
+            resume="allow",
+            group=cfg.run_id,
+            job_type=task.split("-")[0],
+            name=task,
+            reinit="create_new",
             settings=wandb.Settings(silent=True),
-        )  # fmt: skip
+        )
         self.run.define_metric("iteration", hidden=True)
         self.run.define_metric("*", step_metric="iteration")
 

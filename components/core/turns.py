@@ -14,5 +14,9 @@ def has_void_turn(turns: Iterable[Mapping[str, Any]], answer: re.Pattern[str]) -
     """SimpleTIR's void turn: a policy turn with neither a tool call nor an answer (`answer`
     found in its text), such as a turn cut by the token budget or one that stops with nothing
     to act on."""
-    return any(t["role"] == "assistant" and not TOOL_CALL.search(t["content"] or "")
-               and not answer.search(t["content"] or "") for t in turns)  # fmt: skip
+    return any(
+        t["role"] == "assistant"
+        and not TOOL_CALL.search(t["content"] or "")
+        and not answer.search(t["content"] or "")
+        for t in turns
+    )

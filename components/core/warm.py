@@ -100,21 +100,38 @@ class Stage:
 
     @classmethod
     def run(
-        cls, cfg: RunConfig, iteration: int, *, force: bool = False, shard: int = 0,
+        cls,
+        cfg: RunConfig,
+        iteration: int,
+        *,
+        force: bool = False,
+        shard: int = 0,
         num_shards: int = 1,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """One iteration (or one shard of it), cold."""
         return run_once(cls(cfg, shard=shard, num_shards=num_shards), iteration, force=force)
 
     @classmethod
     def serve(
-        cls, cfg: RunConfig, segment: int, *, shard: int = 0, num_shards: int = 1,
-        attempt: str | None = None, retried: bool = False,
-    ) -> dict[str, Any]:  # fmt: skip
+        cls,
+        cfg: RunConfig,
+        segment: int,
+        *,
+        shard: int = 0,
+        num_shards: int = 1,
+        attempt: str | None = None,
+        retried: bool = False,
+    ) -> dict[str, Any]:
         """The worker of one segment: every step of it, warm."""
         stage = cls(cfg, shard=shard, num_shards=num_shards)
-        results = serve_stage(stage, stage.iterations(segment), cfg=cfg, attempt=attempt,
-                              start=stage.first(segment), retried=retried)  # fmt: skip
+        results = serve_stage(
+            stage,
+            stage.iterations(segment),
+            cfg=cfg,
+            attempt=attempt,
+            start=stage.first(segment),
+            retried=retried,
+        )
         return segment_summary(stage, segment, results)
 
 
@@ -178,10 +195,15 @@ class RunStatus:
     ) -> None:
         message = error if isinstance(error, str) else _describe(error)
         record = {
-            "task": task, "error": message, "at": time.time(), "host": socket.gethostname(),
-            "iteration": iteration, "user_error": _is_user_error(error),
-            "peer": isinstance(error, PeerFailed), "retry_grace_s": grace_s,
-        }  # fmt: skip
+            "task": task,
+            "error": message,
+            "at": time.time(),
+            "host": socket.gethostname(),
+            "iteration": iteration,
+            "user_error": _is_user_error(error),
+            "peer": isinstance(error, PeerFailed),
+            "retry_grace_s": grace_s,
+        }
         try:
             self.store.write_text(join(self.dir, f"{task}.json"), json.dumps(record))
         except StoreError:  # the store itself may be why we failed; the exit status still tells
@@ -337,8 +359,9 @@ def serve(
             timeline = Timeline(stage.task, i)
             _cold_start(timeline)
             gap = max(1, i - previous) if previous is not None else 1
-            wait = dict(status=status, task=stage.task, timeout_s=timeout_s * gap,
-                        poll_max_s=poll_max_s)  # fmt: skip
+            wait = dict(
+                status=status, task=stage.task, timeout_s=timeout_s * gap, poll_max_s=poll_max_s
+            )
             if plan and previous == start:  # before anything else is looked at
                 t0 = time.time()
                 wait_committed(store, [status.plan], **wait)
@@ -356,8 +379,9 @@ def serve(
             tracking.after_step(i, results[-1], timeline)
             previous = i
     except BaseException as e:
-        status.mark_failed(stage.task, e, iteration=i, grace_s=0.0 if isinstance(e, PeerFailed)
-                           else grace_s)  # fmt: skip
+        status.mark_failed(
+            stage.task, e, iteration=i, grace_s=0.0 if isinstance(e, PeerFailed) else grace_s
+        )
         raise
     finally:
         tracking.close()
@@ -367,8 +391,12 @@ def serve(
 
 def segment_summary(stage: Stage, segment: int, results: list[dict]) -> dict:
     """What a stage's segment worker returns: its task, how many steps it served, skipped."""
-    return {"task": stage.task, "segment": segment, "steps": len(results),
-            "skipped": sum(bool(r.get("skipped")) for r in results)}  # fmt: skip
+    return {
+        "task": stage.task,
+        "segment": segment,
+        "steps": len(results),
+        "skipped": sum(bool(r.get("skipped")) for r in results),
+    }
 
 
 def serve_stage(
@@ -386,11 +414,16 @@ def serve_stage(
     store = store_for(cfg)
     poll = cfg.run.poll_max_s or (1.0 if cfg.run.store.startswith("s3://") else 0.01)
     return serve(
-        stage, iterations, status=RunStatus.of(cfg, attempt or "local"), store=store,
-        timeout_s=cfg.run.wait_timeout_s, poll_max_s=poll, start=start,
+        stage,
+        iterations,
+        status=RunStatus.of(cfg, attempt or "local"),
+        store=store,
+        timeout_s=cfg.run.wait_timeout_s,
+        poll_max_s=poll,
+        start=start,
         plan=attempt is not None,
         grace_s=retry_grace_s(cfg, stage.task.split("-")[0]) if retried else 0.0,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)

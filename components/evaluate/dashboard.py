@@ -112,8 +112,9 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def _eval_sets(dyn: Dynamics) -> list[str]:
-    return sorted({c.split("/")[1] for c in dyn.columns if c.startswith("eval/") and
-                   c.count("/") >= 2})  # fmt: skip
+    return sorted(
+        {c.split("/")[1] for c in dyn.columns if c.startswith("eval/") and c.count("/") >= 2}
+    )
 
 
 def _eval_metrics(dyn: Dynamics, s: str) -> list[str]:
@@ -218,8 +219,11 @@ def _cards(dyn: Dynamics) -> str:
         s for s in dyn.steps if any(k.startswith("train/") for k in dyn.rows[s])
     ]
     sampled = [s for s in dyn.steps if any(k.startswith("rollout/") for k in dyn.rows[s])]
-    card("iterations", str(len(trained)),
-         f"updates; {len(sampled)} sampled" if sampled else "updates")  # fmt: skip
+    card(
+        "iterations",
+        str(len(trained)),
+        f"updates; {len(sampled)} sampled" if sampled else "updates",
+    )
     sets = _eval_sets(dyn)
     if sets:
         s = sets[0]
@@ -231,12 +235,17 @@ def _cards(dyn: Dynamics) -> str:
             card("best pass@1", f"{row[best][f'eval/{s}/pass@1']:.4f}", f"checkpoint {best:05d}")
             first = evaluated[0]
             gain = row[last][f"eval/{s}/pass@1"] - row[first][f"eval/{s}/pass@1"]
-            card("last pass@1", f"{row[last][f'eval/{s}/pass@1']:.4f}",
-                 f"checkpoint {last:05d}; {gain:+.4f} vs {first:05d}")  # fmt: skip
+            card(
+                "last pass@1",
+                f"{row[last][f'eval/{s}/pass@1']:.4f}",
+                f"checkpoint {last:05d}; {gain:+.4f} vs {first:05d}",
+            )
     else:
         card("evaluation", "none yet", "no committed evals/<c>")
-    for name, label in (("train/reward_mean", "last train reward"),
-                        ("verify/reward_mean", "last verify reward")):  # fmt: skip
+    for name, label in (
+        ("train/reward_mean", "last train reward"),
+        ("verify/reward_mean", "last verify reward"),
+    ):
         xs, ys = dyn.series(name)
         if xs:
             card(label, f"{ys[-1]:.4f}", f"iteration {xs[-1]}")

@@ -94,8 +94,10 @@ class Dynamics:
 
     def to_json(self) -> str:
         """``{"columns": [...], "rows": [{"step": s, name: value, ...}, ...]}``."""
-        rows = [{"step": s, **dict(sorted(self.rows[s].items(), key=lambda kv: _order(kv[0])))}
-                for s in self.steps]  # fmt: skip
+        rows = [
+            {"step": s, **dict(sorted(self.rows[s].items(), key=lambda kv: _order(kv[0])))}
+            for s in self.steps
+        ]
         return json.dumps({"columns": self.columns, "rows": rows}, indent=1)
 
     def add(self, step: int, figures: dict[str, float]) -> None:
@@ -121,8 +123,10 @@ def _iteration_outputs(files: Iterable[str]) -> dict[tuple[int, str], list[str]]
             layout = committed_layout(f"{i:05d}/{kind}", rel)
         except StoreError:  # NotCommittedError included
             continue
-        out[(i, kind)] = [join(f"{i:05d}", kind, d, SUCCESS) if d else
-                          join(f"{i:05d}", kind, SUCCESS) for d in layout]  # fmt: skip
+        out[(i, kind)] = [
+            join(f"{i:05d}", kind, d, SUCCESS) if d else join(f"{i:05d}", kind, SUCCESS)
+            for d in layout
+        ]
     return out
 
 
@@ -154,8 +158,9 @@ def collect(store: Store, root: str) -> Dynamics:
         jobs.append((f"train:{c - 1}", lambda uri=uri: _read_json(store, uri)))
     for c in evals:
         m_uri, s_uri = join(layout.evals(c), "metrics.json"), join(layout.evals(c), SUCCESS)
-        jobs.append((f"eval:{c}", lambda m=m_uri, s=s_uri: (_read_json(store, m),
-                                                            _read_json(store, s))))  # fmt: skip
+        jobs.append(
+            (f"eval:{c}", lambda m=m_uri, s=s_uri: (_read_json(store, m), _read_json(store, s)))
+        )
     with ThreadPoolExecutor(max_workers=min(_READERS, max(1, len(jobs)))) as pool:
         results = list(pool.map(lambda job: job[1](), jobs))
 

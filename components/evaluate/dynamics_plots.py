@@ -38,27 +38,48 @@ _TITLES = {
 }
 #: The key figures of each family, in the order they come first (a panel only where present).
 _TRAIN_KEYS = (
-    "train/reward_mean", "train/entropy", "train/kl_ref", "train/ppo_kl", "train/approx_kl",
-    "train/clipfrac", "train/grad_norm", "train/lr", "train/loss", "train/adv_std",
-    "train/zero_var_groups", "train/tokens_per_s",
-)  # fmt: skip
+    "train/reward_mean",
+    "train/entropy",
+    "train/kl_ref",
+    "train/ppo_kl",
+    "train/approx_kl",
+    "train/clipfrac",
+    "train/grad_norm",
+    "train/lr",
+    "train/loss",
+    "train/adv_std",
+    "train/zero_var_groups",
+    "train/tokens_per_s",
+)
 #: Figures drawn on one panel with the first (its title); the rest are the legend's lines.
 _GROUPS = {
-    "train/clipfrac": ("train/clipfrac", "train/clipfrac_low", "train/clipfrac_high",
-                       "train/dual_clipfrac"),
+    "train/clipfrac": (
+        "train/clipfrac",
+        "train/clipfrac_low",
+        "train/clipfrac_high",
+        "train/dual_clipfrac",
+    ),
     "train/loss": ("train/loss", "train/pg_loss", "train/kl_loss", "train/entropy_loss"),
     "train/staleness_mean": ("train/staleness_mean", "train/staleness_max"),
-    "rollout/response_length_mean": ("rollout/response_length_mean",
-                                     "rollout/response_length_max"),
-    "verify/zero_signal_share": ("verify/zero_signal_share", "verify/all_correct_share",
-                                 "verify/all_wrong_share"),
-    "rollout/tool_calls_per_sample": ("rollout/tool_calls_per_sample", "rollout/tool_call_rate",
-                                      "rollout/tool_error_share"),
-}  # fmt: skip
+    "rollout/response_length_mean": ("rollout/response_length_mean", "rollout/response_length_max"),
+    "verify/zero_signal_share": (
+        "verify/zero_signal_share",
+        "verify/all_correct_share",
+        "verify/all_wrong_share",
+    ),
+    "rollout/tool_calls_per_sample": (
+        "rollout/tool_calls_per_sample",
+        "rollout/tool_call_rate",
+        "rollout/tool_error_share",
+    ),
+}
 _ROLLOUT_KEYS = (
-    "rollout/tool_calls_per_sample", "rollout/turns_mean",  # multi-turn runs, first
-    "rollout/response_length_mean", "rollout/truncated_fraction", "rollout/tokens_per_s",
-)  # fmt: skip
+    "rollout/tool_calls_per_sample",
+    "rollout/turns_mean",  # multi-turn runs, first
+    "rollout/response_length_mean",
+    "rollout/truncated_fraction",
+    "rollout/tokens_per_s",
+)
 _VERIFY_KEYS = ("verify/reward_mean", "verify/zero_signal_share", "verify/error_fraction")
 
 
@@ -97,8 +118,9 @@ def _eval_panels(dyn: Dynamics, names: Sequence[str]) -> list[Panel]:
     for s in sets:
         prefix = f"eval/{s}/"
         mine = [n for n in names if n.startswith(prefix) and "_ci95_" not in n]
-        passes = sorted((n for n in mine if re.fullmatch(r"pass@\d+", n[len(prefix) :])),
-                        key=_pass_k)  # fmt: skip
+        passes = sorted(
+            (n for n in mine if re.fullmatch(r"pass@\d+", n[len(prefix) :])), key=_pass_k
+        )
         used = set(passes)
         if prefix + "pass@1" in mine:
             panels.append(Panel(prefix + "pass@1", (prefix + "pass@1",), ("pass@1",)))
@@ -107,14 +129,23 @@ def _eval_panels(dyn: Dynamics, names: Sequence[str]) -> list[Panel]:
             lines = tuple(passes)
             panels.append(Panel(prefix + "pass@k", lines, tuple(n[len(prefix) :] for n in lines)))
         votes = sorted(
-            (n for n in mine if re.fullmatch(r"(mean@\d+|maj@\d+|greedy_pass@1)", n[len(prefix):])),
-            key=lambda n: (n[len(prefix) :].split("@")[0], _pass_k(n.replace("maj@", "pass@")
-                                                                 .replace("mean@", "pass@"))),
-        )  # fmt: skip
+            (
+                n
+                for n in mine
+                if re.fullmatch(r"(mean@\d+|maj@\d+|greedy_pass@1)", n[len(prefix) :])
+            ),
+            key=lambda n: (
+                n[len(prefix) :].split("@")[0],
+                _pass_k(n.replace("maj@", "pass@").replace("mean@", "pass@")),
+            ),
+        )
         if votes:
             used.update(votes)
-            panels.append(Panel(prefix + "mean@n, maj@k", tuple(votes),
-                                tuple(n[len(prefix) :] for n in votes)))  # fmt: skip
+            panels.append(
+                Panel(
+                    prefix + "mean@n, maj@k", tuple(votes), tuple(n[len(prefix) :] for n in votes)
+                )
+            )
         for n in mine:
             if n not in used:
                 panels.append(Panel(n, (n,)))
@@ -132,11 +163,13 @@ def _time_panels(names: Sequence[str]) -> list[Panel]:
     busy = sorted((n for n in names if not n.endswith("_work_s")), key=key)
     work = sorted((n for n in names if n.endswith("_work_s")), key=key)
     if busy:
-        panels.append(Panel("time/<stage>_s: busy seconds", tuple(busy),
-                            tuple(n[5:-2] for n in busy)))  # fmt: skip
+        panels.append(
+            Panel("time/<stage>_s: busy seconds", tuple(busy), tuple(n[5:-2] for n in busy))
+        )
     if work:
-        panels.append(Panel("time/<stage>_work_s: work seconds", tuple(work),
-                            tuple(n[5:-7] for n in work)))  # fmt: skip
+        panels.append(
+            Panel("time/<stage>_work_s: work seconds", tuple(work), tuple(n[5:-7] for n in work))
+        )
     return panels
 
 
@@ -184,10 +217,10 @@ def family_panels(dyn: Dynamics, family: str) -> list[Panel]:
             panels.append(Panel(n, members))
         else:
             labels = tuple(
-                _SHARE_LABELS.get(m) or ("all" if m == n and family == "verify" else
-                                         short_name(m, family))
+                _SHARE_LABELS.get(m)
+                or ("all" if m == n and family == "verify" else short_name(m, family))
                 for m in members
-            )  # fmt: skip
+            )
             if same:
                 labels = (" = ".join(short_name(m, family) for m in (n, *same)), *labels[1:])
             if n == "verify/zero_signal_share":
@@ -200,8 +233,14 @@ def family_panels(dyn: Dynamics, family: str) -> list[Panel]:
     if len(comps) > 1:  # reward components on one panel
         panels = [p for p in panels if p not in comps]
         lines = tuple(p.lines[0] for p in comps)
-        panels.insert(1, Panel("verify/reward components", lines,
-                               tuple(short_name(n, "verify/reward") for n in lines)))  # fmt: skip
+        panels.insert(
+            1,
+            Panel(
+                "verify/reward components",
+                lines,
+                tuple(short_name(n, "verify/reward") for n in lines),
+            ),
+        )
     for i in range(0, len(constants), _CONSTANTS_PER_PANEL):
         chunk = tuple(constants[i : i + _CONSTANTS_PER_PANEL])
         panels.append(Panel("unchanged over the run", constants=chunk))
@@ -318,8 +357,18 @@ def _draw(ax, dyn: Dynamics, panel: Panel, xlim: tuple[float, float]) -> None:  
         ax.set_axis_off()
         ax.set_title(panel.title, fontsize=9, loc="left", color="#555555")
         text = "\n".join(f"{n} = {format_number(v)}" for n, v in panel.constants)
-        ax.text(0.0, 1.0, text, transform=ax.transAxes, va="top", ha="left", fontsize=7.5,
-                family="monospace", color="#333333", linespacing=1.45)  # fmt: skip
+        ax.text(
+            0.0,
+            1.0,
+            text,
+            transform=ax.transAxes,
+            va="top",
+            ha="left",
+            fontsize=7.5,
+            family="monospace",
+            color="#333333",
+            linespacing=1.45,
+        )
         return
     for i, name in enumerate(panel.lines):
         xs, ys = dyn.series(name)
@@ -327,16 +376,24 @@ def _draw(ax, dyn: Dynamics, panel: Panel, xlim: tuple[float, float]) -> None:  
             continue
         label = panel.labels[i] if i < len(panel.labels) else short_name(name, family_of(name))
         marker = "o" if len(xs) <= _MARKERS_UP_TO else None
-        (line,) = ax.plot(xs, ys, marker=marker, markersize=3, linewidth=1.4, label=label,
-                          color=f"C{i}")  # fmt: skip
+        (line,) = ax.plot(
+            xs, ys, marker=marker, markersize=3, linewidth=1.4, label=label, color=f"C{i}"
+        )
         lo_x, lo = dyn.series(name + "_ci95_lo")
         hi_x, hi = dyn.series(name + "_ci95_hi")
         if lo_x and lo_x == hi_x:
             if len(lo_x) == 1:
                 ax.vlines(lo_x, lo, hi, color=line.get_color(), alpha=0.35, linewidth=4)
             else:
-                ax.fill_between(lo_x, lo, hi, color=line.get_color(), alpha=0.18, linewidth=0,
-                                label=f"{label} 95% CI")  # fmt: skip
+                ax.fill_between(
+                    lo_x,
+                    lo,
+                    hi,
+                    color=line.get_color(),
+                    alpha=0.18,
+                    linewidth=0,
+                    label=f"{label} 95% CI",
+                )
     ax.set_title(panel.title, fontsize=9, loc="left")
     ax.set_xlim(*xlim)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))

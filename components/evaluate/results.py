@@ -35,10 +35,18 @@ def problems_from(table) -> list[ProblemSamples]:
     """Group scored samples by prompt. A sample is correct when its FIRST reward component (the
     correctness verifier; list it first in a weighted sum) is above 0.5; mean@n averages the
     total reward."""
-    cols = {c: table.column(c).to_pylist() for c in (
-        "prompt_id", "sample_index", "data_source", "reward", "extracted_answer",
-        "response_token_ids", "reward_components",
-    )}  # fmt: skip
+    cols = {
+        c: table.column(c).to_pylist()
+        for c in (
+            "prompt_id",
+            "sample_index",
+            "data_source",
+            "reward",
+            "extracted_answer",
+            "response_token_ids",
+            "reward_components",
+        )
+    }
     groups: dict[str, list[int]] = {}
     for i, pid in enumerate(cols["prompt_id"]):
         groups.setdefault(pid, []).append(i)

@@ -63,11 +63,15 @@ def write_run_report(store: Store, root: str) -> dict[str, str]:
             names += ["history.png", "pass_at_k.png"]
             primary = tops[last]
             md = render_markdown(
-                {"model": primary["checkpoint"], "checkpoint": f"{last:05d}",
-                 "overall": primary["overall"], "by_data_source": primary["by_data_source"]},
+                {
+                    "model": primary["checkpoint"],
+                    "checkpoint": f"{last:05d}",
+                    "overall": primary["overall"],
+                    "by_data_source": primary["by_data_source"],
+                },
                 rows,
                 {"history": "history.png", "pass@k": "pass_at_k.png"},
-            )  # fmt: skip
+            )
         if timeline.steps:
             out.put_file(plot_timeline(timeline, tmp / "timeline.png"), "timeline.png")
             names.append("timeline.png")
@@ -97,8 +101,9 @@ def _write_dashboard(
         ("timeline.png", "Where the time went", "Every task of the run, with the critical path."),
     )
     extra = {title: (note, tmp / name) for name, title, note in pages if name in names}
-    files = write_dashboard(dynamics, tmp / "dashboard", root.rstrip("/").rsplit("/", 1)[-1],
-                            root, extra)  # fmt: skip
+    files = write_dashboard(
+        dynamics, tmp / "dashboard", root.rstrip("/").rsplit("/", 1)[-1], root, extra
+    )
     for f in files:
         out.put_file(f, f.name)
     return [f.name for f in files]

@@ -159,16 +159,23 @@ def _sample_and_score(
             for kind, spec in specs.items():
                 scratch = OutputDir(store, join(scratch_root, ev.name, kind), "evaluate")
                 generate_rollouts(
-                    scratch, backend, tokenizer, prompts, spec,
-                    iteration=EVAL_SEED_ITERATION, checkpoint_uri=ckpt_uri,
+                    scratch,
+                    backend,
+                    tokenizer,
+                    prompts,
+                    spec,
+                    iteration=EVAL_SEED_ITERATION,
+                    checkpoint_uri=ckpt_uri,
                     max_prompt_tokens=cfg.generate.max_prompt_tokens,
-                    rows_per_part=cfg.generate.rows_per_part, policy_version=c,
+                    rows_per_part=cfg.generate.rows_per_part,
+                    policy_version=c,
                     desc=f"evaluate {c:05d} {ev.name}" + (" (greedy)" if kind != "samples" else ""),
-                    allow_empty=num_shards > 1, tools=tools,
+                    allow_empty=num_shards > 1,
+                    tools=tools,
                     max_turns=cfg.generate.max_turns,
                     max_response_tokens=cfg.generate.max_response_tokens,
                     environment=cfg.generate.environment,
-                )  # fmt: skip
+                )
                 scratch.commit({})
                 files = committed_files(store, scratch.uri, ".parquet")
                 scored, vstats = score_table(
@@ -285,8 +292,10 @@ class EvaluateStage(Stage):
             if sharded:
                 inputs = {**inputs, "shards": content_digest(store, shards_uri)}
             if out.up_to_date(inputs) and not force:
-                log.info("evaluation of checkpoint %s already committed; skipping",
-                         self.label or f"{c:05d}")  # fmt: skip
+                log.info(
+                    "evaluation of checkpoint %s already committed; skipping",
+                    self.label or f"{c:05d}",
+                )
                 return {"skipped": True, "uri": out.uri}
             if sharded:
                 with timeline.span("read"):
@@ -294,8 +303,11 @@ class EvaluateStage(Stage):
                     for ev in cfg.data.eval:
                         results[ev.name] = {}
                         for kind in ("samples", "greedy_samples") if ev.greedy else ("samples",):
-                            files = [f for f in committed_files(store, shards_uri, ".parquet")
-                                     if f.endswith(f"/{ev.name}/{kind}.parquet")]  # fmt: skip
+                            files = [
+                                f
+                                for f in committed_files(store, shards_uri, ".parquet")
+                                if f.endswith(f"/{ev.name}/{kind}.parquet")
+                            ]
                             results[ev.name][kind] = read_records(store, files, "scored")
             else:
                 self._load(c, timeline)
@@ -307,8 +319,12 @@ class EvaluateStage(Stage):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         overall = top["overall"]
-        stats = {"checkpoint_index": c, "pass@1": overall["pass@1"], "n": top["n"],
-                 "timeline": timeline.record()}  # fmt: skip
+        stats = {
+            "checkpoint_index": c,
+            "pass@1": overall["pass@1"],
+            "n": top["n"],
+            "timeline": timeline.record(),
+        }
         out.commit(stats, inputs)
         log.info("evaluate %s: pass@1 %.4f", self.label or f"{c:05d}", overall["pass@1"])
         return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}

@@ -154,15 +154,16 @@ def load_timeline(store: Store, root: str) -> RunTimeline:
                 [(k, float(s), float(e)) for k, s, e in tl["spans"]],
                 staleness,
                 int(tl.get("pid", 0)),
-            )  # fmt: skip
+            )
         )
         if tl.get("one_shot"):
             one_shot.add(id(steps[-1]))
     steps.sort(key=lambda s: (s.stage, s.task, s.iteration))
     if len(one_shot) == len(steps):  # a run made step by step: its steps are its timeline
         return RunTimeline(steps)
-    return RunTimeline([s for s in steps if id(s) not in one_shot],
-                       [s for s in steps if id(s) in one_shot])  # fmt: skip
+    return RunTimeline(
+        [s for s in steps if id(s) not in one_shot], [s for s in steps if id(s) in one_shot]
+    )
 
 
 def critical_path(tl: RunTimeline) -> tuple[float, list[Step]]:
@@ -253,8 +254,9 @@ def handoff_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
         def inside(step: Step, kind: str, a: float = a, b: float = b) -> float:
             return sum(max(0.0, min(e, b) - max(s, a)) for k, s, e in step.spans if k == kind)
 
-        loads = [inside(st, "load") for st in tl.steps if st.stage == "generate"
-                 and st.iteration == i]  # fmt: skip
+        loads = [
+            inside(st, "load") for st in tl.steps if st.stage == "generate" and st.iteration == i
+        ]
         out.append((i, inside(trains[i], "commit") + max(loads, default=0.0), seconds))
     return out
 
@@ -295,8 +297,10 @@ def format_summary(s: dict[str, Any]) -> str:
         row = s["stages"][stage]
         lines.append(f"{stage:>10} " + " ".join(f"{row.get(k, 0.0):8.1f}" for k in SPAN_KINDS))
     if s.get("reruns"):
-        lines.append(f"not counted: {len(s['reruns'])} step(s) rerun alone since the run "
-                     f"({', '.join(s['reruns'])}; rlvr stage)")  # fmt: skip
+        lines.append(
+            f"not counted: {len(s['reruns'])} step(s) rerun alone since the run "
+            f"({', '.join(s['reruns'])}; rlvr stage)"
+        )
     return "\n".join(lines)
 
 
@@ -315,17 +319,28 @@ def plot_timeline(tl: RunTimeline, out_png: Path, title: str = "") -> Path:
     for row, task in enumerate(tasks):
         for st in (s for s in tl.steps if s.task == task):
             for kind, s, e in st.spans:
-                ax.broken_barh([(s - t0, max(e - s, 1e-3))], (row - 0.35, 0.7),
-                               facecolors=COLORS.get(kind, "#000000"), linewidth=0)  # fmt: skip
+                ax.broken_barh(
+                    [(s - t0, max(e - s, 1e-3))],
+                    (row - 0.35, 0.7),
+                    facecolors=COLORS.get(kind, "#000000"),
+                    linewidth=0,
+                )
             if id(st) in on_path:
                 first = st is path[0]  # the path starts with this step's setup, if it has one
                 spans = st.spans if first else st.spans[st._split() :]
                 busy = [(s - t0, e - s) for k, s, e in spans if k != "wait"]
-                ax.broken_barh(busy, (row - 0.42, 0.84), facecolors="none",
-                               edgecolors="#d32f2f", linewidth=1.2)  # fmt: skip
+                ax.broken_barh(
+                    busy, (row - 0.42, 0.84), facecolors="none", edgecolors="#d32f2f", linewidth=1.2
+                )
             label_at = min(s for k, s, _ in st.spans if k != "wait") - t0
-            ax.text(label_at, row + 0.45, str(st.iteration), fontsize=ITERATION_LABEL_SIZE,
-                    va="bottom", color="#333")  # fmt: skip
+            ax.text(
+                label_at,
+                row + 0.45,
+                str(st.iteration),
+                fontsize=ITERATION_LABEL_SIZE,
+                va="bottom",
+                color="#333",
+            )
     ax.set_yticks(range(len(tasks)))
     ax.set_yticklabels(tasks)
     ax.invert_yaxis()
@@ -333,8 +348,14 @@ def plot_timeline(tl: RunTimeline, out_png: Path, title: str = "") -> Path:
     ax.set_xlim(0, tl.wall * 1.01 if tl.wall else 1)
     handles = [Patch(facecolor=COLORS[k], label=k) for k in SPAN_KINDS]
     handles.append(Patch(facecolor="none", edgecolor="#d32f2f", label="critical path"))
-    ax.legend(handles=handles, ncol=len(handles), loc="upper center", fontsize=8,
-              bbox_to_anchor=(0.5, -0.22 if len(tasks) > 3 else -0.35), frameon=False)  # fmt: skip
+    ax.legend(
+        handles=handles,
+        ncol=len(handles),
+        loc="upper center",
+        fontsize=8,
+        bbox_to_anchor=(0.5, -0.22 if len(tasks) > 3 else -0.35),
+        frameon=False,
+    )
     s = summary(tl)
     ax.set_title(
         title

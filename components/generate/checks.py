@@ -48,16 +48,22 @@ def prompt_token_lengths(tokenizer, table: pa.Table, limit: int) -> dict[int, in
 
 
 def check_generate(
-    cfg: RunConfig, tokenizer, model_config, datasets: dict[str, tuple[str, pa.Table]],
+    cfg: RunConfig,
+    tokenizer,
+    model_config,
+    datasets: dict[str, tuple[str, pa.Table]],
     problems: Problems,
-) -> None:  # fmt: skip
+) -> None:
     """`datasets`: name -> (uri, table) of the sets generate or evaluate will sample."""
     g = cfg.generate
     vocab = len(tokenizer)
     bad_ids = [i for i in g.stop_token_ids if not 0 <= i < vocab]
     if bad_ids:
-        problems.error("config generate.stop_token_ids", f"{bad_ids} are not token ids of the "
-                       f"policy's tokenizer (vocabulary of {vocab})", "use ids below the vocabulary size")  # fmt: skip
+        problems.error(
+            "config generate.stop_token_ids",
+            f"{bad_ids} are not token ids of the policy's tokenizer (vocabulary of {vocab})",
+            "use ids below the vocabulary size",
+        )
     chat = sorted(
         uri
         for uri, table in datasets.values()
@@ -79,12 +85,18 @@ def check_generate(
         lengths = prompt_token_lengths(tokenizer, table, g.max_prompt_tokens)
         over = np.array(sorted(r for r, n in lengths.items() if n > g.max_prompt_tokens))
         if over.size == table.num_rows:
-            problems.error(uri, f"every prompt is longer than generate.max_prompt_tokens="
-                           f"{g.max_prompt_tokens}", "raise it")  # fmt: skip
+            problems.error(
+                uri,
+                f"every prompt is longer than generate.max_prompt_tokens={g.max_prompt_tokens}",
+                "raise it",
+            )
         elif over.size:
-            problems.warn(f"{uri} {rows_text(over)}", f"{over.size} prompt(s) longer than "
-                          f"generate.max_prompt_tokens={g.max_prompt_tokens} will be skipped",
-                          "raise it to sample them")  # fmt: skip
+            problems.warn(
+                f"{uri} {rows_text(over)}",
+                f"{over.size} prompt(s) longer than "
+                f"generate.max_prompt_tokens={g.max_prompt_tokens} will be skipped",
+                "raise it to sample them",
+            )
         if context:
             fitting = [n for n in lengths.values() if n <= g.max_prompt_tokens]
             longest = max(fitting, default=0)
@@ -100,8 +112,9 @@ def check_generate(
                     f"config generate.max_new_tokens ({name})",
                     f"a prompt of {min(longest, g.max_prompt_tokens)} tokens plus "
                     f"{max_new.get(name, g.max_new_tokens)} new tokens exceeds the model's "
-                    f"context of {context} positions", "lower max_new_tokens or max_prompt_tokens",
-                )  # fmt: skip
+                    f"context of {context} positions",
+                    "lower max_new_tokens or max_prompt_tokens",
+                )
 
 
 def check_curriculum(cfg: RunConfig, problems: Problems, table: pa.Table | None = None) -> None:

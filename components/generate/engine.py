@@ -141,8 +141,11 @@ class PolicyEngine:
         per engine: checkpoint 0 is written once, so each next adapter reads nothing of it."""
         if base_uri not in self._bases:
             base_dir = Path(local_checkpoint(store, base_uri))
-            self._bases[base_uri] = (content_digest(store, base_uri), base_dir,
-                                     base_digest(base_dir, read_manifest(store, base_uri)))  # fmt: skip
+            self._bases[base_uri] = (
+                content_digest(store, base_uri),
+                base_dir,
+                base_digest(base_dir, read_manifest(store, base_uri)),
+            )
         return self._bases[base_uri]
 
     def ensure(self, store: Store, checkpoint_uri: str) -> tuple[Any, Any, LoadInfo]:

@@ -61,11 +61,19 @@ class EnvSession:
         self._stack = contextlib.ExitStack()  # websockets >= 17 wants connect() as a context
         try:
             self._ws = self._stack.enter_context(
-                connect(self.url, open_timeout=connect_timeout_s, close_timeout=1.0,
-                        ping_interval=None, max_size=16 * 2**20))  # fmt: skip
+                connect(
+                    self.url,
+                    open_timeout=connect_timeout_s,
+                    close_timeout=1.0,
+                    ping_interval=None,
+                    max_size=16 * 2**20,
+                )
+            )
         except (OSError, TimeoutError) as e:
-            raise EnvError(f"environment {self.url}: cannot connect ({type(e).__name__}: "
-                           f"{e}); is the server running?") from None  # fmt: skip
+            raise EnvError(
+                f"environment {self.url}: cannot connect ({type(e).__name__}: "
+                f"{e}); is the server running?"
+            ) from None
         except Exception as e:  # noqa: BLE001 - websockets' handshake errors
             raise EnvError(f"environment {self.url}: the handshake failed ({e})") from None
 
@@ -76,27 +84,37 @@ class EnvSession:
             self._ws.send(json.dumps(message))
             reply = json.loads(self._ws.recv(timeout=self.timeout_s))
         except ConnectionClosed as e:
-            raise EnvError(f"environment {self.url} closed the connection mid-episode "
-                           f"({e.rcvd.code if e.rcvd else 'no close frame'})") from None  # fmt: skip
+            raise EnvError(
+                f"environment {self.url} closed the connection mid-episode "
+                f"({e.rcvd.code if e.rcvd else 'no close frame'})"
+            ) from None
         except TimeoutError:
-            raise EnvError(f"environment {self.url} did not answer a {message['type']} within "
-                           f"{self.timeout_s:g} s") from None  # fmt: skip
+            raise EnvError(
+                f"environment {self.url} did not answer a {message['type']} within "
+                f"{self.timeout_s:g} s"
+            ) from None
         except (OSError, ValueError) as e:
             raise EnvError(f"environment {self.url}: {type(e).__name__}: {e}") from None
         if reply.get("type") == "error":
             data = reply.get("data") or {}
-            raise EnvError(f"environment {self.url} refused the {message['type']}: "
-                           f"{data.get('message')} ({data.get('code')})")  # fmt: skip
+            raise EnvError(
+                f"environment {self.url} refused the {message['type']}: "
+                f"{data.get('message')} ({data.get('code')})"
+            )
         return reply
 
     def _result(self, reply: dict[str, Any]) -> StepResult:
         data = reply.get("data") or {}
         if reply.get("type") != "observation" or not isinstance(data.get("observation"), dict):
-            raise EnvError(f"environment {self.url} answered {str(reply)[:200]!r}, not an "
-                           "observation")  # fmt: skip
+            raise EnvError(
+                f"environment {self.url} answered {str(reply)[:200]!r}, not an observation"
+            )
         reward = data.get("reward")
-        return StepResult(data["observation"], None if reward is None else float(reward),
-                          bool(data.get("done", False)))  # fmt: skip
+        return StepResult(
+            data["observation"],
+            None if reward is None else float(reward),
+            bool(data.get("done", False)),
+        )
 
     def reset(self, **kwargs: Any) -> StepResult:
         return self._result(self._exchange({"type": "reset", "data": kwargs}))

@@ -109,8 +109,9 @@ def rows_movable(cache) -> bool:
     layers = getattr(cache, "layers", None)
     if not layers or not hasattr(cache, "batch_repeat_interleave"):
         return False
-    return all(isinstance(layer, DynamicLayer) and not isinstance(layer, _STATEFUL)
-               for layer in layers)  # fmt: skip
+    return all(
+        isinstance(layer, DynamicLayer) and not isinstance(layer, _STATEFUL) for layer in layers
+    )
 
 
 def reserve(cache, capacity: int) -> bool:

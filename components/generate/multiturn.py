@@ -42,8 +42,9 @@ def plain_observation(tokenizer) -> Callable[[str], list[int]]:
     `<tool_response>` tags, as Hermes-style templates render it."""
 
     def encode(text: str) -> list[int]:
-        return tokenizer(f"\n<tool_response>\n{text}\n</tool_response>\n",
-                         add_special_tokens=False)["input_ids"]  # fmt: skip
+        return tokenizer(
+            f"\n<tool_response>\n{text}\n</tool_response>\n", add_special_tokens=False
+        )["input_ids"]
 
     return encode
 
@@ -60,8 +61,11 @@ def template_observation_text(tokenizer, text: str) -> str | None:
     turn = {"role": "assistant", "content": _SENTINEL}
     try:
         before = tokenizer.apply_chat_template([user, turn], tokenize=False)
-        after = tokenizer.apply_chat_template([user, turn, {"role": "tool", "content": text}],
-                                              tokenize=False, add_generation_prompt=True)  # fmt: skip
+        after = tokenizer.apply_chat_template(
+            [user, turn, {"role": "tool", "content": text}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
     except Exception:  # noqa: BLE001 - a template without a tool role may raise anything
         return None
     if not isinstance(before, str) or not after.startswith(before) or text not in after:
@@ -77,8 +81,9 @@ def observation_encoder(tokenizer) -> Callable[[str], list[int]]:
         return plain_observation(tokenizer)
 
     def encode(text: str) -> list[int]:
-        return tokenizer(template_observation_text(tokenizer, text),
-                         add_special_tokens=False)["input_ids"]  # fmt: skip
+        return tokenizer(template_observation_text(tokenizer, text), add_special_tokens=False)[
+            "input_ids"
+        ]
 
     return encode
 
@@ -145,8 +150,9 @@ class Trajectory:
         self.token_ids += ids
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         self.mask += [1 if logprobs is not None else 0] * len(ids)
-        self.turns.append({"role": role, "content": content, "start": start,
-                           "end": len(self.token_ids)})  # fmt: skip
+        self.turns.append(
+            {"role": role, "content": content, "start": start, "end": len(self.token_ids)}
+        )
 
     @property
     def response(self) -> str:
@@ -178,14 +184,24 @@ def generate_multi_turn(
     recorded and finish reason "error", and every other trajectory goes on."""
     sessions = _Sessions(environment)
     try:
-        return _loop(backend, requests, spec, toolbox, observe, decode, max_turns,
-                     max_response_tokens, sessions)  # fmt: skip
+        return _loop(
+            backend,
+            requests,
+            spec,
+            toolbox,
+            observe,
+            decode,
+            max_turns,
+            max_response_tokens,
+            sessions,
+        )
     finally:
         sessions.close()
 
 
-def _act(tr: Trajectory, calls, toolbox: ToolBox, observe, max_response_tokens: int,
-         sessions: _Sessions) -> None:  # fmt: skip
+def _act(
+    tr: Trajectory, calls, toolbox: ToolBox, observe, max_response_tokens: int, sessions: _Sessions
+) -> None:
     """Run one turn's calls of one trajectory, in order, appending an observation per call."""
     from components.generate.environments import EnvError
 
@@ -209,10 +225,14 @@ def _act(tr: Trajectory, calls, toolbox: ToolBox, observe, max_response_tokens: 
         tr.finish_reason = "length"
 
 
-def _loop(backend, requests, spec, toolbox, observe, decode, max_turns, max_response_tokens,
-          sessions):  # fmt: skip
-    trajs = [Trajectory(r.prompt_id, j, list(r.prompt_token_ids), seed)
-             for r in requests for j, seed in enumerate(r.sample_seeds)]  # fmt: skip
+def _loop(
+    backend, requests, spec, toolbox, observe, decode, max_turns, max_response_tokens, sessions
+):
+    trajs = [
+        Trajectory(r.prompt_id, j, list(r.prompt_token_ids), seed)
+        for r in requests
+        for j, seed in enumerate(r.sample_seeds)
+    ]
     live = list(trajs)
     for turn in range(max_turns):
         if not live:
@@ -221,10 +241,11 @@ def _loop(backend, requests, spec, toolbox, observe, decode, max_turns, max_resp
         # one spec per distinct budget would split batches; the largest is enough per turn and
         # each trajectory is cut to its own budget below
         per_turn = min(spec.max_new_tokens, max(b for _, b in batch.values()))
-        turn_spec = replace(spec, n=1, max_new_tokens=per_turn,
-                            stop=(*spec.stop, TOOL_CALL_END))  # fmt: skip
-        reqs = [PromptRequest(key, tr.prompt_token_ids + tr.token_ids, [turn_seed(tr.seed, turn)])
-                for key, (tr, _) in batch.items()]  # fmt: skip
+        turn_spec = replace(spec, n=1, max_new_tokens=per_turn, stop=(*spec.stop, TOOL_CALL_END))
+        reqs = [
+            PromptRequest(key, tr.prompt_token_ids + tr.token_ids, [turn_seed(tr.seed, turn)])
+            for key, (tr, _) in batch.items()
+        ]
         acting = []
         for samples in backend.generate(reqs, turn_spec):
             for s in samples:
@@ -239,8 +260,9 @@ def _loop(backend, requests, spec, toolbox, observe, decode, max_turns, max_resp
                     tr.finish_reason = "length"
                 else:
                     acting.append((tr, calls))
-        list(toolbox.map(lambda a: _act(*a, toolbox, observe, max_response_tokens, sessions),
-                         acting))  # fmt: skip
+        list(
+            toolbox.map(lambda a: _act(*a, toolbox, observe, max_response_tokens, sessions), acting)
+        )
         live = [tr for tr, _ in acting if tr.finish_reason is None]
     for tr in live:
         tr.finish_reason = "turns"

@@ -192,11 +192,19 @@ def generate_rollouts(
             total=len(requests), desc=desc, unit="prompt", dynamic_ncols=True, disable=None
         ) as bar:
             source = (
-                _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns,
-                                    max_response_tokens or spec.max_new_tokens * max_turns,
-                                    environment)
-                if multi else backend.generate(requests, spec)
-            )  # fmt: skip
+                _trajectory_batches(
+                    backend,
+                    tokenizer,
+                    requests,
+                    spec,
+                    tools,
+                    max_turns,
+                    max_response_tokens or spec.max_new_tokens * max_turns,
+                    environment,
+                )
+                if multi
+                else backend.generate(requests, spec)
+            )
             for batch in source:
                 for s in batch:
                     row = by_id[s.prompt_id]
@@ -283,8 +291,9 @@ def generate_rollouts(
     }
 
 
-def _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns, max_tokens,
-                        environment=None):  # fmt: skip
+def _trajectory_batches(
+    backend, tokenizer, requests, spec, tools, max_turns, max_tokens, environment=None
+):
     """Multi-turn sampling as the backend's batches of samples: one batch per request, each
     sample a trajectory whose response is its final answer (verify scores that text only, never
     a tool's output)."""
@@ -297,10 +306,17 @@ def _trajectory_batches(backend, tokenizer, requests, spec, tools, max_turns, ma
     env = None
     if environment is not None:
         env = EnvironmentSpec(environment.url, environment.name, environment.timeout_s)
-    trajs = generate_multi_turn(backend, requests, spec, tools, observation_encoder(tokenizer),
-                                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                max_turns=max_turns, max_response_tokens=max_tokens,
-                                environment=env)  # fmt: skip
+    trajs = generate_multi_turn(
+        backend,
+        requests,
+        spec,
+        tools,
+        observation_encoder(tokenizer),
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        max_turns=max_turns,
+        max_response_tokens=max_tokens,
+        environment=env,
+    )
     by_prompt: dict[str, list] = {}
     for tr in trajs:
         by_prompt.setdefault(tr.prompt_id, []).append(_TrajectorySample(tr))

@@ -143,15 +143,22 @@ class GenerateStage(Stage):
         if sampler_figures:
             stats["sampler"] = sampler_figures
         stats.update(
-            iteration=iteration, shard=self.shard, num_shards=self.num_shards,
-            policy_version=version, timeline=timeline.record(),
-        )  # fmt: skip
+            iteration=iteration,
+            shard=self.shard,
+            num_shards=self.num_shards,
+            policy_version=version,
+            timeline=timeline.record(),
+        )
         manifest = out.commit(stats, inputs)
         log.info(
             "generate %05d%s: %d samples from checkpoint %05d, %.0f tokens/s, %.2f s",
-            iteration, shard_desc, stats["samples"], version, stats["tokens_per_s"],
+            iteration,
+            shard_desc,
+            stats["samples"],
+            version,
+            stats["tokens_per_s"],
             stats["seconds"],
-        )  # fmt: skip
+        )
         return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}
 
     def _train_set(self):

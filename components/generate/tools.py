@@ -28,8 +28,14 @@ from typing import Any
 from components.core.errors import UserError
 from components.core.turns import TOOL_CALL
 
-_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
-               dict: "object"}  # fmt: skip
+_JSON_TYPES = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
 
 
 class ToolError(UserError):
@@ -61,8 +67,14 @@ class Tool:
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function schema that chat templates render (`tools=` argument)."""
-        return {"type": "function", "function": {"name": self.name,
-                "description": self.description, "parameters": self.parameters}}  # fmt: skip
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
 
 
 def tool_from_callable(fn: Callable[..., Any], *, name: str | None = None, **limits) -> Tool:
@@ -72,19 +84,24 @@ def tool_from_callable(fn: Callable[..., Any], *, name: str | None = None, **lim
     doc = inspect.getdoc(fn) or ""
     description = doc.split("\n\n")[0].replace("\n", " ").strip()
     if not description:
-        raise ToolError(f"tool {fn.__name__!r} has no docstring: the policy reads it to know "
-                        "what the tool does; add one")  # fmt: skip
+        raise ToolError(
+            f"tool {fn.__name__!r} has no docstring: the policy reads it to know "
+            "what the tool does; add one"
+        )
     hints = typing.get_type_hints(fn)
     properties: dict[str, Any] = {}
     required: list[str] = []
     for pname, param in inspect.signature(fn).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ToolError(f"tool {fn.__name__!r}: *args/**kwargs cannot be described; name "
-                            "every parameter")  # fmt: skip
+            raise ToolError(
+                f"tool {fn.__name__!r}: *args/**kwargs cannot be described; name every parameter"
+            )
         hint = hints.get(pname)
         if hint not in _JSON_TYPES:
-            raise ToolError(f"tool {fn.__name__!r}: parameter {pname!r} needs a type hint, one "
-                            f"of {', '.join(t.__name__ for t in _JSON_TYPES)}")  # fmt: skip
+            raise ToolError(
+                f"tool {fn.__name__!r}: parameter {pname!r} needs a type hint, one "
+                f"of {', '.join(t.__name__ for t in _JSON_TYPES)}"
+            )
         properties[pname] = {"type": _JSON_TYPES[hint]}
         if param.default is param.empty:
             required.append(pname)
@@ -128,10 +145,14 @@ def _check_arguments(tool: Tool, args: dict[str, Any]) -> str | None:
         return f"{tool.name} needs the argument {missing[0]!r}"
     for pname, value in args.items():
         want = props[pname]["type"]
-        ok = {"string": isinstance(value, str), "boolean": isinstance(value, bool),
-              "integer": isinstance(value, int) and not isinstance(value, bool),
-              "number": isinstance(value, (int, float)) and not isinstance(value, bool),
-              "array": isinstance(value, list), "object": isinstance(value, dict)}[want]  # fmt: skip
+        ok = {
+            "string": isinstance(value, str),
+            "boolean": isinstance(value, bool),
+            "integer": isinstance(value, int) and not isinstance(value, bool),
+            "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "array": isinstance(value, list),
+            "object": isinstance(value, dict),
+        }[want]
         if not ok:
             return f"{tool.name}: argument {pname!r} must be a {want}"
     return None
@@ -148,10 +169,12 @@ class ToolBox:
     def __post_init__(self) -> None:
         # two pools: `map` runs trajectories' turns side by side, each waiting on its calls in
         # `_pool` (one pool for both could fill with waiters and deadlock)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers,
-                                                           thread_name_prefix="rlvr-tool")  # fmt: skip
-        self._turns = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers,
-                                                            thread_name_prefix="rlvr-turn")  # fmt: skip
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.workers, thread_name_prefix="rlvr-tool"
+        )
+        self._turns = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.workers, thread_name_prefix="rlvr-turn"
+        )
 
     def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         """`fn` over `items` on the toolbox's turn threads (in order of `items`)."""
@@ -196,8 +219,9 @@ def python_tool(timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: 
     process per call, and the observation is what it printed (stderr's tail after a failure)."""
     from components.verify.sandbox import SandboxConfig, run_python
 
-    config = SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb,
-                           max_output_bytes=max(4 * max_output_chars, 4096))  # fmt: skip
+    config = SandboxConfig(
+        timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max(4 * max_output_chars, 4096)
+    )
 
     def python(code: str) -> str:
         """Run Python code in a fresh sandbox and return what it prints to stdout. Use
@@ -228,13 +252,16 @@ def load_tools(specs: list[str]) -> ToolBox:
         else:
             target, sep, func = spec.rpartition(":")
             if not sep or not target or not func:
-                raise ToolError(f"generate.tools: {spec!r} is not 'python', 'module:function' or "
-                                "'path/to/file.py:function'")  # fmt: skip
+                raise ToolError(
+                    f"generate.tools: {spec!r} is not 'python', 'module:function' or "
+                    "'path/to/file.py:function'"
+                )
             try:
                 if target.endswith(".py"):
                     path = os.path.abspath(target)
                     mod_spec = importlib.util.spec_from_file_location(
-                        f"rlvr_tool_{abs(hash(path)):x}", path)  # fmt: skip
+                        f"rlvr_tool_{abs(hash(path)):x}", path
+                    )
                     if mod_spec is None or mod_spec.loader is None or not os.path.isfile(path):
                         raise ImportError(f"no file {path}")
                     module = importlib.util.module_from_spec(mod_spec)
@@ -242,8 +269,10 @@ def load_tools(specs: list[str]) -> ToolBox:
                 else:
                     module = importlib.import_module(target)
             except Exception as e:  # noqa: BLE001 - name the spec and the cause
-                raise ToolError(f"generate.tools: {spec!r} cannot be imported "
-                                f"({type(e).__name__}: {e}); fix the path or module") from None  # fmt: skip
+                raise ToolError(
+                    f"generate.tools: {spec!r} cannot be imported "
+                    f"({type(e).__name__}: {e}); fix the path or module"
+                ) from None
             fn = getattr(module, func, None)
             if not callable(fn):
                 raise ToolError(f"generate.tools: {spec!r}: {target} has no function {func!r}")

@@ -34,8 +34,11 @@ def option_names(fn: Callable) -> list[str]:
 def _check_name(problems: Problems, key: str, registry: algos.Registry, name: str) -> bool:
     if name in registry:
         return True
-    problems.error(f"config train.{key}", f"unknown {registry.family} {name!r}",
-                   f"valid names: {', '.join(registry.names())}")  # fmt: skip
+    problems.error(
+        f"config train.{key}",
+        f"unknown {registry.family} {name!r}",
+        f"valid names: {', '.join(registry.names())}",
+    )
     return False
 
 
@@ -46,9 +49,10 @@ def _check_options(
     unknown = sorted(set(options) - set(valid))
     for k in unknown:
         problems.error(
-            f"config train.{key}.{k}", f"is not an option of {family} {name!r}",
+            f"config train.{key}.{k}",
+            f"is not an option of {family} {name!r}",
             f"its options: {', '.join(valid)}" if valid else f"{name!r} takes no options",
-        )  # fmt: skip
+        )
     return not unknown
 
 
@@ -82,12 +86,19 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
         ok &= _check_name(problems, "kl_estimator", algos.KL_ESTIMATORS, t.kl_estimator)
     if t.advantage in algos.ADVANTAGES:
         fn = algos.get_advantage_fn(t.advantage)
-        ok &= _check_options(problems, "advantage_options", "advantage estimator", t.advantage,
-                             fn, t.advantage_options)  # fmt: skip
+        ok &= _check_options(
+            problems,
+            "advantage_options",
+            "advantage estimator",
+            t.advantage,
+            fn,
+            t.advantage_options,
+        )
     if t.policy_loss in algos.POLICY_LOSSES:
         fn = algos.get_policy_loss_fn(t.policy_loss)
-        ok &= _check_options(problems, "policy_loss_options", "policy loss", t.policy_loss, fn,
-                             t.policy_loss_options)  # fmt: skip
+        ok &= _check_options(
+            problems, "policy_loss_options", "policy loss", t.policy_loss, fn, t.policy_loss_options
+        )
     if t.loss_agg == "seq-mean-token-sum-norm" and not (
         t.loss_agg_horizon or cfg.generate.max_new_tokens
     ):
@@ -99,25 +110,38 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
     b = _dummy_batch()
     try:
         targets = build_targets(
-            t, rewards=b["rewards"], group_ids=b["group_ids"], response_mask=b["mask"],
-            truncated=b["truncated"], old_logprobs=b["old"], rollout_logprobs=b["rollout"],
-            ref_logprobs=b["ref"], entropy=b["entropy"],
-        )  # fmt: skip
+            t,
+            rewards=b["rewards"],
+            group_ids=b["group_ids"],
+            response_mask=b["mask"],
+            truncated=b["truncated"],
+            old_logprobs=b["old"],
+            rollout_logprobs=b["rollout"],
+            ref_logprobs=b["ref"],
+            entropy=b["entropy"],
+        )
         loss, _ = micro_batch_loss(
-            t, logprobs=b["new"], entropy=b["entropy"], old_logprobs=b["old"],
-            advantages=targets.advantages, loss_mask=targets.loss_mask,
-            is_weights=targets.is_weights, ref_logprobs=b["ref"],
-            num_tokens=float(b["mask"].sum()), num_seqs=4.0,
+            t,
+            logprobs=b["new"],
+            entropy=b["entropy"],
+            old_logprobs=b["old"],
+            advantages=targets.advantages,
+            loss_mask=targets.loss_mask,
+            is_weights=targets.is_weights,
+            ref_logprobs=b["ref"],
+            num_tokens=float(b["mask"].sum()),
+            num_seqs=4.0,
             horizon=t.loss_agg_horizon or cfg.generate.max_new_tokens,
-        )  # fmt: skip
+        )
         loss.backward()
         if not torch.isfinite(loss):
             raise ValueError(f"the loss of a test batch is {float(loss)}")
     except (TypeError, ValueError, KeyError) as e:
         problems.error(
-            "config train", f"the objective fails on a test batch: {e}",
+            "config train",
+            f"the objective fails on a test batch: {e}",
             "check the option values (docs/algorithms.md lists each one's range)",
-        )  # fmt: skip
+        )
 
 
 def check_nodes(cfg: RunConfig, problems: Problems) -> None:
@@ -127,24 +151,27 @@ def check_nodes(cfg: RunConfig, problems: Problems) -> None:
         return
     if t.processes and pool.accelerator_count and t.processes > pool.accelerator_count:
         problems.error(
-            "config train.processes", f"{t.processes} ranks per node, but a train node has "
+            "config train.processes",
+            f"{t.processes} ranks per node, but a train node has "
             f"{pool.accelerator_count} GPUs (cluster.stages.train.accelerator_count)",
             "leave train.processes unset (one rank per GPU) or raise accelerator_count",
-        )  # fmt: skip
+        )
     tj = cfg.cluster.train_job
     if tj.schedule_timeout_s and tj.schedule_timeout_s > tj.rendezvous_timeout_s:
         problems.warn(
-            "config cluster.train_job.schedule_timeout_s", f"{tj.schedule_timeout_s:.0f} s is "
+            "config cluster.train_job.schedule_timeout_s",
+            f"{tj.schedule_timeout_s:.0f} s is "
             f"longer than node 0 waits for the others ({tj.rendezvous_timeout_s} s): a node that "
             "never schedules fails the step at the rendezvous, without the scheduler's reason",
             "keep it at most cluster.train_job.rendezvous_timeout_s",
-        )  # fmt: skip
+        )
     if t.zero_stage < 2:
         problems.warn(
-            "config train.zero_stage", f"ZeRO-{t.zero_stage} on {t.nodes} nodes: every rank "
+            "config train.zero_stage",
+            f"ZeRO-{t.zero_stage} on {t.nodes} nodes: every rank "
             "keeps its own copy of the gradients and Adam moments",
             "zero_stage 2 partitions them over the nodes' ranks, 3 the weights too",
-        )  # fmt: skip
+        )
 
 
 def check_lora(cfg: RunConfig, problems: Problems) -> None:
@@ -155,26 +182,34 @@ def check_lora(cfg: RunConfig, problems: Problems) -> None:
     import importlib.util
 
     if importlib.util.find_spec("peft") is None:
-        problems.error("config model.lora", "needs peft, which is not installed",
-                       "pip install 'rlvr[lora]' (or peft>=0.14)")  # fmt: skip
+        problems.error(
+            "config model.lora",
+            "needs peft, which is not installed",
+            "pip install 'rlvr[lora]' (or peft>=0.14)",
+        )
         return
     if cfg.generate.backend == "vllm":
         from components.generate.vllm_backend import VLLM_MAX_LORA_RANKS
 
         if cfg.generate.dtype == "float32":
-            problems.error("config generate.dtype",
-                           "float32 with vLLM and model.lora: vLLM's LoRA kernels take bf16 or "
-                           "fp16 only", "use auto, bfloat16 or float16")  # fmt: skip
+            problems.error(
+                "config generate.dtype",
+                "float32 with vLLM and model.lora: vLLM's LoRA kernels take bf16 or fp16 only",
+                "use auto, bfloat16 or float16",
+            )
         if lora.output_head:
-            problems.warn("config model.lora.output_head",
-                          "vLLM's support for LoRA on the output head differs between releases "
-                          "and is not tested here",
-                          "check it on your vLLM first, or leave output_head off")  # fmt: skip
+            problems.warn(
+                "config model.lora.output_head",
+                "vLLM's support for LoRA on the output head differs between releases "
+                "and is not tested here",
+                "check it on your vLLM first, or leave output_head off",
+            )
         if lora.rank > VLLM_MAX_LORA_RANKS[-1]:
-            problems.error("config model.lora.rank",
-                           f"{lora.rank} is past the largest rank vLLM serves "
-                           f"({VLLM_MAX_LORA_RANKS[-1]})",
-                           "lower it, or use generate.backend: transformers")  # fmt: skip
+            problems.error(
+                "config model.lora.rank",
+                f"{lora.rank} is past the largest rank vLLM serves ({VLLM_MAX_LORA_RANKS[-1]})",
+                "lower it, or use generate.backend: transformers",
+            )
 
 
 def check_lora_targets(cfg: RunConfig, problems: Problems, model_config) -> None:
@@ -191,12 +226,18 @@ def check_lora_targets(cfg: RunConfig, problems: Problems, model_config) -> None
         adapter, _ = adapter_parameter_count(model_config, lora)
     except (ValueError, TypeError) as e:  # PEFT: "Target modules {...} not found in the base"
         first = str(e).split(". ")[0].rstrip(".")  # PEFT adds "Please check ... try again."
-        problems.error("config model.lora.target_modules", f"does not fit the base: {first}",
-                       "name the base's linear layers (q_proj, v_proj, ...) or use all-linear")  # fmt: skip
+        problems.error(
+            "config model.lora.target_modules",
+            f"does not fit the base: {first}",
+            "name the base's linear layers (q_proj, v_proj, ...) or use all-linear",
+        )
         return
     if adapter == 0:
-        problems.error("config model.lora.target_modules", "matches no layer of the base",
-                       "name the base's linear layers (q_proj, v_proj, ...) or use all-linear")  # fmt: skip
+        problems.error(
+            "config model.lora.target_modules",
+            "matches no layer of the base",
+            "name the base's linear layers (q_proj, v_proj, ...) or use all-linear",
+        )
 
 
 def active_dropout(model_config) -> dict[str, float]:
@@ -222,7 +263,9 @@ def check_checkpointing(cfg: RunConfig, problems: Problems, model_config) -> Non
     active = active_dropout(model_config)
     if active:
         shown = ", ".join(f"{k}={v:g}" for k, v in sorted(active.items()))
-        problems.error("config train.gradient_checkpointing",
-                       f"the base's config sets {shown}, which its layers may apply in training "
-                       "mode (the policy trains with dropout off)",
-                       "set them to 0 in the base's config.json, or leave checkpointing off")  # fmt: skip
+        problems.error(
+            "config train.gradient_checkpointing",
+            f"the base's config sets {shown}, which its layers may apply in training "
+            "mode (the policy trains with dropout off)",
+            "set them to 0 in the base's config.json, or leave checkpointing off",
+        )

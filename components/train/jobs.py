@@ -105,8 +105,14 @@ def _owner(core, namespace: str) -> dict[str, Any] | None:
             uid = uid.metadata.uid
         except Exception:  # noqa: BLE001 - no owner: the job is still deleted by this task
             return None
-    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid,
-            "blockOwnerDeletion": False, "controller": False}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": name,
+        "uid": uid,
+        "blockOwnerDeletion": False,
+        "controller": False,
+    }
 
 
 def iterations_served(cfg: RunConfig, stage_args: list[str]) -> list[int]:
@@ -130,15 +136,24 @@ def committed_result(cfg: RunConfig, stage_args: list[str], job: str) -> dict[st
         try:
             manifests.append(read_manifest(store, layout.checkpoint(i + 1)))
         except NotCommittedError:
-            raise StageError(f"train job {job} completed but {layout.checkpoint(i + 1)} is not "
-                             "committed; see the job's logs above") from None  # fmt: skip
-    place = {"job": job, "nodes": cfg.train.nodes,
-             "processes_per_node": jobspec.processes_per_node(cfg)}  # fmt: skip
+            raise StageError(
+                f"train job {job} completed but {layout.checkpoint(i + 1)} is not "
+                "committed; see the job's logs above"
+            ) from None
+    place = {
+        "job": job,
+        "nodes": cfg.train.nodes,
+        "processes_per_node": jobspec.processes_per_node(cfg),
+    }
     if "--segment" in stage_args:
         seg = int(stage_args[stage_args.index("--segment") + 1])
         return {"task": "train", "segment": seg, "steps": len(its), **place}
-    return {"skipped": False, "uri": layout.checkpoint(its[0] + 1),
-            "stats": manifests[0].get("stats", {}), **place}  # fmt: skip
+    return {
+        "skipped": False,
+        "uri": layout.checkpoint(its[0] + 1),
+        "stats": manifests[0].get("stats", {}),
+        **place,
+    }
 
 
 class _Cancelled(BaseException):
@@ -171,8 +186,15 @@ def run_job(
         if attempt is not None:
             with contextlib.suppress(StoreError):
                 RunStatus.of(cfg, attempt).clear("train")
-        return _run_job(cfg, stage_args, api_client=api_client, out=out or sys.stdout,
-                        sleep=sleep, monotonic=monotonic, api_grace_s=api_grace_s)  # fmt: skip
+        return _run_job(
+            cfg,
+            stage_args,
+            api_client=api_client,
+            out=out or sys.stdout,
+            sleep=sleep,
+            monotonic=monotonic,
+            api_grace_s=api_grace_s,
+        )
     except BaseException as e:
         if attempt is not None:
             _mark_failed(cfg, attempt, retried, e)
@@ -192,8 +214,7 @@ def _mark_failed(cfg: RunConfig, attempt: str, retried: bool, e: BaseException) 
         if "train" in status.failures():  # a rank's own marker (this try's) says more
             return
         error = "the train task was stopped (SIGTERM)" if isinstance(e, _Cancelled) else e
-        status.mark_failed("train", error,
-                           grace_s=retry_grace_s(cfg, "train") if retried else 0.0)  # fmt: skip
+        status.mark_failed("train", error, grace_s=retry_grace_s(cfg, "train") if retried else 0.0)
     except StoreError:  # the store may be why the step failed; the task's exit still tells
         pass
 
@@ -205,10 +226,16 @@ class _Api:
 
     def __init__(self, sleep, monotonic, grace_s: float, poll_s: float, say) -> None:
         self.sleep, self.monotonic, self.grace_s, self.poll_s, self.say = (
-            sleep, monotonic, grace_s, poll_s, say)  # fmt: skip
+            sleep,
+            monotonic,
+            grace_s,
+            poll_s,
+            say,
+        )
 
-    def __call__(self, doing: str, fn, *args, errors: dict[int, str] | None = None,
-                 hint=None, **kwargs):  # fmt: skip
+    def __call__(
+        self, doing: str, fn, *args, errors: dict[int, str] | None = None, hint=None, **kwargs
+    ):
         failing_since = None
         while True:
             try:
@@ -218,13 +245,16 @@ class _Api:
                 if errors and status in errors:
                     raise StageError(f"{doing}: {errors[status]}") from None
                 if not _transient(e):
-                    raise StageError(f"{doing} failed: {_api_message(e)}"
-                                     + (hint(e) if hint else "")) from None  # fmt: skip
+                    raise StageError(
+                        f"{doing} failed: {_api_message(e)}" + (hint(e) if hint else "")
+                    ) from None
                 now = self.monotonic()
                 failing_since = now if failing_since is None else failing_since
                 if now - failing_since > self.grace_s:
-                    raise StageError(f"the Kubernetes API did not answer for {self.grace_s:.0f} s "
-                                     f"while {doing}: {_api_message(e)}") from None  # fmt: skip
+                    raise StageError(
+                        f"the Kubernetes API did not answer for {self.grace_s:.0f} s "
+                        f"while {doing}: {_api_message(e)}"
+                    ) from None
                 self.say(f"{doing} failed ({_api_message(e)}); trying again")
                 self.sleep(self.poll_s)
 
@@ -250,9 +280,11 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
     api = _Api(sleep, monotonic, api_grace_s, tj.poll_s, say)
     ref = dict(group=kind.group, version=kind.version, namespace=namespace, plural=kind.plural)
     step = f"{jobspec.STEP_LABEL}={jobspec.step_key(cfg, stage_args)}"
-    no_crd = {404: f"the cluster has no {kind.plural}.{kind.group} (install Kubeflow "
-                   + ("Trainer v2.2 or later" if kind.kind == "TrainJob" else "Training Operator")
-                   + "; docs/deploy.md, Multi-node training)"}  # fmt: skip
+    no_crd = {
+        404: f"the cluster has no {kind.plural}.{kind.group} (install Kubeflow "
+        + ("Trainer v2.2 or later" if kind.kind == "TrainJob" else "Training Operator")
+        + "; docs/deploy.md, Multi-node training)"
+    }
 
     # What an earlier submission of this step left (its task died before cleaning up) goes
     # first, pods and all: committed iterations are skipped by the stage itself, so nothing is
@@ -260,9 +292,14 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
     _clear_leftovers(api, custom, core, ref, kind, step, say, sleep, monotonic, no_crd)
 
     name = jobspec.job_name(cfg, stage_args, secrets.token_hex(3)[:5])
-    body = jobspec.job_spec(cfg, stage_args, name=name, namespace=namespace,
-                            iterations=len(iterations_served(cfg, stage_args)),
-                            owner=_owner(core, namespace))  # fmt: skip
+    body = jobspec.job_spec(
+        cfg,
+        stage_args,
+        name=name,
+        namespace=namespace,
+        iterations=len(iterations_served(cfg, stage_args)),
+        owner=_owner(core, namespace),
+    )
     what = f"{kind.kind} {namespace}/{name}"
     uid: list[str] = []  # the created job's uid: only this job is ever deleted
     sent: list[bool] = []  # a create was sent (its outcome may be unknown)
@@ -271,44 +308,69 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
         sent.append(True)
         try:
             return custom.create_namespaced_custom_object(
-                **ref, body=body, field_manager="rlvr", field_validation="Strict",
+                **ref,
+                body=body,
+                field_manager="rlvr",
+                field_validation="Strict",
                 _request_timeout=REQUEST_TIMEOUT,
-            )  # fmt: skip
+            )
         except ApiException as e:
             if e.status != 409:
                 raise
             # the name is this submission's own: an earlier create of it landed after all
-            return custom.get_namespaced_custom_object(**ref, name=name,
-                                                       _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
+            return custom.get_namespaced_custom_object(
+                **ref, name=name, _request_timeout=REQUEST_TIMEOUT
+            )
 
     def delete() -> None:
-        options = k8s.V1DeleteOptions(propagation_policy="Background",
-                                      preconditions=k8s.V1Preconditions(uid=uid[0]) if uid else None)  # fmt: skip
+        options = k8s.V1DeleteOptions(
+            propagation_policy="Background",
+            preconditions=k8s.V1Preconditions(uid=uid[0]) if uid else None,
+        )
         try:
             with _sigterm_deferred():  # a second SIGTERM must not leave the job behind
                 api(f"deleting {what}", _tolerant_delete(custom), **ref, name=name, body=options)
         except StageError as e:
-            say(f"could not delete {what} ({e}): delete it by hand (kubectl -n {namespace} "
-                f"delete {kind.plural} {name})")  # fmt: skip
+            say(
+                f"could not delete {what} ({e}): delete it by hand (kubectl -n {namespace} "
+                f"delete {kind.plural} {name})"
+            )
 
     pods: list[dict[str, Any]] = []
     try:
-        created = api(f"creating {what}", lambda **kw: create(), errors=no_crd,
-                      hint=lambda e: _version_hint(kind, e))  # fmt: skip
+        created = api(
+            f"creating {what}",
+            lambda **kw: create(),
+            errors=no_crd,
+            hint=lambda e: _version_hint(kind, e),
+        )
         uid.extend(filter(None, [((created or {}).get("metadata") or {}).get("uid")]))
-        say(f"submitted {what}: {cfg.train.nodes} nodes x {jobspec.processes_per_node(cfg)} "
-            f"rank(s)")  # fmt: skip
+        say(
+            f"submitted {what}: {cfg.train.nodes} nodes x {jobspec.processes_per_node(cfg)} rank(s)"
+        )
         state, message = "running", ""
         pending_since: float | None = None
         fatal_since: float | None = None
         waits: list[str] = []
-        gone = {404: "it was deleted while it ran (by someone else: this task deletes it only "
-                     "when it ends); rerun the step"}  # fmt: skip
+        gone = {
+            404: "it was deleted while it ran (by someone else: this task deletes it only "
+            "when it ends); rerun the step"
+        }
         while True:
-            obj = api(f"reading {what}", custom.get_namespaced_custom_object, **ref, name=name,
-                      errors=gone)  # fmt: skip
-            pods = api(f"listing the pods of {what}", _list_pods, core, namespace,
-                       f"{kind.pod_label}={name}")  # fmt: skip
+            obj = api(
+                f"reading {what}",
+                custom.get_namespaced_custom_object,
+                **ref,
+                name=name,
+                errors=gone,
+            )
+            pods = api(
+                f"listing the pods of {what}",
+                _list_pods,
+                core,
+                namespace,
+                f"{kind.pod_label}={name}",
+            )
             state, message = job_state(kind, obj)
             followers.update(pods)
             if state != "running":
@@ -322,26 +384,35 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
             # runtime it cannot find, leaves the job podless forever), unless a queue holds the
             # job suspended.
             pending = (not pods and not suspended(obj)) or any(
-                (p.get("status") or {}).get("phase") == "Pending" for p in pods)  # fmt: skip
+                (p.get("status") or {}).get("phase") == "Pending" for p in pods
+            )
             pending_since = _since(pending_since, pending, now)
-            if (tj.schedule_timeout_s and pending_since is not None
-                    and now - pending_since > tj.schedule_timeout_s):  # fmt: skip
+            if (
+                tj.schedule_timeout_s
+                and pending_since is not None
+                and now - pending_since > tj.schedule_timeout_s
+            ):
                 why = now_waiting if pods else [_no_pods(kind, tj)]
-                raise StageError(f"{what}: pods still Pending after {tj.schedule_timeout_s:.0f} s "
-                                 "(cluster.train_job.schedule_timeout_s)"
-                                 + "".join(f"\n  {d}" for d in why))  # fmt: skip
+                raise StageError(
+                    f"{what}: pods still Pending after {tj.schedule_timeout_s:.0f} s "
+                    "(cluster.train_job.schedule_timeout_s)" + "".join(f"\n  {d}" for d in why)
+                )
             fatal = fatal_waits(pods)
             fatal_since = _since(fatal_since, bool(fatal), now)
             if fatal_since is not None and now - fatal_since > FATAL_WAIT_S:
-                raise StageError(f"{what}: a node cannot start, and waiting will not help "
-                                 "(fix the image or what the pod refers to, then rerun)"
-                                 + "".join(f"\n  {d}" for d in fatal))  # fmt: skip
+                raise StageError(
+                    f"{what}: a node cannot start, and waiting will not help "
+                    "(fix the image or what the pod refers to, then rerun)"
+                    + "".join(f"\n  {d}" for d in fatal)
+                )
             sleep(tj.poll_s)
         followers.join(timeout_s=30.0)
         if state == "failed":
             details = pod_failures(pods)
-            raise StageError(f"{what} failed: {message or 'no reason given'}"
-                             + "".join(f"\n  {d}" for d in details))  # fmt: skip
+            raise StageError(
+                f"{what} failed: {message or 'no reason given'}"
+                + "".join(f"\n  {d}" for d in details)
+            )
         say(f"{what} completed: {message}" if message else f"{what} completed")
     except _Cancelled:
         say(f"stopped: deleting {what}")
@@ -357,12 +428,16 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
 def _no_pods(kind: JobKind, tj: TrainJobSection) -> str:
     """Why a job can sit with no pod at all, and where to look."""
     if kind.kind == "TrainJob":
-        check = (f"Kubeflow Trainer's controller (and JobSet's) is running and the "
-                 f"ClusterTrainingRuntime {tj.runtime!r} exists")  # fmt: skip
+        check = (
+            f"Kubeflow Trainer's controller (and JobSet's) is running and the "
+            f"ClusterTrainingRuntime {tj.runtime!r} exists"
+        )
     else:
         check = "the Training Operator is running"
-    return (f"no pod was created: check that {check} (kubectl describe {kind.plural} shows the "
-            "controller's events)")  # fmt: skip
+    return (
+        f"no pod was created: check that {check} (kubectl describe {kind.plural} shows the "
+        "controller's events)"
+    )
 
 
 def _since(start: float | None, holds: bool, now: float) -> float | None:
@@ -372,15 +447,31 @@ def _since(start: float | None, holds: bool, now: float) -> float | None:
     return now if start is None else start
 
 
-def _clear_leftovers(api: _Api, custom, core, ref, kind: JobKind, step: str, say, sleep,
-                     monotonic, no_crd: dict[int, str], timeout_s: float = 600.0) -> None:  # fmt: skip
+def _clear_leftovers(
+    api: _Api,
+    custom,
+    core,
+    ref,
+    kind: JobKind,
+    step: str,
+    say,
+    sleep,
+    monotonic,
+    no_crd: dict[int, str],
+    timeout_s: float = 600.0,
+) -> None:
     """Delete every job of this step (label `step`) in the foreground, each by its uid, and wait
     until neither the jobs nor their pods remain."""
     from kubernetes import client as k8s
 
     def listed() -> list[dict[str, Any]]:
-        found = api(f"listing the {kind.plural} of this step", custom.list_namespaced_custom_object,
-                    **ref, label_selector=step, errors=no_crd)  # fmt: skip
+        found = api(
+            f"listing the {kind.plural} of this step",
+            custom.list_namespaced_custom_object,
+            **ref,
+            label_selector=step,
+            errors=no_crd,
+        )
         return found.get("items") or []
 
     items = listed()
@@ -388,20 +479,30 @@ def _clear_leftovers(api: _Api, custom, core, ref, kind: JobKind, step: str, say
         return
     for job in items:
         meta = job["metadata"]
-        say(f"{kind.kind} {meta['name']} of this step exists (left by an earlier attempt); "
-            "deleting it and its pods")  # fmt: skip
-        options = k8s.V1DeleteOptions(propagation_policy="Foreground",
-                                      preconditions=k8s.V1Preconditions(uid=meta.get("uid")))  # fmt: skip
-        api(f"deleting the leftover {meta['name']}", _tolerant_delete(custom), **ref,
-            name=meta["name"], body=options)  # fmt: skip
+        say(
+            f"{kind.kind} {meta['name']} of this step exists (left by an earlier attempt); "
+            "deleting it and its pods"
+        )
+        options = k8s.V1DeleteOptions(
+            propagation_policy="Foreground", preconditions=k8s.V1Preconditions(uid=meta.get("uid"))
+        )
+        api(
+            f"deleting the leftover {meta['name']}",
+            _tolerant_delete(custom),
+            **ref,
+            name=meta["name"],
+            body=options,
+        )
     deadline = monotonic() + timeout_s
     while monotonic() < deadline:
         pods = api("listing the leftovers' pods", _list_pods, core, ref["namespace"], step)
         if not listed() and not pods:
             return
         sleep(5.0)
-    raise StageError(f"the leftover {kind.plural} of this step ({step}) and their pods were not "
-                     f"gone within {timeout_s:.0f} s; delete them by hand")  # fmt: skip
+    raise StageError(
+        f"the leftover {kind.plural} of this step ({step}) and their pods were not "
+        f"gone within {timeout_s:.0f} s; delete them by hand"
+    )
 
 
 def _tolerant_delete(custom):
@@ -424,9 +525,11 @@ def _version_hint(kind: JobKind, e) -> str:
     """A hint when the cluster's Trainer predates the TrainJob fields rlvr writes."""
     text = f"{getattr(e, 'body', '')}"
     if kind.kind == "TrainJob" and "unknown field" in text:
-        return ("\n  (rlvr's TrainJobs need Kubeflow Trainer v2.2 or later: runtimePatches and "
-                "activeDeadlineSeconds came in v2.2; or set cluster.train_job.api: "
-                "training-operator on a Training Operator cluster)")  # fmt: skip
+        return (
+            "\n  (rlvr's TrainJobs need Kubeflow Trainer v2.2 or later: runtimePatches and "
+            "activeDeadlineSeconds came in v2.2; or set cluster.train_job.api: "
+            "training-operator on a Training Operator cluster)"
+        )
     return ""
 
 
@@ -436,8 +539,12 @@ def _list_pods(
     """The job's pods as plain JSON (the API's own field names)."""
     import json
 
-    resp = core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False,
-                                    _request_timeout=_request_timeout)  # fmt: skip
+    resp = core.list_namespaced_pod(
+        namespace,
+        label_selector=selector,
+        _preload_content=False,
+        _request_timeout=_request_timeout,
+    )
     return json.loads(resp.data).get("items", [])
 
 

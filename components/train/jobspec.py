@@ -68,8 +68,12 @@ def job_name(cfg: RunConfig, stage_args: list[str], suffix: str) -> str:
 def labels(cfg: RunConfig, stage_args: list[str]) -> dict[str, str]:
     """The job's and its pods' labels: the run, and the step (STEP_LABEL)."""
     run = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.run_id)[:63].strip("-_.") or "run"
-    return {"app.kubernetes.io/part-of": "rlvr", "app.kubernetes.io/component": "train",
-            "rlvr.dev/run-id": run, STEP_LABEL: step_key(cfg, stage_args)}  # fmt: skip
+    return {
+        "app.kubernetes.io/part-of": "rlvr",
+        "app.kubernetes.io/component": "train",
+        "rlvr.dev/run-id": run,
+        STEP_LABEL: step_key(cfg, stage_args),
+    }
 
 
 def deadline_s(cfg: RunConfig, iterations: int) -> int | None:
@@ -85,15 +89,33 @@ def env(cfg: RunConfig) -> list[dict[str, Any]]:
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     if c.object_store_secret:
-        out += [{"name": var, "valueFrom": {"secretKeyRef": {"name": c.object_store_secret,
-                                                              "key": key}}}
-                for var, key in OBJECT_STORE_SECRET_KEYS.items()]  # fmt: skip
+        out += [
+            {
+                "name": var,
+                "valueFrom": {"secretKeyRef": {"name": c.object_store_secret, "key": key}},
+            }
+            for var, key in OBJECT_STORE_SECRET_KEYS.items()
+        ]
     if c.hf_token_secret:
-        out.append({"name": "HF_TOKEN",
-                    "valueFrom": {"secretKeyRef": {"name": c.hf_token_secret, "key": "HF_TOKEN"}}})  # fmt: skip
+        out.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": c.hf_token_secret, "key": "HF_TOKEN"}},
+            }
+        )
     if c.defaults_config_map:
-        out.append({"name": "AWS_ENDPOINT_URL", "valueFrom": {"configMapKeyRef": {
-            "name": c.defaults_config_map, "key": "AWS_ENDPOINT_URL", "optional": True}}})  # fmt: skip
+        out.append(
+            {
+                "name": "AWS_ENDPOINT_URL",
+                "valueFrom": {
+                    "configMapKeyRef": {
+                        "name": c.defaults_config_map,
+                        "key": "AWS_ENDPOINT_URL",
+                        "optional": True,
+                    }
+                },
+            }
+        )
     out += [{"name": k, "value": v} for k, v in sorted(c.train_job.env.items())]
     return out
 
@@ -103,8 +125,10 @@ def resources(p: StagePlacement, per_node: int) -> dict[str, dict[str, str]]:
     limits = {"cpu": p.cpu_limit, "memory": p.memory_limit}
     if p.accelerator_type:
         limits[p.accelerator_type] = str(per_node)
-    out = {"requests": {k: v for k, v in requests.items() if v},
-           "limits": {k: v for k, v in limits.items() if v}}  # fmt: skip
+    out = {
+        "requests": {k: v for k, v in requests.items() if v},
+        "limits": {k: v for k, v in limits.items() if v},
+    }
     return {k: v for k, v in out.items() if v}
 
 
@@ -117,26 +141,32 @@ def _pod_spec_fields(cfg: RunConfig) -> dict[str, Any]:
     if p.tolerations:
         spec["tolerations"] = [t.model_dump(exclude_none=True) for t in p.tolerations]
     if p.shm_size:
-        spec["volumes"] = [{"name": SHM_VOLUME,
-                            "emptyDir": {"medium": "Memory", "sizeLimit": p.shm_size}}]  # fmt: skip
+        spec["volumes"] = [
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": p.shm_size}}
+        ]
     if c.run_as_user is not None:
-        spec["securityContext"] = {"runAsUser": c.run_as_user, "runAsGroup": c.run_as_user,
-                                   "runAsNonRoot": True}  # fmt: skip
+        spec["securityContext"] = {
+            "runAsUser": c.run_as_user,
+            "runAsGroup": c.run_as_user,
+            "runAsNonRoot": True,
+        }
     if c.service_account:
         spec["serviceAccountName"] = c.service_account
     return spec
 
 
 def _shm_mounts(cfg: RunConfig) -> list[dict[str, str]]:
-    return ([{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
-            if cfg.cluster.stages["train"].shm_size else [])  # fmt: skip
+    return (
+        [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+        if cfg.cluster.stages["train"].shm_size
+        else []
+    )
 
 
 def _metadata(
     cfg: RunConfig, stage_args: list[str], name: str, namespace: str, owner: dict | None
 ) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": namespace,
-                            "labels": labels(cfg, stage_args)}  # fmt: skip
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels(cfg, stage_args)}
     if owner:
         meta["ownerReferences"] = [owner]
     return meta
@@ -176,7 +206,7 @@ def train_job(
             "apiGroup": group,
             "kind": "ClusterTrainingRuntime",
             "name": cfg.cluster.train_job.runtime,
-        },  # fmt: skip
+        },
         "trainer": trainer,
         "runtimePatches": [
             {
@@ -191,14 +221,17 @@ def train_job(
                     }
                 },
             }
-        ],  # fmt: skip
+        ],
     }
     deadline = deadline_s(cfg, iterations)
     if deadline:
         spec["activeDeadlineSeconds"] = deadline
-    return {"apiVersion": f"{group}/{version}", "kind": kind,
-            "metadata": _metadata(cfg, stage_args, name, namespace, owner),
-            "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "metadata": _metadata(cfg, stage_args, name, namespace, owner),
+        "spec": spec,
+    }
 
 
 def pytorch_job(
@@ -226,21 +259,28 @@ def pytorch_job(
         container["resources"] = res
     if _shm_mounts(cfg):
         container["volumeMounts"] = _shm_mounts(cfg)
-    template = {"metadata": {"labels": labels(cfg, stage_args)},
-                "spec": {"containers": [container], **_pod_spec_fields(cfg)}}  # fmt: skip
+    template = {
+        "metadata": {"labels": labels(cfg, stage_args)},
+        "spec": {"containers": [container], **_pod_spec_fields(cfg)},
+    }
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if cfg.train.nodes > 1:
-        replicas["Worker"] = {"replicas": cfg.train.nodes - 1, "restartPolicy": "Never",
-                              "template": template}  # fmt: skip
+        replicas["Worker"] = {
+            "replicas": cfg.train.nodes - 1,
+            "restartPolicy": "Never",
+            "template": template,
+        }
     run_policy: dict[str, Any] = {"backoffLimit": 0, "cleanPodPolicy": "None"}
     deadline = deadline_s(cfg, iterations)
     if deadline:
         run_policy["activeDeadlineSeconds"] = deadline
-    spec = {"nprocPerNode": str(per_node), "runPolicy": run_policy,
-            "pytorchReplicaSpecs": replicas}  # fmt: skip
-    return {"apiVersion": f"{group}/{version}", "kind": kind,
-            "metadata": _metadata(cfg, stage_args, name, namespace, owner),
-            "spec": spec}  # fmt: skip
+    spec = {"nprocPerNode": str(per_node), "runPolicy": run_policy, "pytorchReplicaSpecs": replicas}
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "metadata": _metadata(cfg, stage_args, name, namespace, owner),
+        "spec": spec,
+    }
 
 
 def job_spec(cfg: RunConfig, stage_args: list[str], **kwargs: Any) -> dict[str, Any]:

@@ -37,14 +37,14 @@ KINDS = {
         pod_label="jobset.sigs.k8s.io/jobset-name",
         done="Complete",
         failed="Failed",
-    ),  # fmt: skip
+    ),
     "training-operator": JobKind(
         *jobspec.TRAINING_OPERATOR,
         container=jobspec.NODE_CONTAINER["training-operator"],
         pod_label="training.kubeflow.org/job-name",
         done="Succeeded",
         failed="Failed",
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -70,8 +70,12 @@ def suspended(obj: dict[str, Any]) -> bool:
 
 #: waiting reasons that do not cure themselves: the image name or the pod's spec is wrong, or
 #: what it refers to is missing (a Secret, a ConfigMap key); the step fails FATAL_WAIT_S after
-FATAL_WAITS = {"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
-               "CreateContainerError"}  # fmt: skip
+FATAL_WAITS = {
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+}
 FATAL_WAIT_S = 300.0
 
 
@@ -90,24 +94,31 @@ def pod_failures(pods: list[dict[str, Any]]) -> list[str]:
             wait = (cs.get("state") or {}).get("waiting") or {}
             if term and term.get("exitCode", 0) != 0:
                 msg = (term.get("message") or "").strip()
-                out.append(f"{name}/{cs['name']}: {term.get('reason') or 'Error'} (exit "
-                           f"{term.get('exitCode')})" + (f": {msg}" if msg else ""))  # fmt: skip
+                out.append(
+                    f"{name}/{cs['name']}: {term.get('reason') or 'Error'} (exit "
+                    f"{term.get('exitCode')})" + (f": {msg}" if msg else "")
+                )
             elif wait.get("reason") and wait["reason"] != "ContainerCreating":
-                out.append(f"{name}/{cs['name']}: waiting ({wait['reason']}: "
-                           f"{wait.get('message', '')})")  # fmt: skip
+                out.append(
+                    f"{name}/{cs['name']}: waiting ({wait['reason']}: {wait.get('message', '')})"
+                )
             elif wait.get("reason"):
                 waiting.append(wait["reason"])
         if status.get("phase") == "Pending" and len(out) == said:
-            why = [c.get("message", "") for c in status.get("conditions") or []
-                   if c.get("status") == "False" and c.get("message")] or waiting  # fmt: skip
+            why = [
+                c.get("message", "")
+                for c in status.get("conditions") or []
+                if c.get("status") == "False" and c.get("message")
+            ] or waiting
             out.append(f"{name}: pending" + (f" ({why[0]})" if why else ""))
     return out
 
 
 def fatal_waits(pods: list[dict[str, Any]]) -> list[str]:
     """The containers that wait for a reason no wait will cure (FATAL_WAITS)."""
-    return [line for line in pod_failures(pods)
-            if any(f"waiting ({r}:" in line for r in FATAL_WAITS)]  # fmt: skip
+    return [
+        line for line in pod_failures(pods) if any(f"waiting ({r}:" in line for r in FATAL_WAITS)
+    ]
 
 
 class LogFollower:
@@ -135,8 +146,10 @@ class LogFollower:
 
     def _running(self, pod: dict[str, Any]) -> bool:
         """Whether the node container itself still runs (the pod's phase lags behind it)."""
-        return any(cs.get("name") == self.container and "running" in (cs.get("state") or {})
-                   for cs in (pod.get("status") or {}).get("containerStatuses") or [])  # fmt: skip
+        return any(
+            cs.get("name") == self.container and "running" in (cs.get("state") or {})
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []
+        )
 
     def update(self, pods: list[dict[str, Any]]) -> None:
         for pod in pods:
@@ -158,9 +171,14 @@ class LogFollower:
         try:
             kwargs = {"since_seconds": since_s} if since_s else {}
             resp = self.core.read_namespaced_pod_log(
-                pod, self.namespace, container=self.container, follow=True,
-                _preload_content=False, _request_timeout=(10, self.LOG_READ_TIMEOUT_S), **kwargs,
-            )  # fmt: skip
+                pod,
+                self.namespace,
+                container=self.container,
+                follow=True,
+                _preload_content=False,
+                _request_timeout=(10, self.LOG_READ_TIMEOUT_S),
+                **kwargs,
+            )
             pending = b""
             for chunk in resp.stream(64 * 1024):
                 pending += chunk

@@ -58,10 +58,18 @@ def _relaunch(cfg: RunConfig, n: int, stage_args: list[str]) -> dict[str, Any]:
         config = Path(tmp) / "config.yaml"
         config.write_text(cfg.to_json())  # JSON is YAML; every path in it is already resolved
         args = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={n}", "-m", "components.train", str(config),
-            "--run-id", cfg.run_id, *stage_args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={n}",
+            "-m",
+            "components.train",
+            str(config),
+            "--run-id",
+            cfg.run_id,
+            *stage_args,
+        ]
         env = {
             k: v
             for k, v in os.environ.items()
@@ -87,9 +95,11 @@ def _loopback_gpus(nodes: int, per_node: int | None) -> tuple[int, list[str | No
     ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     per_node = per_node or len(ids) // nodes
     if per_node < 1 or nodes * per_node > len(ids):
-        raise StageError(f"train.nodes={nodes} x {per_node or 1} rank(s) per node on this machine "
-                         f"needs {nodes * max(per_node, 1)} GPUs, and {len(ids)} are visible; "
-                         "lower train.processes or train.nodes (each rank needs a GPU of its own)")  # fmt: skip
+        raise StageError(
+            f"train.nodes={nodes} x {per_node or 1} rank(s) per node on this machine "
+            f"needs {nodes * max(per_node, 1)} GPUs, and {len(ids)} are visible; "
+            "lower train.processes or train.nodes (each rank needs a GPU of its own)"
+        )
     return per_node, [",".join(ids[n * per_node : (n + 1) * per_node]) for n in range(nodes)]
 
 
@@ -121,15 +131,27 @@ def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rlvr-nodes-") as tmp:
         config = Path(tmp) / "config.yaml"
         config.write_text(cfg.to_json())
-        args = [sys.executable, "-m", "components.train.node", str(config),
-                "--run-id", cfg.run_id, *stage_args]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "components.train.node",
+            str(config),
+            "--run-id",
+            cfg.run_id,
+            *stage_args,
+        ]
         out = (Path(tmp) / "node-0.out").open("w+")
         agents: list[subprocess.Popen] = []
         try:
             for node in range(nodes):
-                env = {**os.environ, "PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(per_node),
-                       "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "127.0.0.1",
-                       "PET_MASTER_PORT": str(port)}  # fmt: skip
+                env = {
+                    **os.environ,
+                    "PET_NNODES": str(nodes),
+                    "PET_NPROC_PER_NODE": str(per_node),
+                    "PET_NODE_RANK": str(node),
+                    "PET_MASTER_ADDR": "127.0.0.1",
+                    "PET_MASTER_PORT": str(port),
+                }
                 if gpus[node] is not None:
                     env["CUDA_VISIBLE_DEVICES"] = gpus[node]
                 stdout = out if node == 0 else subprocess.DEVNULL  # rank 0's result is node 0's
@@ -145,8 +167,10 @@ def _loopback_nodes(cfg: RunConfig, stage_args: list[str]) -> dict[str, Any]:
         stdout_text = out.read()
         out.close()
     if failed is not None:
-        raise StageError(f"train node {failed} of {nodes} failed (exit "
-                         f"{agents[failed].returncode}); see its ranks' logs above")  # fmt: skip
+        raise StageError(
+            f"train node {failed} of {nodes} failed (exit "
+            f"{agents[failed].returncode}); see its ranks' logs above"
+        )
     return _result(stdout_text, {"skipped": False, "nodes": nodes, "processes": per_node})
 
 
@@ -180,9 +204,16 @@ def serve(
     rank serves the segment's iterations with its engine kept in memory."""
     from components.train import stage
 
-    args = ["--segment", str(segment), *(["--attempt", attempt] if attempt else []),
-            *(["--retried"] if retried else [])]  # fmt: skip
+    args = [
+        "--segment",
+        str(segment),
+        *(["--attempt", attempt] if attempt else []),
+        *(["--retried"] if retried else []),
+    ]
     return _dispatch(
-        cfg, args, lambda: stage.serve(cfg, segment, attempt=attempt, retried=retried),
-        attempt=attempt, retried=retried,
-    )  # fmt: skip
+        cfg,
+        args,
+        lambda: stage.serve(cfg, segment, attempt=attempt, retried=retried),
+        attempt=attempt,
+        retried=retried,
+    )

@@ -55,24 +55,32 @@ def _int(env: Mapping[str, str], name: str) -> int:
 def node_place(env: Mapping[str, str], nodes: int, per_node: int) -> NodePlace:
     """Where this node sits, from the job controller's variables (see the module docstring)."""
     if "PET_NNODES" in env and env["PET_NNODES"] != str(nodes):
-        raise StageError(f"the job runs PET_NNODES={env['PET_NNODES']} nodes but train.nodes is "
-                         f"{nodes}; submit the job from this config (rlvr), or fix one of them")  # fmt: skip
+        raise StageError(
+            f"the job runs PET_NNODES={env['PET_NNODES']} nodes but train.nodes is "
+            f"{nodes}; submit the job from this config (rlvr), or fix one of them"
+        )
     if "PET_NPROC_PER_NODE" in env and env["PET_NPROC_PER_NODE"] not in {str(per_node), "auto"}:
-        raise StageError(f"the job runs PET_NPROC_PER_NODE={env['PET_NPROC_PER_NODE']} processes "
-                         f"per node but this config runs {per_node} (train.processes, or the "
-                         "train pool's accelerator_count)")  # fmt: skip
+        raise StageError(
+            f"the job runs PET_NPROC_PER_NODE={env['PET_NPROC_PER_NODE']} processes "
+            f"per node but this config runs {per_node} (train.processes, or the "
+            "train pool's accelerator_count)"
+        )
     # Kubeflow Trainer v2 sets the PET_* names; the Training Operator sets RANK (the pod's
     # index, which is the node's) and MASTER_*, and in newer releases some PET_* names too
     rank = next((v for v in ("PET_NODE_RANK", "RANK") if v in env), None)
     if rank is None:
-        raise StageError("no node rank in the environment (PET_NODE_RANK from Kubeflow Trainer, "
-                         "or RANK from a PyTorchJob); components.train.node runs as a pod of a "
-                         "multi-node train job")  # fmt: skip
+        raise StageError(
+            "no node rank in the environment (PET_NODE_RANK from Kubeflow Trainer, "
+            "or RANK from a PyTorchJob); components.train.node runs as a pod of a "
+            "multi-node train job"
+        )
     addr = next((v for v in ("PET_MASTER_ADDR", "MASTER_ADDR") if env.get(v)), None)
     port = next((v for v in ("PET_MASTER_PORT", "MASTER_PORT") if env.get(v)), None)
     if addr is None or port is None:
-        raise StageError("PET_MASTER_ADDR / PET_MASTER_PORT (or MASTER_ADDR / MASTER_PORT) not "
-                         "set: the job controller gives every node node 0's address and port")  # fmt: skip
+        raise StageError(
+            "PET_MASTER_ADDR / PET_MASTER_PORT (or MASTER_ADDR / MASTER_PORT) not "
+            "set: the job controller gives every node node 0's address and port"
+        )
     place = NodePlace(_int(env, rank), env[addr], _int(env, port))
     if not 0 <= place.node_rank < nodes:
         raise StageError(f"{rank}={place.node_rank} is outside the job's {nodes} nodes")
@@ -85,12 +93,20 @@ def torchrun_command(
     """This node's torchrun: a static rendezvous at node 0 that waits `rdzv_timeout_s` for every
     node to join, then the train stage as each rank."""
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={nodes}", f"--nproc-per-node={per_node}", f"--node-rank={place.node_rank}",
-        f"--master-addr={place.master_addr}", f"--master-port={place.master_port}",
-        f"--rdzv-conf=timeout={rdzv_timeout_s}", "--max-restarts=0",
-        "-m", "components.train", *stage_args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={per_node}",
+        f"--node-rank={place.node_rank}",
+        f"--master-addr={place.master_addr}",
+        f"--master-port={place.master_port}",
+        f"--rdzv-conf=timeout={rdzv_timeout_s}",
+        "--max-restarts=0",
+        "-m",
+        "components.train",
+        *stage_args,
+    ]
 
 
 def rank_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -106,10 +122,15 @@ def run_node(cfg: RunConfig, stage_args: list[str]) -> NoReturn:
 
     per_node = processes(cfg)
     place = node_place(os.environ, cfg.train.nodes, per_node)
-    cmd = torchrun_command(cfg.train.nodes, per_node, place, stage_args,
-                           cfg.cluster.train_job.rendezvous_timeout_s)  # fmt: skip
-    print(f"rlvr train node {place.node_rank}/{cfg.train.nodes}: {per_node} rank(s), rendezvous "
-          f"at {place.master_addr}:{place.master_port}", file=sys.stderr, flush=True)  # fmt: skip
+    cmd = torchrun_command(
+        cfg.train.nodes, per_node, place, stage_args, cfg.cluster.train_job.rendezvous_timeout_s
+    )
+    print(
+        f"rlvr train node {place.node_rank}/{cfg.train.nodes}: {per_node} rank(s), rendezvous "
+        f"at {place.master_addr}:{place.master_port}",
+        file=sys.stderr,
+        flush=True,
+    )
     sys.stdout.flush()
     os.execve(cmd[0], cmd, rank_env(os.environ))
 
@@ -123,8 +144,11 @@ def main(argv: list[str] | None = None) -> None:
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        click.echo("usage: python -m components.train.node CONFIG --run-id ID "
-                   "(--segment S | --iteration I)", err=True)  # fmt: skip
+        click.echo(
+            "usage: python -m components.train.node CONFIG --run-id ID "
+            "(--segment S | --iteration I)",
+            err=True,
+        )
         sys.exit(2)
     run_id = args[args.index("--run-id") + 1] if "--run-id" in args[:-1] else None
     try:

@@ -96,8 +96,11 @@ def fp32_masters(engine) -> dict[str, torch.Tensor]:
         return {}
     from deepspeed.utils import safe_get_full_fp32_param
 
-    masters = {n: safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()
-               if p.requires_grad}  # fmt: skip
+    masters = {
+        n: safe_get_full_fp32_param(p)
+        for n, p in engine.module.named_parameters()
+        if p.requires_grad
+    }
     missing = [n for n, v in masters.items() if v is None]
     if missing:
         raise StageError(f"DeepSpeed exposes no fp32 master for {missing[:3]}; cannot save exactly")
@@ -175,8 +178,13 @@ class TokenizerFiles:
     and takes each new checkpoint as weights only (components/generate/engine.py)."""
 
     # the model's own files: written for each checkpoint (an adapter's config and base too)
-    SKIP = ("config.json", "generation_config.json", "_SUCCESS", "adapter_config.json",
-            "rlvr_base.json")  # fmt: skip
+    SKIP = (
+        "config.json",
+        "generation_config.json",
+        "_SUCCESS",
+        "adapter_config.json",
+        "rlvr_base.json",
+    )
 
     def __init__(self, source: Path) -> None:
         self.source = Path(source)
@@ -228,8 +236,12 @@ def write_hf(
     def finish(stats: dict) -> dict:
         seconds = time.time() - t0
         timeline.add("commit", commit_start, time.time())
-        saved.update({"train/checkpoint_bytes": float(nbytes),
-                      "train/checkpoint_save_bytes_per_s": nbytes / seconds if seconds > 0 else 0.0})  # fmt: skip
+        saved.update(
+            {
+                "train/checkpoint_bytes": float(nbytes),
+                "train/checkpoint_save_bytes_per_s": nbytes / seconds if seconds > 0 else 0.0,
+            }
+        )
         stats.update(saved, timeline=timeline.record())
         return stats
 

@@ -175,8 +175,10 @@ class TrainStage(Stage):
         prev_state = None
         if iteration > 0:
             sdir = materialize(store, layout.train_state(iteration))
-            prev_state = (*train_state.read(sdir, layout.train_state(iteration)),
-                          layout.train_state(iteration))  # fmt: skip
+            prev_state = (
+                *train_state.read(sdir, layout.train_state(iteration)),
+                layout.train_state(iteration),
+            )
         if self.engine is not None:  # a rebuild: free the old engine before making another
             import gc
 

@@ -164,8 +164,10 @@ def read(state_dir, uri: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     )
     why = safetensors_problem(tensors_path) if tensors_path.exists() else "is missing"
     if why:
-        raise TrainStateError(f"{uri}/optimizer.safetensors {why}; rerun the train stage of that "
-                              "iteration with --force")  # fmt: skip
+        raise TrainStateError(
+            f"{uri}/optimizer.safetensors {why}; rerun the train stage of that "
+            "iteration with --force"
+        )
     try:
         tensors = load_file(str(tensors_path))
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
@@ -175,6 +177,8 @@ def read(state_dir, uri: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         if not isinstance(meta, dict):
             raise ValueError("it is not a JSON object")
     except (OSError, ValueError) as e:
-        raise TrainStateError(f"{uri}/state.json is not valid train state ({e}); rerun the train "
-                              "stage of that iteration with --force") from None  # fmt: skip
+        raise TrainStateError(
+            f"{uri}/state.json is not valid train state ({e}); rerun the train "
+            "stage of that iteration with --force"
+        ) from None
     return tensors, meta

@@ -24,8 +24,10 @@ def _specs(cfg: RunConfig) -> dict[str, list[tuple[str, str]]]:
         if isinstance(spec, str):
             out[ds] = [(f"verify.rewards.{ds}", spec)]
         else:
-            out[ds] = [(f"verify.rewards.{ds}.components[{i}].verifier", c.verifier)
-                       for i, c in enumerate(spec.components)]  # fmt: skip
+            out[ds] = [
+                (f"verify.rewards.{ds}.components[{i}].verifier", c.verifier)
+                for i, c in enumerate(spec.components)
+            ]
     return out
 
 
@@ -38,15 +40,21 @@ def check_verifier_specs(cfg: RunConfig, problems: Problems) -> set[str]:
                 resolve_verifier(spec)
                 good.add(spec)
             except (UserError, ImportError, OSError, SyntaxError) as e:
-                problems.error(f"config {key}", str(e),
-                               "fix the spec, or make the plugin importable (PYTHONPATH)")  # fmt: skip
+                problems.error(
+                    f"config {key}",
+                    str(e),
+                    "fix the spec, or make the plugin importable (PYTHONPATH)",
+                )
     return good
 
 
 def check_verify(
-    cfg: RunConfig, datasets: dict[str, tuple[str, pa.Table]], problems: Problems, *,
+    cfg: RunConfig,
+    datasets: dict[str, tuple[str, pa.Table]],
+    problems: Problems,
+    *,
     call: bool = True,
-) -> None:  # fmt: skip
+) -> None:
     """`datasets`: name -> (uri, table) of the train and eval sets."""
     good = check_verifier_specs(cfg, problems) | {
         spec for spec in DEFAULT_REWARDS.values() if spec in ("math", "exact", "format", "code")
@@ -58,10 +66,11 @@ def check_verify(
         missing = sorted(s for s in sources if s not in table)
         if missing:
             problems.error(
-                f"{uri} data_source {missing}", "has no verifier",
+                f"{uri} data_source {missing}",
+                "has no verifier",
                 f"map it in the config, e.g. verify.rewards: {{{missing[0]!r}: math}} (built-ins: "
                 "math, exact, code, format; or a plugin 'module:function' / 'file.py:function')",
-            )  # fmt: skip
+            )
         for s in sources:
             if s in samples or s in missing:
                 continue
@@ -69,8 +78,12 @@ def check_verify(
             row = t.slice(idx, 1).to_pylist()[0]
             gt = (row.get("reward_model") or {}).get("ground_truth")
             extra = row.get("extra_info")
-            samples[s] = (uri, gt if isinstance(gt, str) else json.dumps(gt), idx,
-                          extra if isinstance(extra, dict) else None)  # fmt: skip
+            samples[s] = (
+                uri,
+                gt if isinstance(gt, str) else json.dumps(gt),
+                idx,
+                extra if isinstance(extra, dict) else None,
+            )
     if not call or not samples:
         return
     items, where = [], []
@@ -87,4 +100,4 @@ def check_verify(
                 f"failed on a sample of data_source {ds!r} ({uri} row {idx}, the ground truth "
                 f"as the response): {res.error}",
                 "fix the verifier (or raise verify.timeout_s if it is only slow)",
-            )  # fmt: skip
+            )

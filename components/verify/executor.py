@@ -299,10 +299,11 @@ def score_batch(
     batch = items
     if any(canon != spec for spec, canon in specs.items()):
         batch = [
-            item if specs[item.verifier] == item.verifier
+            item
+            if specs[item.verifier] == item.verifier
             else item._replace(verifier=specs[item.verifier])
             for item in items
-        ]  # fmt: skip
+        ]
     if num_workers == 0:
         return [ScoreResult(*_score_item(item, None, None, 0)) for item in batch]
     warm_math = "math" in specs.values()

@@ -109,8 +109,9 @@ class VerifyStage(Stage):
         if self._current(iteration, out, inputs) and not force:
             log.info(
                 "scored rollouts of iteration %d (%s) already committed; skipping",
-                iteration, out.uri,
-            )  # fmt: skip
+                iteration,
+                out.uri,
+            )
             if not self._stats_dir(iteration).up_to_date(inputs):
                 self._backfill_stats(iteration, out, inputs)
             return {"skipped": True, "uri": out.uri}
@@ -159,8 +160,11 @@ class VerifyStage(Stage):
         manifest = out.commit(stats, inputs)
         log.info(
             "verify %05d: reward mean %.4f over %d samples, %.0f verifications/s",
-            iteration, stats["reward_mean"], stats["samples"], stats["verifications_per_s"],
-        )  # fmt: skip
+            iteration,
+            stats["reward_mean"],
+            stats["samples"],
+            stats["verifications_per_s"],
+        )
         return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}
 
     def _backfill_stats(self, iteration: int, out: OutputDir, inputs: dict[str, str]) -> None:

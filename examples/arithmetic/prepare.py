@@ -156,13 +156,19 @@ def sampled_pass_at_1(
     # no token_type_ids: transformers 4.x's fast tokenizer returns them and its generate()
     # refuses them for Qwen2 (the images run 4.x; 5.x returns none)
     enc = tokenizer(
-        prompts, return_tensors="pt", padding=True, padding_side="left",
+        prompts,
+        return_tensors="pt",
+        padding=True,
+        padding_side="left",
         return_token_type_ids=False,
-    )  # fmt: skip
+    )
     # sampling settings only when sampling: transformers warns that a top_k or top_p given to
     # greedy decoding "may be ignored"
-    sampling = ({"do_sample": False} if greedy
-                else {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0})  # fmt: skip
+    sampling = (
+        {"do_sample": False}
+        if greedy
+        else {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         out = model.generate(

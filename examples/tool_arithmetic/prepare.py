@@ -94,25 +94,40 @@ def dev_check(model, tokenizer, problems, cfg: ToolWarmup, seed: int) -> dict[st
 
     model.eval()
     backend = TransformersBackend(model, tokenizer, batch_size=len(problems))
-    requests = [PromptRequest(str(i), tokenizer.encode(chat_prompt(tokenizer, p),
-                              add_special_tokens=False), [sample_seed(seed, 0, str(i), 0)])
-                for i, p in enumerate(problems)]  # fmt: skip
-    spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0,
-                        max_new_tokens=cfg.max_new_tokens, seed=seed)  # fmt: skip
+    requests = [
+        PromptRequest(
+            str(i),
+            tokenizer.encode(chat_prompt(tokenizer, p), add_special_tokens=False),
+            [sample_seed(seed, 0, str(i), 0)],
+        )
+        for i, p in enumerate(problems)
+    ]
+    spec = SamplingSpec(
+        n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=cfg.max_new_tokens, seed=seed
+    )
     tools = load_tools(["python"])
     try:
-        trajs = generate_multi_turn(backend, requests, spec, tools,
-                                    observation_encoder(tokenizer), max_turns=cfg.max_turns,
-                                    decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                    max_response_tokens=MAX_POSITIONS - 16)  # fmt: skip
+        trajs = generate_multi_turn(
+            backend,
+            requests,
+            spec,
+            tools,
+            observation_encoder(tokenizer),
+            max_turns=cfg.max_turns,
+            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            max_response_tokens=MAX_POSITIONS - 16,
+        )
     finally:
         tools.close()
     model.train()
     scores = grade([t.response for t in trajs], problems)
     called = [t.tool_calls > 0 for t in trajs]
     hits = [s for s, c in zip(scores, called, strict=True) if c]
-    return {"pass@1": sum(scores) / len(scores), "tool_call_rate": sum(called) / len(called),
-            "pass@1_when_called": sum(hits) / len(hits) if hits else 0.0}  # fmt: skip
+    return {
+        "pass@1": sum(scores) / len(scores),
+        "tool_call_rate": sum(called) / len(called),
+        "pass@1_when_called": sum(hits) / len(hits) if hits else 0.0,
+    }
 
 
 def warm_up(model, tokenizer, train, dev, cfg: ToolWarmup) -> list[dict]:
@@ -126,8 +141,11 @@ def warm_up(model, tokenizer, train, dev, cfg: ToolWarmup) -> list[dict]:
         idx = torch.tensor(rng.sample(range(len(train)), cfg.batch_size))
         width = int(mask[idx].sum(1).max())
         logits = model(input_ids=ids[idx, :width], attention_mask=mask[idx, :width]).logits
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                               labels[idx, 1:width].reshape(-1), ignore_index=-100)  # fmt: skip
+        loss = F.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]),
+            labels[idx, 1:width].reshape(-1),
+            ignore_index=-100,
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -154,15 +172,27 @@ def prepare(out: Path, cfg: ToolWarmup) -> Path:
     started = time.time()
     splits = make_splits(seed=cfg.seed, n_train=cfg.n_train, n_eval=cfg.n_eval, n_dev=cfg.n_dev)
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-                        num_heads=cfg.num_heads, max_positions=MAX_POSITIONS, seed=cfg.seed)  # fmt: skip
+    model = build_model(
+        tokenizer,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        max_positions=MAX_POSITIONS,
+        seed=cfg.seed,
+    )
     print(f"policy: Qwen2, {count_parameters(model):,} parameters, vocab {len(tokenizer)}")
     curve = warm_up(model, tokenizer, splits["train"], splits["dev"], cfg)
     last = curve[-1]
-    print(f"warm-up stopped at step {last['step']}: dev pass@1 {last['pass@1']:.3f}, tool-call "
-          f"rate {last['tool_call_rate']:.3f}, pass@1 when called {last['pass@1_when_called']:.3f}")  # fmt: skip
-    summary = {"config": asdict(cfg), "parameters": count_parameters(model), "curve": curve,
-               "seconds": round(time.time() - started, 1)}  # fmt: skip
+    print(
+        f"warm-up stopped at step {last['step']}: dev pass@1 {last['pass@1']:.3f}, tool-call "
+        f"rate {last['tool_call_rate']:.3f}, pass@1 when called {last['pass@1_when_called']:.3f}"
+    )
+    summary = {
+        "config": asdict(cfg),
+        "parameters": count_parameters(model),
+        "curve": curve,
+        "seconds": round(time.time() - started, 1),
+    }
 
     def write(tmp: Path) -> None:
         write_table(splits["train"], "train", tmp / "train.parquet")

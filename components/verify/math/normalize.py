@@ -66,10 +66,22 @@ _ALL_REALS = frozenset(
 # Unicode math a model may write instead of LaTeX (each command gets a trailing space so that
 # "πr" stays two symbols).
 _UNICODE = {
-    "−": "-", "√": "\\sqrt ", "π": "\\pi ", "∞": "\\infty ", "×": "\\times ",
-    "·": "\\cdot ", "⋅": "\\cdot ", "÷": "\\div ", "∈": "\\in ", "∪": "\\cup ",
-    "∩": "\\cap ", "∅": "\\emptyset ", "⩽": "≤", "⩾": "≥", "\u00a0": " ",
-}  # fmt: skip
+    "−": "-",
+    "√": "\\sqrt ",
+    "π": "\\pi ",
+    "∞": "\\infty ",
+    "×": "\\times ",
+    "·": "\\cdot ",
+    "⋅": "\\cdot ",
+    "÷": "\\div ",
+    "∈": "\\in ",
+    "∪": "\\cup ",
+    "∩": "\\cap ",
+    "∅": "\\emptyset ",
+    "⩽": "≤",
+    "⩾": "≥",
+    "\u00a0": " ",
+}
 _UNICODE_TABLE = str.maketrans(_UNICODE)
 
 # A trailing unit: words after a value, optionally with a power (cm^2) or a rate (km/h).

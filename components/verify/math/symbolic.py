@@ -17,19 +17,69 @@ _MAX_SYMPY_LEN = 400
 
 
 _FUNCS = {
-    "sqrt", "sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "sinh", "cosh",
-    "tanh", "log", "exp", "Abs", "binomial", "factorial", "pi", "oo", "E", "I",
-}  # fmt: skip
+    "sqrt",
+    "sin",
+    "cos",
+    "tan",
+    "cot",
+    "sec",
+    "csc",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "log",
+    "exp",
+    "Abs",
+    "binomial",
+    "factorial",
+    "pi",
+    "oo",
+    "E",
+    "I",
+}
 _GREEK = {
-    "alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "mu", "phi", "omega",
-    "sigma", "tau", "rho", "psi", "chi", "eta", "kappa", "nu", "xi", "zeta",
-}  # fmt: skip
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "theta",
+    "lambda",
+    "mu",
+    "phi",
+    "omega",
+    "sigma",
+    "tau",
+    "rho",
+    "psi",
+    "chi",
+    "eta",
+    "kappa",
+    "nu",
+    "xi",
+    "zeta",
+}
 _CMD_MAP = {"pi": "pi", "infty": "oo", "cdot": "*", "times": "*", "div": "/"}
 _FUNC_CMDS = {
-    "sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec", "csc": "csc",
-    "arcsin": "asin", "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh",
-    "tanh": "tanh", "ln": "log", "log": "log", "exp": "exp",
-}  # fmt: skip
+    "sin": "sin",
+    "cos": "cos",
+    "tan": "tan",
+    "cot": "cot",
+    "sec": "sec",
+    "csc": "csc",
+    "arcsin": "asin",
+    "arccos": "acos",
+    "arctan": "atan",
+    "sinh": "sinh",
+    "cosh": "cosh",
+    "tanh": "tanh",
+    "ln": "log",
+    "log": "log",
+    "exp": "exp",
+}
 _SYMPY_ALLOWED_RE = re.compile(r"[0-9a-zA-Z+\-*/().,!_ ]*")
 _IDENT_RE = re.compile(r"[A-Za-z]+(?:_[A-Za-z0-9]+)?")
 
@@ -504,5 +554,9 @@ def linear_inequality_interval(s: str) -> str | None:
     op = ops[0] if coef > 0 else _FLIP[ops[0]]
     bound = sympy.nsimplify(-const / coef)
     text = str(bound).replace("**", "^")
-    return {">": f"({text},\\infty)", "≥": f"[{text},\\infty)",
-            "<": f"(-\\infty,{text})", "≤": f"(-\\infty,{text}]"}[op]  # fmt: skip
+    return {
+        ">": f"({text},\\infty)",
+        "≥": f"[{text},\\infty)",
+        "<": f"(-\\infty,{text})",
+        "≤": f"(-\\infty,{text}]",
+    }[op]
