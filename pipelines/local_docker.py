@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.config import RunConfig, code_stages
+from components.core.stages import STEPS
 
 #: Tasks, by their display name's first word, and the stage whose image they run.
 TASK_STAGE = {
@@ -180,9 +181,7 @@ def plan_for(cfg: RunConfig, run_root: Path, *, user: str = "image") -> DockerPl
     plugins = plugin_mounts(cfg)
     apparmor = Path("/sys/module/apparmor/parameters/enabled")
     return DockerPlan(
-        images={
-            s: cfg.cluster.image(s) for s in ("init", "generate", "verify", "train", "evaluate")
-        },
+        images={s: cfg.cluster.image(s) for s in STEPS},
         mounts=mounts + plugins,
         user=None if user == "image" else (_caller() if user == "host" else user),
         network="host" if remote else "none",

@@ -20,13 +20,14 @@ from typing import Any
 from components.core.commit import SUCCESS, OutputDir, committed_parts
 from components.core.config import RunConfig
 from components.core.layout import RunLayout, committed_indices, store_for
+from components.core.stages import ITERATION_STAGES
 from components.core.store import Store, StoreError, join
 from components.core.warm import RunStatus, Segment, segment_eval_checkpoints
 from components.core.warm import segment as segment_of
 
 log = logging.getLogger("rlvr.plan")
 
-ORDER = ("generate", "verify", "train")
+ORDER = ITERATION_STAGES
 
 
 def _stages(cfg: RunConfig) -> dict[str, list[Any]]:

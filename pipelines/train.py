@@ -39,9 +39,7 @@ from pipelines.cluster import Submitted, client, submit
 from pipelines.ops import make_ops
 from pipelines.placement import place, submits_job
 
-STAGES = ("generate", "verify", "train", "evaluate")
-
-__all__ = ["STAGES", "build_train_pipeline", "compile_pipeline", "eval_checkpoints"]
+__all__ = ["build_train_pipeline", "compile_pipeline", "eval_checkpoints"]
 
 
 def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable:

@@ -27,7 +27,7 @@ from components.core.tracking import (
     step_figures,
     wandb_run_id,
 )
-from components.core.warm import run_once, serve_stage
+from components.core.warm import Stage, run_once, serve_stage
 
 RUN_ID = "r1"
 
@@ -375,7 +375,7 @@ def test_rlvr_check_names_a_missing_tracking_package(tmp_path, monkeypatch):
 # --- the hook in the warm workers --------------------------------------------------------------
 
 
-class FakeStage:
+class FakeStage(Stage):
     """A stage whose steps 'commit' given stats (or evaluate metrics)."""
 
     def __init__(self, cfg: RunConfig, task: str, *, rank: int = 0) -> None:

@@ -4,6 +4,8 @@ FileNotFoundError keeps its traceback."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
@@ -184,3 +186,28 @@ def test_an_overlong_buffer_past_max_length_is_a_config_error(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"verify\.overlong_penalty\.buffer.*max_length \(4\)"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    "key, value, ok",
+    [
+        ("cpu_request", "eight", False),
+        ("cpu_request", "500m", True),
+        ("cpu_limit", "0.5", True),
+        ("memory_limit", "64Gi", True),
+        ("memory_request", "64 GB", False),
+        ("shm_size", "16Gi", True),
+    ],
+)
+def test_cluster_quantities_are_checked_when_the_config_loads(key, value, ok):
+    """A Kubernetes quantity KFP would refuse at compile time (with a bare ValueError and a
+    traceback) is a ConfigError naming the key when the config loads."""
+    from components.core.config import ConfigError, load_config
+
+    config = Path(__file__).resolve().parent.parent / "examples/arithmetic/config.yaml"
+    overrides = [f"cluster.stages.train.{key}={value}"]
+    if ok:
+        load_config(config, overrides)
+        return
+    with pytest.raises(ConfigError, match=f"cluster.stages.train.{key}"):
+        load_config(config, overrides)

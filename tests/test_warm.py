@@ -15,6 +15,7 @@ from components.core.store import LocalStore, join
 from components.core.warm import (
     PeerFailed,
     RunStatus,
+    Stage,
     Timeline,
     eval_checkpoints,
     policy_version,
@@ -73,7 +74,7 @@ def test_wait_times_out_naming_the_missing_input(tmp_path):
         )
 
 
-class FakeStage:
+class FakeStage(Stage):
     """Steps record what they saw; iteration `fail_at` raises."""
 
     task = "fake"

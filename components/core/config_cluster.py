@@ -3,6 +3,7 @@ retries per stage, the multi-node train job, and the names a run's pods must not
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -20,6 +21,12 @@ class Toleration(_Strict):
     operator: Literal["Equal", "Exists"] = "Equal"
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+#: Kubernetes quantities as KFP's task setters accept them (kfp.dsl.PipelineTask.set_cpu_limit /
+#: set_memory_limit): checked when the config loads, not when a pipeline compiles.
+_CPU = re.compile(r"[0-9]*\.?[0-9]+m?")
+_MEMORY = re.compile(r"[0-9]*\.?[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki|k)?")
 
 
 class StagePlacement(_Strict):
@@ -45,6 +52,29 @@ class StagePlacement(_Strict):
     timeout_s: int | None = Field(None, ge=1)
     """Pod deadline per iteration: a worker serving a segment gets activeDeadlineSeconds =
     timeout_s x run.segment_iterations (a one-iteration task, timeout_s); None: no limit."""
+
+    @field_validator("cpu_request", "cpu_limit", mode="before")
+    @classmethod
+    def _cpu_quantity(cls, v: Any) -> Any:
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            v = str(v)  # `cpu_limit: 0.5` in YAML
+        if isinstance(v, str) and not _CPU.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not a CPU quantity: cores ('8', '0.5') or millicores ('500m')"
+            )
+        return v
+
+    @field_validator("memory_request", "memory_limit", "shm_size", mode="before")
+    @classmethod
+    def _memory_quantity(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)  # bytes
+        if isinstance(v, str) and not _MEMORY.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not a memory quantity: a number with an optional unit (E, P, T, G, M, K "
+                "or k, or Ei, Pi, Ti, Gi, Mi, Ki), e.g. '64Gi'"
+            )
+        return v
 
     @model_validator(mode="after")
     def _accelerator_pairs(self) -> StagePlacement:

@@ -362,7 +362,7 @@ def serve(
             wait = dict(
                 status=status, task=stage.task, timeout_s=timeout_s * gap, poll_max_s=poll_max_s
             )
-            if plan and previous == start:  # before anything else is looked at
+            if plan and not results:  # before anything else is looked at
                 t0 = time.time()
                 wait_committed(store, [status.plan], **wait)
                 timeline.add("wait", t0, time.time())

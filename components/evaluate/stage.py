@@ -206,6 +206,8 @@ class EvaluateStage(Stage):
     whenever the samples are (docs/contracts.md, "Batch and shard invariance").
     """
 
+    name = "evaluate"
+
     def __init__(
         self, cfg: RunConfig, *, shard: int = 0, num_shards: int = 1, label: str | None = None
     ) -> None:

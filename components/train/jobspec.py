@@ -16,12 +16,8 @@ import hashlib
 import re
 from typing import Any
 
-from components.core.config import (
-    NODE_CONFIG_ENV,
-    OBJECT_STORE_SECRET_KEYS,
-    RunConfig,
-    StagePlacement,
-)
+from components.core.config import RunConfig
+from components.core.config_cluster import NODE_CONFIG_ENV, OBJECT_STORE_SECRET_KEYS, StagePlacement
 
 CONFIG_ENV = NODE_CONFIG_ENV
 #: what every pod runs: components/train/node.py on the config in CONFIG_ENV
