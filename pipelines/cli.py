@@ -323,7 +323,7 @@ def submit(
     kind = "stage" if stage_name else pipeline
     if kind == "train":
         from components.core.warm import segments
-        from pipelines.train import submit_segment
+        from pipelines.chain import submit_segment
 
         n = len(segments(cfg))
         if not 0 <= segment < n:

@@ -352,6 +352,57 @@ def evaluate_worker(
     )
 
 
+def next_segment(
+    config_json: str,
+    run_id: str,
+    segment: int,
+    chain: bool = False,
+    experiment: str = "rlvr",
+    namespace: str = "",
+    store: str = "",
+    base_checkpoint: str = "",
+    eval_sets: str = "",
+    attempt: str = "",
+    job_id: str = "",
+) -> str:
+    """After the segment's training: submit the next segment as a new run of this pipeline
+    (through the KFP API, with the pod's service account token), so a run of any length goes on
+    without a client attached. Does nothing when `chain` is off (the local runner drives
+    segments itself). The submission runs in a fresh interpreter (pipelines/chain.py): this body
+    runs under `_KFP_RUNTIME=true`, where kfp's client and DSL do not import."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if not chain:
+        return ""
+    params = dict(
+        config_json=config_json,
+        run_id=run_id,
+        store=store,
+        base_checkpoint=base_checkpoint,
+        eval_sets=eval_sets,
+    )
+    env = {k: v for k, v in os.environ.items() if k != "_KFP_RUNTIME"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.chain",
+        json.dumps(params),
+        "--segment",
+        str(segment),
+        "--experiment",
+        experiment,
+        "--namespace",
+        namespace,
+        "--attempt",
+        attempt or job_id,
+    ]
+    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return out.strip().splitlines()[-1] if out.strip() else ""
+
+
 def resolve_stage(
     config_json: str,
     run_id: str,
@@ -380,6 +431,7 @@ STAGE_FUNCS: dict[str, Callable] = {
     "verify_worker": verify_worker,
     "train_worker": train_worker,
     "evaluate_worker": evaluate_worker,
+    "next_segment": next_segment,
 }
 
 
@@ -396,6 +448,7 @@ class Ops:
     verify_worker: Callable
     train_worker: Callable
     evaluate_worker: Callable
+    next_segment: Callable
 
 
 def make_ops(images: dict[str, str]) -> Ops:
@@ -407,6 +460,7 @@ def make_ops(images: dict[str, str]) -> Ops:
         "verify_worker": images["verify"],
         "train_worker": images["train"],
         "evaluate_worker": images["evaluate"],
+        "next_segment": images["init"],
         **images,
     }
     # install_kfp_package=False: the images carry the exact kfp that compiles the pipeline

@@ -26,7 +26,6 @@ train.nodes > 1 the train task's pod only submits and follows a multi-node Train
 (components/train/jobs.py), so it is placed on the init pool, without a GPU.
 """
 
-import json
 from collections.abc import Callable
 
 from kfp import dsl, kubernetes
@@ -35,7 +34,6 @@ from components.core.commit import shard_name
 from components.core.config import RunConfig, code_stages
 from components.core.stages import STEPS
 from components.core.warm import eval_checkpoints
-from pipelines.cluster import Submitted, client, submit
 from pipelines.ops import make_ops
 from pipelines.placement import place, submits_job
 
@@ -49,9 +47,6 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
     `for_cluster=False` leaves out the Kubernetes placement (the local runner has no use for it).
     """
     ops = make_ops({s: cfg.cluster.image(s) for s in STEPS})
-    next_op = dsl.component(base_image=cfg.cluster.image("init"), install_kfp_package=False)(
-        next_segment
-    )
 
     def placed(task: dsl.PipelineTask, stage: str, name: str, serves: bool = True):
         """Display name and placement; a task that serves the segment gets a pod deadline of
@@ -116,7 +111,7 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         shards_of(ops.verify_worker, "verify", cfg.verify.num_shards, **seg)
         placed(ops.train_worker(**seg), "train", "train")
         # Waits (in the store) for the segment's last checkpoint, then submits the next segment.
-        nxt = next_op(**seg, chain=chain, experiment=experiment, namespace=namespace)
+        nxt = ops.next_segment(**seg, chain=chain, experiment=experiment, namespace=namespace)
         placed(nxt, "init", "next-segment")
         if for_cluster:  # Kubeflow's PodDefault projects the KFP API token into labelled pods
             kubernetes.add_pod_label(nxt, "access-ml-pipeline", "true")
@@ -137,159 +132,3 @@ def compile_pipeline(cfg: RunConfig, out_path: str) -> str:
 
     compiler.Compiler().compile(build_train_pipeline(cfg), package_path=out_path)
     return out_path
-
-
-# --- chaining segments: the next-segment task ---------------------------------------------
-
-
-def next_segment(
-    config_json: str,
-    run_id: str,
-    segment: int,
-    chain: bool = False,
-    experiment: str = "rlvr",
-    namespace: str = "",
-    store: str = "",
-    base_checkpoint: str = "",
-    eval_sets: str = "",
-    attempt: str = "",
-    job_id: str = "",
-) -> str:
-    """After the segment's training: submit the next segment as a new run of this pipeline
-    (through the KFP API, with the pod's service account token), so a run of any length goes on
-    without a client attached. Does nothing for the last segment, or when `chain` is off (the
-    local runner drives segments itself)."""
-    from pipelines.train import chain_next_segment
-
-    params = dict(
-        config_json=config_json,
-        run_id=run_id,
-        store=store,
-        base_checkpoint=base_checkpoint,
-        eval_sets=eval_sets,
-    )
-    return chain_next_segment(
-        params,
-        segment=segment,
-        chain=chain,
-        experiment=experiment,
-        namespace=namespace,
-        attempt=attempt or job_id,
-    )
-
-
-def segment_run_name(cfg: RunConfig, segment: int) -> str:
-    return f"{cfg.run_id}-train-seg{segment:05d}"
-
-
-def submit_segment(
-    cfg: RunConfig,
-    params: dict[str, str],
-    *,
-    segment: int,
-    host: str,
-    experiment: str,
-    namespace: str | None,
-    token: str | None,
-) -> Submitted:
-    """Submit one segment of a training run (`rlvr submit`, and the last task of each segment
-    for the next one). The compiled pipeline is the same for every segment: its size does not
-    depend on run.iterations; the segment index is a run-time parameter."""
-    arguments = {
-        **{k: v for k, v in params.items() if v != ""},
-        "segment": segment,
-        "chain": True,
-        "experiment": experiment,
-        "namespace": namespace or "",
-    }
-    return submit(
-        cfg,
-        build_train_pipeline(cfg),
-        host=host,
-        experiment=experiment,
-        namespace=namespace,
-        token=token,
-        arguments=arguments,
-        run_name=segment_run_name(cfg, segment),
-    )
-
-
-def chain_next_segment(
-    params: dict[str, str],
-    *,
-    segment: int,
-    chain: bool,
-    experiment: str,
-    namespace: str,
-    attempt: str = "local",
-) -> str:
-    """Body of the `next-segment` task: once the segment's last checkpoint is committed, submit
-    segment+1 of the run from inside the cluster (`cluster.kfp_api`, the pod's service account
-    token). Returns the new run id, or "" for the last segment and when chaining is off. It
-    fails, submitting nothing, when a worker of the segment fails."""
-    import logging
-
-    from components.core.config import effective_config
-    from components.core.warm import segments
-
-    cfg = effective_config(**params)
-    if not chain or segment + 1 >= len(segments(cfg)):
-        return ""
-    # Started beside the workers: wait, like them, for the segment's training to be committed.
-    from components.core.layout import RunLayout, store_for
-    from components.core.store import join
-    from components.core.warm import RunStatus, wait_committed
-    from components.core.warm import segment as segment_of
-
-    layout, stop = RunLayout.of(cfg), segment_of(cfg, segment).stop
-    store = store_for(cfg)
-    wait_committed(
-        store,
-        [layout.checkpoint(stop), layout.train_state(stop)],
-        status=RunStatus.of(cfg, attempt),
-        task="next-segment",
-        timeout_s=cfg.run.wait_timeout_s * max(1, cfg.run.segment_iterations),
-        poll_max_s=cfg.run.poll_max_s or 5.0,
-    )
-    # Exactly once: a retried task (its pod lost after the submission) finds the claim.
-    claim = join(layout.root, "status", "segments", f"{segment + 1:05d}.json")
-    if store.exists(claim):
-        record = json.loads(store.read_text(claim))
-        logging.getLogger("rlvr.chain").info(
-            "segment %d was already submitted as run %s", segment + 1, record["run_id"]
-        )
-        return record["run_id"]
-    name = segment_run_name(cfg, segment + 1)
-    existing = find_run(cfg.cluster.kfp_api, name, namespace or None)
-    run_id = (
-        existing
-        or submit_segment(
-            cfg,
-            params,
-            segment=segment + 1,
-            host=cfg.cluster.kfp_api,
-            experiment=experiment,
-            namespace=namespace or None,
-            token=None,
-        ).run_id
-    )
-    store.write_text(claim, json.dumps({"run_id": run_id, "name": name, "by": attempt}))
-    logging.getLogger("rlvr.chain").info("segment %d submitted as run %s", segment + 1, run_id)
-    return run_id
-
-
-def find_run(host: str, name: str, namespace: str | None) -> str | None:
-    """The id of a run with this display name that is not over yet (a submission whose claim
-    was lost with its pod), or None."""
-    c = client(host, namespace, None)
-    flt = json.dumps(
-        {"predicates": [{"key": "display_name", "operation": "EQUALS", "string_value": name}]}
-    )
-    try:
-        runs = c.list_runs(page_size=10, filter=flt, namespace=namespace).runs or []
-    except Exception:  # noqa: BLE001 - a lookup that fails must not stop the chain
-        return None
-    for r in runs:
-        if r.display_name == name and str(r.state) not in ("FAILED", "CANCELED", "SKIPPED"):
-            return r.run_id
-    return None

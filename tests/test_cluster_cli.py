@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import yaml
@@ -114,7 +115,7 @@ def test_each_segment_submits_the_next_until_the_last(workspace, kfp_server, mon
     from components.core.commit import OutputDir
     from components.core.config import load_config
     from components.core.layout import RunLayout, store_for
-    from pipelines.train import chain_next_segment
+    from pipelines.chain import chain_next_segment
 
     cfg = load_config(
         workspace,
@@ -211,3 +212,74 @@ def test_compile_eval_and_stage_pipelines(workspace, tmp_path):
     assert names == {"resolve-checkpoint", "evaluate"}
     bad = invoke("compile", str(workspace), "-o", str(out), "--pipeline", "stage")
     assert bad.exit_code == 2 and "--stage" in bad.output
+
+
+def _run_next_segment_task(cfg, tmp_path: Path, **params) -> str:
+    """The compiled `next-segment` task run the way a KFP pod runs it: its embedded source by
+    `kfp.dsl.executor_main` under `_KFP_RUNTIME=true`, here with this interpreter (the pod's
+    `python3`). Returns the task's output parameter."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from pipelines.cluster import compile_to
+    from pipelines.train import build_train_pipeline
+
+    compiled = compile_to(build_train_pipeline(cfg), tmp_path / "p.yaml")
+    ir = next(yaml.safe_load_all(Path(compiled).read_text()))  # the pipeline spec, then platform
+    container = ir["deploymentSpec"]["executors"]["exec-next-segment"]["container"]
+    program = tmp_path / "ephemeral_component.py"
+    program.write_text(container["command"][3])
+    out_file, param_file = tmp_path / "executor_output.json", tmp_path / "Output"
+    executor_input = {
+        "inputs": {"parameterValues": params},
+        "outputs": {
+            "parameters": {"Output": {"outputFile": str(param_file)}},
+            "outputFile": str(out_file),
+        },
+    }
+    env = {**os.environ, "_KFP_RUNTIME": "true"}
+    root = Path(__file__).resolve().parent.parent
+    cmd = [
+        sys.executable,
+        "-m",
+        "kfp.dsl.executor_main",
+        "--component_module_path",
+        str(program),
+        "--executor_input",
+        json.dumps(executor_input),
+        "--function_to_execute",
+        "next_segment",
+    ]
+    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out_file.read_text())["parameterValues"]["Output"]
+
+
+def test_the_next_segment_task_submits_under_the_kfp_runtime(workspace, kfp_server, tmp_path):
+    """The task's body runs under `_KFP_RUNTIME=true`, where kfp's client and DSL do not import:
+    with `chain` off it returns at once; with it on it submits segment 1 (from a fresh
+    interpreter) once segment 0's last checkpoint is committed."""
+    from components.core.commit import OutputDir
+    from components.core.config import load_config
+    from components.core.layout import RunLayout, store_for
+
+    cfg = load_config(
+        workspace,
+        ["run.iterations=4", "run.segment_iterations=2", f"cluster.kfp_api={kfp_server.url}"],
+    )  # noqa: E501
+    params = dict(config_json=cfg.to_json(), run_id="t", segment=0, experiment="e")
+    assert _run_next_segment_task(cfg, tmp_path, **params, chain=False) == ""
+    assert kfp_server.posts("/apis/v2beta1/runs") == []
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    for uri in (layout.checkpoint(2), layout.train_state(2)):
+        out = OutputDir(store, uri, "train")
+        out.begin(force=True)
+        out.put_bytes(b"{}", "state.json")
+        out.commit({})
+    assert _run_next_segment_task(cfg, tmp_path, **params, chain=True) == "run-123"
+    (run,) = kfp_server.posts("/apis/v2beta1/runs")
+    assert run["display_name"] == "t-train-seg00001"
+    assert run["runtime_config"]["parameters"]["segment"] == 1
