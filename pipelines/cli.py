@@ -27,7 +27,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from components.core.config import ConfigError, RunConfig, load_config
+from components.core.config import RunConfig, load_config
 from components.core.stage_cli import run_stage, setup_logging
 from components.core.stages import STEPS
 from components.core.store import get_store, join
@@ -37,11 +37,7 @@ console = Console(stderr=True)
 
 
 def _load(config: str, overrides: tuple[str, ...], **kw) -> RunConfig:
-    try:
-        return load_config(config, list(overrides), **kw)
-    except ConfigError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    return load_config(config, list(overrides), **kw)  # a ConfigError: the group's exit 2
 
 
 def _stage_fns():
@@ -82,15 +78,10 @@ def main() -> None:
 
 
 def _check(cfg: RunConfig, *, inputs: bool, for_cluster: bool = False) -> float:
-    """`rlvr check`'s work; every error at once, exit status 2."""
-    from components.core.errors import PreflightError
+    """`rlvr check`'s work; every error at once (a PreflightError: the group's exit status 2)."""
     from pipelines.preflight import run_check
 
-    try:
-        return run_check(cfg, inputs=inputs, for_cluster=for_cluster)
-    except PreflightError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    return run_check(cfg, inputs=inputs, for_cluster=for_cluster)
 
 
 @main.command(
@@ -478,18 +469,13 @@ def report(run_dir: str) -> None:
     help="The base checkpoint (default: the run's checkpoints/00000 beside CHECKPOINT).",
 )
 def export(checkpoint: str, out: str, do_merge: bool, base: str | None) -> None:
-    from components.core.adapter import AdapterError, merge
-    from components.core.checkpoint import CheckpointError
+    from components.core.adapter import merge
 
     base_dir = Path(base) if base else Path(checkpoint).resolve().parent / "00000"
     if not base_dir.is_dir():
         click.echo(f"error: no base checkpoint at {base_dir}; pass --base DIR", err=True)
         sys.exit(2)
-    try:
-        merged = merge(base_dir, Path(checkpoint), Path(out))
-    except (AdapterError, CheckpointError) as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    merged = merge(base_dir, Path(checkpoint), Path(out))  # Adapter/CheckpointError: exit 2
     console.print(f"merged checkpoint: {merged}")
 
 

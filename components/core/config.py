@@ -19,11 +19,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from components.core.config_base import ConfigError, _Strict, apply_overrides, format_error
+from components.core.config_base import ConfigError, Strict, apply_overrides, format_error
 from components.core.config_cluster import ClusterSection
 
 
-class RunSection(_Strict):
+class RunSection(Strict):
     store: str = "./rlvr-runs"
     """Where runs live: a local path, file:// URI, or s3://bucket/prefix."""
     run_id: str | None = None
@@ -55,14 +55,14 @@ class RunSection(_Strict):
         return v
 
 
-class PrepareSection(_Strict):
+class PrepareSection(Strict):
     module: str | None = None
     """Python module run as `python -m MODULE --out DIR` when an input is missing."""
     out: str | None = None
     """The directory the prepare module writes (relative to the config file)."""
 
 
-class LoraSection(_Strict):
+class LoraSection(Strict):
     """`model.lora`: train a LoRA adapter on the frozen base instead of every weight
     (components/core/adapter.py; docs/algorithms.md, "LoRA")."""
 
@@ -94,7 +94,7 @@ class LoraSection(_Strict):
         return self
 
 
-class ModelSection(_Strict):
+class ModelSection(Strict):
     base: str
     """The base policy: an HF checkpoint directory (path or URI) or a Hugging Face Hub id
     (``Qwen/Qwen2.5-0.5B-Instruct``, ``hf://OWNER/NAME@REVISION``), copied into the run."""
@@ -102,7 +102,7 @@ class ModelSection(_Strict):
     """Train a LoRA adapter instead of the full weights (null: full fine-tuning)."""
 
 
-class EvalSetConfig(_Strict):
+class EvalSetConfig(Strict):
     name: str = "heldout"
     path: str
     """Eval dataset (verl format Parquet), path or URI."""
@@ -123,7 +123,7 @@ class EvalSetConfig(_Strict):
     """Evaluate only prompts of these data sources (None: all)."""
 
 
-class CurriculumSection(_Strict):
+class CurriculumSection(Strict):
     """`data.sampler: curriculum`: draw prompts by their estimated pass rate (docs/algorithms.md,
     "Curriculum from pass rates")."""
 
@@ -144,7 +144,7 @@ class CurriculumSection(_Strict):
     """A retired prompt may be drawn again this many iterations after it was retired."""
 
 
-class DataSection(_Strict):
+class DataSection(Strict):
     train: str
     """Train dataset (verl format Parquet), path or URI."""
     eval: list[EvalSetConfig] = Field(default_factory=list)
@@ -155,7 +155,7 @@ class DataSection(_Strict):
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
 
 
-class EnvironmentSection(_Strict):
+class EnvironmentSection(Strict):
     """`generate.environment`: an OpenEnv server (one session per trajectory)."""
 
     url: str
@@ -165,7 +165,7 @@ class EnvironmentSection(_Strict):
     timeout_s: float = Field(60.0, gt=0)
 
 
-class GenerateSection(_Strict):
+class GenerateSection(Strict):
     backend: Literal["transformers", "vllm"] = "transformers"
     n: int = Field(8, ge=1)
     """Samples per prompt (the GRPO group size)."""
@@ -210,7 +210,7 @@ class GenerateSection(_Strict):
     enable_prefix_caching: bool = True
 
 
-class RewardComponent(_Strict):
+class RewardComponent(Strict):
     verifier: str
     """A built-in verifier (math, exact, code, format) or a plugin 'module:fn' / 'file.py:fn'."""
     weight: float = 1.0
@@ -222,7 +222,7 @@ class RewardComponent(_Strict):
         return self.name or self.verifier
 
 
-class RewardSpec(_Strict):
+class RewardSpec(Strict):
     """A weighted sum of named reward components for one data_source."""
 
     components: list[RewardComponent] = Field(min_length=1)
@@ -235,7 +235,7 @@ class RewardSpec(_Strict):
         return self
 
 
-class OverlongPenalty(_Strict):
+class OverlongPenalty(Strict):
     """DAPO's soft overlong penalty, added as the reward component 'overlong'."""
 
     max_length: int = Field(ge=1)
@@ -256,7 +256,7 @@ class OverlongPenalty(_Strict):
         return v
 
 
-class VerifySection(_Strict):
+class VerifySection(Strict):
     rewards: dict[str, str | RewardSpec] = Field(default_factory=dict)
     """data_source -> a verifier spec (built-in name or plugin 'package.module:function' /
     'path/to/file.py:function', verl or TRL signature), or {components: [{verifier, weight,
@@ -276,7 +276,7 @@ class VerifySection(_Strict):
     """The pipeline fans verification out over this many shards (dsl.ParallelFor)."""
 
 
-class TrainSection(_Strict):
+class TrainSection(Strict):
     zero_stage: int = Field(0, ge=0, le=3)
     lr: float = Field(1e-5, gt=0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -358,7 +358,7 @@ class TrainSection(_Strict):
     noisy_fn_rate: float = Field(0.0, ge=0.0, lt=1.0)
 
 
-class EvaluateSection(_Strict):
+class EvaluateSection(Strict):
     ks: list[int] = Field(default_factory=list)
     """Extra k values for pass@k, beyond every power of two up to n."""
     bootstrap_resamples: int = Field(1000, ge=1)
@@ -369,7 +369,7 @@ class EvaluateSection(_Strict):
     """The pipeline fans evaluation sampling out over this many shards, then gathers metrics."""
 
 
-class TrackingSection(_Strict):
+class TrackingSection(Strict):
     """Where each stage logs its figures (components/core/tracking.py)."""
 
     backends: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
@@ -385,7 +385,7 @@ class TrackingSection(_Strict):
     """Default: W&B's own (the WANDB_MODE environment variable, else online)."""
 
 
-class RunConfig(_Strict):
+class RunConfig(Strict):
     run: RunSection = Field(default_factory=RunSection)
     prepare: PrepareSection | None = None
     model: ModelSection

@@ -15,7 +15,7 @@ class ConfigError(UserError):
     """A config file or override that cannot be used; the message says what to fix."""
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 

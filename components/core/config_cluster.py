@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from components.core.config_base import _Strict
+from components.core.config_base import Strict
 from components.core.stages import STEPS
 
 DEFAULT_IMAGE_REPO = "ghcr.io/rlvr-project"
@@ -16,7 +16,7 @@ DEFAULT_IMAGE_TAG = "0.1.0"
 GPU_STAGES = ("generate", "train", "evaluate")
 
 
-class Toleration(_Strict):
+class Toleration(Strict):
     key: str
     operator: Literal["Equal", "Exists"] = "Equal"
     value: str | None = None
@@ -29,7 +29,7 @@ _CPU = re.compile(r"[0-9]*\.?[0-9]+m?")
 _MEMORY = re.compile(r"[0-9]*\.?[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki|k)?")
 
 
-class StagePlacement(_Strict):
+class StagePlacement(Strict):
     """Where and how one stage's pods run on the cluster."""
 
     image: str | None = None
@@ -150,7 +150,7 @@ RESERVED_NODE_ENV = frozenset(
 )
 
 
-class TrainJobSection(_Strict):
+class TrainJobSection(Strict):
     """How a multi-node train step (train.nodes > 1) runs on the cluster."""
 
     api: Literal["trainer", "training-operator"] = "trainer"
@@ -191,7 +191,7 @@ class TrainJobSection(_Strict):
         return v
 
 
-class ClusterSection(_Strict):
+class ClusterSection(Strict):
     """Where stages run on Kubernetes (the local runner ignores all of it)."""
 
     image_repo: str = DEFAULT_IMAGE_REPO

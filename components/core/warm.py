@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from components.core.commit import NotCommittedError, check_shard, committed_parts, shard_name
 from components.core.config import RunConfig
-from components.core.errors import UserError
+from components.core.errors import UserError, is_user_error
 from components.core.layout import RunLayout, store_for
 from components.core.store import Store, StoreError, join
 from components.core.timing import Timeline, process_start_time
@@ -139,15 +139,9 @@ class PeerFailed(RuntimeError):
     """Another worker of this run failed; waiting for its output is pointless."""
 
 
-def _is_user_error(error: BaseException | str) -> bool:
-    from components.core.errors import USER_ERRORS
-
-    return isinstance(error, USER_ERRORS)
-
-
 def _describe(error: BaseException) -> str:
     """Bad input reads as its message; anything else also names its type."""
-    return str(error) if _is_user_error(error) else f"{type(error).__name__}: {error}"
+    return str(error) if is_user_error(error) else f"{type(error).__name__}: {error}"
 
 
 def retry_grace_s(cfg: RunConfig, stage: str) -> float:
@@ -200,7 +194,7 @@ class RunStatus:
             "at": time.time(),
             "host": socket.gethostname(),
             "iteration": iteration,
-            "user_error": _is_user_error(error),
+            "user_error": is_user_error(error),
             "peer": isinstance(error, PeerFailed),
             "retry_grace_s": grace_s,
         }

@@ -113,7 +113,7 @@ def _history_row(store: Store, layout: RunLayout, c: int, m: dict) -> dict:
     return row
 
 
-def _write_table(out: OutputDir, table, name: str, tmp: Path) -> None:
+def write_table(out: OutputDir, table, name: str, tmp: Path) -> None:
     path = tmp / name
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table.replace_schema_metadata(stamp(table.schema, "scored").metadata), path)
@@ -132,7 +132,7 @@ def greedy_metrics(table) -> dict[str, Any]:
     return {"overall": acc(problems), "by_data_source": {k: acc(v) for k, v in sorted(by.items())}}
 
 
-def _write_outputs(
+def write_outputs(
     cfg: RunConfig,
     store: Store,
     layout: RunLayout,
@@ -148,13 +148,13 @@ def _write_outputs(
     for ev in cfg.data.eval:
         res = results[ev.name]
         scored = res["samples"]
-        _write_table(out, scored, f"{ev.name}/samples.parquet", tmp)
+        write_table(out, scored, f"{ev.name}/samples.parquet", tmp)
         metrics = compute_metrics(scored, ev, cfg, ckpt_uri)
         if "samples_verify" in res:
             v = res["samples_verify"]
             metrics["verify"] = {k: v[k] for k in ("errors", "timeouts", "error_fraction")}
         if ev.greedy:
-            _write_table(out, res["greedy_samples"], f"{ev.name}/greedy_samples.parquet", tmp)
+            write_table(out, res["greedy_samples"], f"{ev.name}/greedy_samples.parquet", tmp)
             g = greedy_metrics(res["greedy_samples"])
             metrics["overall"]["greedy_pass@1"] = g["overall"]
             for ds, value in g["by_data_source"].items():

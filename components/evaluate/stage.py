@@ -50,8 +50,8 @@ from components.evaluate.metrics import (
     default_ks,
 )
 from components.evaluate.results import (
-    _write_outputs,
-    _write_table,
+    write_outputs,
+    write_table,
 )
 from components.generate.engine import PolicyEngine
 from components.generate.rollouts import dataset_uri, generate_rollouts, load_prompts, spec_from
@@ -283,7 +283,7 @@ class EvaluateStage(Stage):
                 for name, res in results.items():
                     for kind in ("samples", "greedy_samples"):
                         if kind in res:
-                            _write_table(out, res[kind], f"{name}/{kind}.parquet", tmp)
+                            write_table(out, res[kind], f"{name}/{kind}.parquet", tmp)
                 timeline.add("commit", t0, time.time())
                 stats = {"shard": shard, "num_shards": num_shards, "timeline": timeline.record()}
                 out.commit(stats, inputs)
@@ -316,7 +316,7 @@ class EvaluateStage(Stage):
                 with timeline.span("work"):
                     results = _sample_and_score(cfg, store, layout, c, 0, 1, self.engine)
             t0 = time.time()
-            top = _write_outputs(cfg, store, layout, c, results, out, tmp)
+            top = write_outputs(cfg, store, layout, c, results, out, tmp)
             timeline.add("commit", t0, time.time())
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
