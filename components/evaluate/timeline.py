@@ -219,45 +219,52 @@ def critical_path(tl: RunTimeline) -> tuple[float, list[Step]]:
     return finish[id(end)], path[::-1]
 
 
-def iteration_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
-    """(iteration, seconds, stage work on the critical path) of each iteration after the first:
-    from the end of train i-1 to the end of train i, against the work of generate, verify and
-    train i (only as much of it as lies inside that interval: with bounded staleness generate
-    runs ahead, beside the previous train)."""
+def _intervals(tl: RunTimeline) -> list[tuple[int, float, float]]:
+    """(iteration, start, end) of each iteration after the first: from the end of train i-1 to
+    the end of train i, for back-to-back steps of one train worker (not across a resume)."""
     trains = {s.iteration: s for s in tl.steps if s.stage == "train"}
-    out = []
-    for i in sorted(trains):
-        if i - 1 not in trains or trains[i - 1].pid != trains[i].pid:
-            continue  # only back-to-back steps of one worker (not across a resume)
-        a = max(e for _, _, e in trains[i - 1].spans)
-        b = max(e for _, _, e in trains[i].spans)
-        work = 0.0
-        for st in tl.steps:
-            if st.iteration == i and st.stage in ITERATION_STAGES:
-                work += sum(max(0.0, min(e, b) - max(s, a)) for k, s, e in st.spans if k == "work")
-        out.append((i, b - a, work))
-    return out
+    return [
+        (i, max(e for _, _, e in trains[i - 1].spans), max(e for _, _, e in trains[i].spans))
+        for i in sorted(trains)
+        if i - 1 in trains and trains[i - 1].pid == trains[i].pid
+    ]
+
+
+def _inside(step: Step, kinds: tuple[str, ...], a: float, b: float) -> float:
+    """Seconds of `step`'s spans of these kinds that lie inside [a, b]."""
+    return sum(max(0.0, min(e, b) - max(s, a)) for k, s, e in step.spans if k in kinds)
+
+
+def iteration_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
+    """(iteration, seconds, stage work on the critical path) of each iteration after the first
+    (`_intervals`), against the work of generate, verify and train i (only as much of it as lies
+    inside the interval: with bounded staleness generate runs ahead, beside the previous
+    train)."""
+    return [
+        (
+            i,
+            b - a,
+            sum(
+                _inside(st, ("work",), a, b)
+                for st in tl.steps
+                if st.iteration == i and st.stage in ITERATION_STAGES
+            ),
+        )
+        for i, a, b in _intervals(tl)
+    ]
 
 
 def handoff_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
     """(iteration, seconds, iteration seconds) of the policy handoff in each iteration after the
-    first (the intervals of `iteration_times`): train committing its checkpoint plus generate
-    loading one (checkpoint i, or i - k with bounded staleness), only as much of each span as
-    lies inside the interval; with sharded generation, the slowest shard's load (verify waits
-    for every shard)."""
-    trains = {s.iteration: s for s in tl.steps if s.stage == "train"}
+    first (`_intervals`): train committing its checkpoint plus generate loading one (checkpoint
+    i, or i - k with bounded staleness), only as much of each span as lies inside the interval;
+    with sharded generation, the slowest shard's load (verify waits for every shard)."""
     out = []
-    for i, seconds, _ in iteration_times(tl):
-        a = max(e for _, _, e in trains[i - 1].spans)
-        b = max(e for _, _, e in trains[i].spans)
-
-        def inside(step: Step, kind: str, a: float = a, b: float = b) -> float:
-            return sum(max(0.0, min(e, b) - max(s, a)) for k, s, e in step.spans if k == kind)
-
-        loads = [
-            inside(st, "load") for st in tl.steps if st.stage == "generate" and st.iteration == i
-        ]
-        out.append((i, inside(trains[i], "commit") + max(loads, default=0.0), seconds))
+    for i, a, b in _intervals(tl):
+        steps = [st for st in tl.steps if st.iteration == i]
+        commit = sum(_inside(st, ("commit",), a, b) for st in steps if st.stage == "train")
+        loads = [_inside(st, ("load",), a, b) for st in steps if st.stage == "generate"]
+        out.append((i, commit + max(loads, default=0.0), b - a))
     return out
 
 
