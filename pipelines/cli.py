@@ -31,9 +31,7 @@ from components.core.config import RunConfig, load_config
 from components.core.stage_cli import run_stage, setup_logging
 from components.core.stages import STEPS
 from components.core.store import get_store, join
-from pipelines.local import eval_table, prepare_inputs
-
-console = Console(stderr=True)
+from pipelines.local import console, eval_table, prepare_inputs
 
 
 def _load(config: str, overrides: tuple[str, ...], **kw) -> RunConfig:
