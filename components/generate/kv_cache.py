@@ -18,10 +18,10 @@ from transformers import cache_utils
 from transformers.cache_utils import DynamicLayer
 
 #: Layers whose state is more than keys and values (conv and recurrent states of linear
-#: attention, in transformers 5): repeating or selecting their rows needs their own code.
+#: attention, in transformers 5): transformers' own row selection leaves those states behind.
 _STATEFUL = tuple(
     getattr(cache_utils, name)
-    for name in ("LinearAttentionCacheLayerMixin", "DynamicIndexedLayer")
+    for name in ("LinearAttentionCacheLayerMixin",)
     if hasattr(cache_utils, name)
 )
 
