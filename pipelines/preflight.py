@@ -158,8 +158,10 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
     elif check_checkpoint_dir(Path(base), f"config model.base ({base})", problems):
         from transformers import AutoConfig, AutoTokenizer
 
-        from components.generate.checks import check_generate
+        from components.generate.checks import check_generate, check_local_dtype
 
+        if not for_cluster:
+            check_local_dtype(cfg, problems)
         model_config = AutoConfig.from_pretrained(base)
         check_generate(cfg, AutoTokenizer.from_pretrained(base), model_config, datasets, problems)
         check_lora_targets(cfg, problems, model_config)

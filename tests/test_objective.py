@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from components.core.config import TrainSection
-from components.train.objective import build_targets, micro_batch_loss, response_mask_of
+from components.train.objective import (
+    build_targets,
+    micro_batch_loss,
+    response_mask_of,
+    rollout_mismatch,
+)
 
 F64 = torch.float64
 
@@ -110,3 +115,16 @@ def test_kl_in_reward_shapes_the_advantage():
     plain = build_targets(TrainSection(advantage="dr_grpo"), **base_inputs())
     assert not torch.allclose(tg.advantages, plain.advantages)
     assert tg.metrics["train/kl_in_reward"] == pytest.approx(2 / 7)
+
+
+def test_rollout_mismatch_by_hand():
+    # d = old - rollout on the sampled tokens: 0.5, 0, -0.25 (the padded slot is ignored)
+    old = torch.tensor([[-1.0, -2.0], [-3.0, 9.0]], dtype=F64)
+    rollout = torch.tensor([[-1.5, -2.0], [-2.75, 0.0]], dtype=F64)
+    m = rollout_mismatch(old, rollout, response_mask_of([2, 1]))
+    assert m["train/rollout_lp_diff_mean"] == pytest.approx(0.25, abs=1e-12)
+    assert m["train/rollout_lp_diff_max"] == pytest.approx(0.5, abs=1e-12)
+    # k3 = exp(d) - d - 1: 0.1487212707, 0, 0.0288007831; mean 0.0591740179
+    assert m["train/rollout_kl"] == pytest.approx(0.0591740179, abs=1e-9)
+    empty = rollout_mismatch(old, rollout, torch.zeros(2, 2, dtype=torch.bool))
+    assert set(empty.values()) == {0.0}

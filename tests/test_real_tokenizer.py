@@ -133,6 +133,7 @@ def test_every_stage_on_the_real_tokenizer_and_template(smol_cfg, smol_assets):
     assert verify(smol_cfg, 0)["stats"]["samples"] == 16
     result = train(smol_cfg, 0)
     assert result["stats"]["train/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # policy == base
+    assert result["stats"]["train/rollout_lp_diff_max"] < 1e-4  # the logprob contract
     # The trained checkpoint keeps the tokenizer byte for byte and loads in both majors.
     for name in ("tokenizer.json", "chat_template.jinja"):
         digests = {
@@ -208,3 +209,42 @@ def test_check_names_a_missing_chat_template_and_an_overlong_response(
     smol_cfg.generate.max_new_tokens = 250  # the tiny model's context is 256 positions
     errors = [str(e) for e in check_run(smol_cfg).errors]
     assert any("generate.max_new_tokens" in e and "context of 256" in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [
+        ("flags\t\t: fpu sse avx512f amx_bf16 amx_tile", True),
+        ("flags\t\t: fpu avx512f avx512_bf16", True),
+        ("flags\t\t: fpu sse avx2 avx512f", False),
+        ("processor\t: 0\nFeatures\t: fp asimd", None),  # an Arm /proc/cpuinfo: not known
+    ],
+)
+def test_cpu_bf16_matmul_reads_the_cpu_flags(tmp_path, flags, native):
+    from components.core.checkpoint import cpu_bf16_matmul
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\n{flags}\n")
+    assert cpu_bf16_matmul(str(info)) is native
+    assert cpu_bf16_matmul(str(tmp_path / "absent")) is None
+
+
+def test_check_warns_of_a_bf16_sampler_on_a_cpu_that_emulates_it(smol_cfg, monkeypatch):
+    """generate.dtype bfloat16 is correct anywhere, but on a CPU without bf16 matmuls torch
+    emulates it, slower than fp32: `rlvr check` says so (a warning) on a local run only."""
+    from components.core import checkpoint
+    from pipelines.preflight import check_run
+
+    def slow_dtype_warnings(native: bool | None, **kw) -> list[str]:
+        monkeypatch.setattr(checkpoint, "cpu_bf16_matmul", lambda: native)
+        return [str(w) for w in check_run(smol_cfg, **kw).warnings if "generate.dtype" in str(w)]
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine samples bf16 on the GPU")
+    smol_cfg.generate.dtype = "bfloat16"
+    (warned,) = slow_dtype_warnings(False)
+    assert "emulates" in warned and "generate.dtype: float32" in warned
+    assert slow_dtype_warnings(True) == [] and slow_dtype_warnings(None) == []
+    assert slow_dtype_warnings(False, inputs=True, for_cluster=True) == []  # not this machine
+    smol_cfg.generate.dtype = "float32"
+    assert slow_dtype_warnings(False) == []

@@ -155,6 +155,21 @@ def device_and_dtype(name: str):
     return device, dtype
 
 
+def cpu_bf16_matmul(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU multiplies bf16 natively (x86 AMX or AVX512-BF16, which oneDNN uses:
+    a bf16 matmul then runs several times faster than fp32; without them torch emulates bf16 and
+    it runs slower). None where /proc/cpuinfo does not say (not Linux, or not x86)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), None)
+    if flags is None:
+        return None
+    names = set(flags.split(":", 1)[-1].split())
+    return bool(names & {"amx_bf16", "avx512_bf16"})
+
+
 def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
     """Load model and tokenizer from a local checkpoint directory (safetensors only). A
     damaged checkpoint (truncated weights, an invalid config.json, a broken tokenizer) is a

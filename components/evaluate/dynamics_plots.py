@@ -43,6 +43,7 @@ _TRAIN_KEYS = (
     "train/kl_ref",
     "train/ppo_kl",
     "train/approx_kl",
+    "train/rollout_kl",
     "train/clipfrac",
     "train/grad_norm",
     "train/lr",

@@ -117,6 +117,26 @@ def check_generate(
                 )
 
 
+def check_local_dtype(cfg: RunConfig, problems: Problems) -> None:
+    """A bf16 or fp16 sampler on a CPU without native bf16 matmuls (a local run with no GPU):
+    torch emulates them, slower than fp32. A warning: it is correct, only slow."""
+    import torch
+
+    from components.core.checkpoint import cpu_bf16_matmul
+
+    g = cfg.generate
+    if g.backend != "transformers" or g.dtype not in ("bfloat16", "float16"):
+        return
+    if torch.cuda.is_available() or cpu_bf16_matmul() is not False:
+        return
+    problems.warn(
+        "config generate.dtype",
+        f"{g.dtype} on a CPU without native bf16 matmuls (no amx_bf16 or avx512_bf16 in "
+        "/proc/cpuinfo): torch emulates it, and sampling runs slower than in float32",
+        "set generate.dtype: float32 (or auto) on this machine",
+    )
+
+
 def check_curriculum(cfg: RunConfig, problems: Problems, table: pa.Table | None = None) -> None:
     """`data.sampler: curriculum`: its group_by names a column (or extra_info field) of the
     train set, and the train set holds a whole iteration's prompts. `table`: the train set

@@ -132,6 +132,26 @@ def build_targets(
     return Targets(advantages, loss_mask, is_weights, keep, metrics)
 
 
+def rollout_mismatch(
+    old_logprobs: torch.Tensor,  # [N, L] the trainer's, before any update
+    rollout_logprobs: torch.Tensor,  # [N, L] the sampler's
+    response_mask: torch.Tensor,  # [N, L] bool: sampled tokens
+) -> dict[str, float]:
+    """How far the sampler's logprobs are from the trainer's for the same weights (a bf16
+    sampler against an fp32 trainer, a different attention kernel): over sampled tokens,
+    mean and max of |d| with d = old - rollout, and KL(rollout || trainer) by k3 (samples
+    come from the sampler). verl logs the same as rollout_corr/*. Empty masks give zeros."""
+    d = (old_logprobs - rollout_logprobs)[response_mask].double()
+    if d.numel() == 0:
+        d = torch.zeros(1, dtype=torch.float64)
+    kl = torch.exp(d) - d - 1  # k3 of KL(rollout || trainer): ratio trainer / rollout = exp(d)
+    return {
+        "train/rollout_lp_diff_mean": float(d.abs().mean()),
+        "train/rollout_lp_diff_max": float(d.abs().max()),
+        "train/rollout_kl": float(kl.mean()),
+    }
+
+
 def micro_batch_loss(
     t: TrainSection,
     *,

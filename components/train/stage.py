@@ -319,8 +319,8 @@ class TrainStage(Stage):
             temperature = float(
                 gen_stats.get("sampling", {}).get("temperature", cfg.generate.temperature)
             )
+            definition = gen_stats.get("logprob_definition")
             if t.rollout_correction is not None:
-                definition = gen_stats.get("logprob_definition")
                 if definition != LOGPROB_DEFINITION:
                     raise StageError(
                         f"train.rollout_correction needs rollout logprobs defined as the trainer "
@@ -361,6 +361,7 @@ class TrainStage(Stage):
                 rank=self.rank,
                 world=self.world,
                 ref_model=self.ref_model,
+                compare_rollout=definition == LOGPROB_DEFINITION,
             )
         metrics.update(staleness)
         metrics["iteration"] = iteration

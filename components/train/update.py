@@ -38,6 +38,7 @@ from components.train.objective import (
     micro_batch_loss,
     pad_rows,
     response_mask_of,
+    rollout_mismatch,
 )
 from components.train.policy import eval_modes
 
@@ -289,8 +290,11 @@ def train_iteration(
     rank: int = 0,
     world: int = 1,
     ref_model=None,
+    compare_rollout: bool = False,
 ) -> tuple[int, dict[str, float]]:
-    """One iteration's updates. Returns the new global step and the metrics."""
+    """One iteration's updates. Returns the new global step and the metrics. With
+    `compare_rollout` (the rollouts' logprobs are defined as the trainer's), the metrics include
+    the sampler-trainer mismatch before any update (objective.rollout_mismatch)."""
     n = len(ro)
     lengths = ro.lengths()
     resp_mask = response_mask_of([len(r) for r in ro.response_tokens], ro.sampled)
@@ -321,6 +325,10 @@ def train_iteration(
         void=torch.from_numpy(ro.void(t.answer_pattern)) if t.void_turn_filter else None,
     )
     usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
+    if compare_rollout:
+        targets.metrics.update(
+            rollout_mismatch(old_lp, pad_rows(ro.rollout_logprobs, L), resp_mask)
+        )
 
     rng = np.random.default_rng([seed, iteration])
     sums: dict[str, float] = {}
