@@ -144,6 +144,11 @@ def tensorboard_hint(logdir: str) -> str:
     return f'training figures: pip install -e ".[tensorboard]", then {command}'
 
 
+def print_tensorboard_hint(logdir: str) -> None:
+    """The hint, printed as written: not rich markup, which would eat `[tensorboard]`."""
+    console.print(tensorboard_hint(logdir), highlight=False, markup=False)
+
+
 def run_local(
     cfg: RunConfig,
     *,
@@ -250,4 +255,4 @@ def run_local(
     if "index.html" in paths:
         console.print(f"dashboard (training dynamics): {paths['index.html']}")
     if "tensorboard" in cfg.tracking.backends:
-        console.print(tensorboard_hint(join(layout.root, "tensorboard")), highlight=False)
+        print_tensorboard_hint(join(layout.root, "tensorboard"))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from pipelines import local
 from pipelines.cli import main
 from pipelines.local import tensorboard_hint
 
@@ -174,6 +175,9 @@ def test_the_run_says_how_to_get_the_tensorboard_program(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda _name: None)
     hint = tensorboard_hint("rlvr-runs/x/tensorboard")
     assert 'pip install -e ".[tensorboard]"' in hint and "tensorboard --logdir" in hint
+    with local.console.capture() as printed:  # as `rlvr run` prints it: the extra kept
+        local.print_tensorboard_hint("rlvr-runs/x/tensorboard")
+    assert 'pip install -e ".[tensorboard]", then' in printed.get()
     assert "tensorboard" in _extras()
     monkeypatch.setattr(shutil, "which", lambda _name: "/usr/bin/tensorboard")
     assert "pip install" not in tensorboard_hint("rlvr-runs/x/tensorboard")
