@@ -4,8 +4,8 @@
 `make_tracker(cfg, task)` gives one `Tracker` that fans out to the backends named in
 `tracking.backends`:
 
-* ``tensorboard`` (the default): event files written with tensorboardX (protobuf and numpy only,
-  so the torch-free verify image can write them) INTO THE RUN, through its store, so they work on
+* ``tensorboard`` (the default): event files written directly (components/core/tfevents.py; no
+  package needed, so the torch-free verify worker writes them without loading torch) INTO THE RUN, through its store, so they work on
   S3 too: ``<run>/tensorboard/<task>/events.out.tfevents.<step:08d>.rlvr``, one file per
   (task, step). A task is one TensorBoard run, so the shards of a stage are separate series and
   never double count; a rerun of a step replaces its file instead of adding a second point.
@@ -34,10 +34,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import tempfile
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from components.core.stages import ITERATION_STAGES
@@ -253,29 +251,21 @@ def event_file_name(step: int) -> str:
 
 
 class TensorBoardTracker:
-    """Scalars of each step into `<run>/tensorboard/<task>/<event_file_name(step)>`, written
-    with tensorboardX to a temporary directory, then put into the store in one write."""
+    """Scalars of each step into `<run>/tensorboard/<task>/<event_file_name(step)>`, one event
+    file per step (components/core/tfevents.py), put into the store in one write."""
 
     def __init__(self, store: Store, run_root: str, task: str) -> None:
-        # tensorboardX imports torch when it is installed: already loaded in the torch stages,
-        # absent from the verify image.
-        from tensorboardX import SummaryWriter
-
         self.store, self.task = store, task
         self.dir = join(run_root, "tensorboard", task)
-        self._writer = SummaryWriter
 
     def log(self, figures: Mapping[str, float], step: int) -> None:
         if not figures:
             return
-        with tempfile.TemporaryDirectory(prefix="rlvr-tb-") as tmp:
-            writer = self._writer(logdir=tmp, max_queue=len(figures) + 1, flush_secs=3600)
-            wall = time.time()
-            for name, value in sorted(figures.items()):
-                writer.add_scalar(safe_name(name), float(value), step, walltime=wall)
-            writer.close()
-            (path,) = Path(tmp).glob("*tfevents*")
-            self.store.write_bytes(join(self.dir, event_file_name(step)), path.read_bytes())
+        from components.core.tfevents import scalar_event_file
+
+        scalars = {safe_name(name): float(value) for name, value in sorted(figures.items())}
+        data = scalar_event_file(scalars, step, time.time())
+        self.store.write_bytes(join(self.dir, event_file_name(step)), data)
 
     def close(self) -> None:
         pass
