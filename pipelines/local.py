@@ -135,7 +135,7 @@ def eval_table(cfg_or_root: RunConfig | str, label: str | None = None) -> Table:
 
 def tensorboard_hint(logdir: str) -> str:
     """How to view a run's event files: the `tensorboard` program comes with the `tensorboard`
-    extra (or `dev`), not with the install that writes them (tensorboardX)."""
+    extra (or `dev`); writing them needs no package (components/core/tfevents.py)."""
     import shutil
 
     command = f"tensorboard --logdir {logdir}"

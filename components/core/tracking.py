@@ -4,8 +4,8 @@
 `make_tracker(cfg, task)` gives one `Tracker` that fans out to the backends named in
 `tracking.backends`:
 
-* ``tensorboard`` (the default): event files written directly (components/core/tfevents.py; no
-  package needed, so the torch-free verify worker writes them without loading torch) INTO THE RUN, through its store, so they work on
+* ``tensorboard`` (the default): event files written directly (components/core/tfevents.py: no
+  package, so no stage loads torch for them) INTO THE RUN, through its store, so they work on
   S3 too: ``<run>/tensorboard/<task>/events.out.tfevents.<step:08d>.rlvr``, one file per
   (task, step). A task is one TensorBoard run, so the shards of a stage are separate series and
   never double count; a rerun of a step replaces its file instead of adding a second point.
@@ -59,9 +59,9 @@ __all__ = [
 
 log = logging.getLogger("rlvr.tracking")
 
-#: backend -> (module it imports, what installs it)
-PACKAGES = {
-    "tensorboard": ("tensorboardX", "pip install 'tensorboardX>=2.6'"),
+#: backend -> (module it imports, what installs it); tensorboard needs none (core/tfevents.py)
+PACKAGES: dict[str, tuple[str | None, str]] = {
+    "tensorboard": (None, ""),
     "mlflow": ("mlflow", "pip install mlflow-skinny"),
     "wandb": ("wandb", "pip install wandb"),
 }
@@ -117,8 +117,10 @@ class MultiTracker:
 
 def _warn(backend: str, error: BaseException) -> None:
     module, install = PACKAGES[backend]
-    missing = isinstance(error, ImportError) and (getattr(error, "name", "") or "").startswith(
-        module.split(".")[0]
+    missing = (
+        module is not None
+        and isinstance(error, ImportError)
+        and (getattr(error, "name", "") or "").startswith(module.split(".")[0])
     )
     fix = install if missing else _ADVICE[backend]
     log.warning(
@@ -153,18 +155,19 @@ def make_tracker(cfg: RunConfig, task: str) -> MultiTracker:
 
 def check_tracking(cfg: RunConfig, problems: Problems, *, for_cluster: bool = False) -> None:
     """`rlvr check`: every configured backend's package imports here. For a cluster, where the
-    stages run in the stage images (which ship tensorboardX only), a warning for the others."""
+    stages run in the stage images (which write TensorBoard files only), a warning for the others."""
     import importlib.util
 
     for name in dict.fromkeys(cfg.tracking.backends):
         module, install = PACKAGES[name]
+        if module is None:
+            continue
         if for_cluster:
-            if name != "tensorboard":
-                problems.warn(
-                    "config tracking.backends",
-                    f"the stage images do not install {module}",
-                    f"build images with it ({install}) for the stages to log to {name}",
-                )
+            problems.warn(
+                "config tracking.backends",
+                f"the stage images do not install {module}",
+                f"build images with it ({install}) for the stages to log to {name}",
+            )
         elif importlib.util.find_spec(module) is None:
             problems.error(
                 "config tracking.backends",
