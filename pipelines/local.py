@@ -19,6 +19,7 @@ from rich.table import Table
 
 from components.core.config import RunConfig
 from components.core.layout import RunLayout, committed_indices, store_for
+from components.core.run_setup import INPUTS_CHECKED_ENV
 from components.core.store import get_store, join
 
 console = Console(stderr=True)
@@ -56,8 +57,12 @@ EVAL_NICE = 10
 tenth of a core's time against a training one."""
 
 
-def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
-    """CPU threads per local worker (OMP_NUM_THREADS), by task.
+def local_thread_env(
+    cfg: RunConfig, *, inputs_checked: bool = False
+) -> Callable[[str], dict[str, str]]:
+    """CPU threads per local worker (OMP_NUM_THREADS), by task; with `inputs_checked` (rlvr
+    check passed just before), init is told not to load the base checkpoint again to check it
+    (run_setup.INPUTS_CHECKED_ENV).
 
     Workers share one machine, and OpenMP threads that outnumber the cores slow everything down
     (measured: 7x on 2 cores when three workers spin at once). On-policy (max_staleness 0),
@@ -96,6 +101,8 @@ def local_thread_env(cfg: RunConfig) -> Callable[[str], dict[str, str]]:
             n = 1  # init, verify (Python, and its own process pool), report, next-segment
         if task.startswith("evaluate"):
             extra = {"RLVR_NICE": str(EVAL_NICE)}
+        if task == "init" and inputs_checked:
+            extra = {INPUTS_CHECKED_ENV: "1"}
         return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), **accelerator, **extra}
 
     return env
@@ -156,8 +163,9 @@ def run_local(
     overrides: tuple[str, ...],
     runner: str,
     docker_user: str,
+    inputs_checked: bool = False,
 ) -> None:
-    """`rlvr run` after its checks: every segment of the run on the concurrent local runner
+    """`rlvr run` after its checks (`inputs_checked`: `rlvr check` passed, inputs included): every segment of the run on the concurrent local runner
     (subprocesses here, or each task in its stage's image), with live progress; then the
     evaluations' table, the timeline's summary and the run report. Exits 2 on a user error of a
     task (its hints printed), 1 on any other failure. `config_path` and `overrides` go into the
@@ -190,7 +198,7 @@ def run_local(
     )
     t0 = time.perf_counter()
     pipeline = build_train_pipeline(cfg, for_cluster=False)
-    task_env = local_thread_env(cfg)
+    task_env = local_thread_env(cfg, inputs_checked=inputs_checked)
 
     for seg in segs:
         if segment_up_to_date(cfg, seg):

@@ -155,15 +155,15 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
             get_store(base, cfg.run.s3_endpoint_url).read_text(base.rstrip("/") + "/config.json")
         except StoreError as e:
             problems.error("config model.base", f"{base} has no readable config.json ({e})")
-    elif check_checkpoint_dir(Path(base), f"config model.base ({base})", problems):
-        from transformers import AutoConfig, AutoTokenizer
-
+    elif check_checkpoint_dir(
+        Path(base), f"config model.base ({base})", problems, loaded=(loaded := {})
+    ):
         from components.generate.checks import check_generate, check_local_dtype
 
         if not for_cluster:
             check_local_dtype(cfg, problems)
-        model_config = AutoConfig.from_pretrained(base)
-        check_generate(cfg, AutoTokenizer.from_pretrained(base), model_config, datasets, problems)
+        model_config = loaded["config"]
+        check_generate(cfg, loaded["tokenizer"], model_config, datasets, problems)
         check_lora_targets(cfg, problems, model_config)
         check_checkpointing(cfg, problems, model_config)
     check_verify(cfg, datasets, problems)

@@ -219,3 +219,52 @@ def test_a_niced_worker_is_niced_before_its_first_instruction(tmp_path, monkeypa
     logs = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
     want = min(19, os.nice(0) + 7)
     assert f"thread nice {want}" in logs and f"main nice {want}" in logs, logs
+
+
+def test_init_does_not_load_the_base_again_after_rlvr_check(workspace: Path, monkeypatch) -> None:
+    """`rlvr run` checks the base checkpoint (transformers loads it) and tells its init task so:
+    init copies it without loading it again. Without the word (a cluster, --skip-check) init
+    checks it itself."""
+    from components.core import run_setup
+    from pipelines.local import local_thread_env
+
+    cfg = load_config(workspace)
+    assert local_thread_env(cfg, inputs_checked=True)("init")[run_setup.INPUTS_CHECKED_ENV] == "1"
+    for task in ("generate", "train", "verify"):
+        assert run_setup.INPUTS_CHECKED_ENV not in local_thread_env(cfg, inputs_checked=True)(task)
+    assert run_setup.INPUTS_CHECKED_ENV not in local_thread_env(cfg)("init")
+
+    loads: list[Path] = []
+    monkeypatch.setattr(
+        run_setup, "check_checkpoint_dir", lambda path, *a, **k: loads.append(path) or True
+    )
+    monkeypatch.setenv(run_setup.INPUTS_CHECKED_ENV, "1")
+    run_setup.run(cfg, force=True)
+    assert loads == []
+    monkeypatch.delenv(run_setup.INPUTS_CHECKED_ENV)
+    run_setup.run(cfg, force=True)
+    assert loads == [Path(cfg.model.base)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "stream", "text"),
+    [
+        (["--version"], 0, "stdout", "rlvr, version"),
+        (["check", "/nonexistent/config.yaml"], 2, "stderr", "does not exist"),
+    ],
+)
+def test_the_rlvr_program_exits_quickly_with_everything_said(argv, status, stream, text) -> None:
+    """`rlvr` skips the interpreter's teardown (pipelines.cli.entry), but not what an exit owes:
+    the status, the output flushed, the atexit handlers (a temporary directory's cleanup, a
+    log's flush) run."""
+    code = (
+        "import atexit, sys; atexit.register(lambda: print('atexit ran', flush=True)); "
+        f"sys.argv = ['rlvr', *{argv!r}]; print('buffered', end=''); "
+        "from pipelines.cli import entry; entry()"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert res.returncode == status, res.stderr[-2000:]
+    assert text in getattr(res, stream)
+    assert res.stdout.startswith("buffered") and res.stdout.rstrip().endswith("atexit ran")

@@ -74,10 +74,14 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
-def check_checkpoint_dir(path: Path, where: str, problems: Problems) -> bool:
+def check_checkpoint_dir(
+    path: Path, where: str, problems: Problems, *, loaded: dict[str, Any] | None = None
+) -> bool:
     """A local HF checkpoint directory is loadable: config.json parses and names a known
     architecture, every safetensors file is whole, the tokenizer loads and has a pad token.
-    Returns whether it is usable."""
+    Returns whether it is usable. `loaded`, where given, receives the `config` and `tokenizer`
+    it loaded, for a caller that checks more with them (a 49k BPE tokenizer takes about a
+    second to load)."""
     try:
         check_hf_dir(path, where)
     except CheckpointError as e:
@@ -106,6 +110,8 @@ def check_checkpoint_dir(path: Path, where: str, problems: Problems) -> bool:
 
             config = AutoConfig.from_pretrained(path)
             tok = AutoTokenizer.from_pretrained(path)
+            if loaded is not None:
+                loaded.update(config=config, tokenizer=tok)
             vocab = getattr(config, "vocab_size", None) or getattr(
                 getattr(config, "text_config", None), "vocab_size", None
             )

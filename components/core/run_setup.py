@@ -11,6 +11,7 @@ keeps the committed inputs (they are the run's) and rewrites run.yaml.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,17 @@ def _copy_dataset(cfg: RunConfig, src: str, out: OutputDir) -> None:
     out.commit({**origin, "rows": read_dataset(src_store, path).num_rows})
 
 
+#: Set (to "1") by `rlvr run` for its init task when `rlvr check` passed in the same process just
+#: before: the base checkpoint's load check (transformers, torch and the tokenizer: seconds of CPU
+#: beside the workers' start-up) is not repeated. Never set for a cluster run.
+INPUTS_CHECKED_ENV = "RLVR_INPUTS_CHECKED"
+
+
 def run(cfg: RunConfig, iteration: int = 0, *, force: bool = False) -> dict[str, Any]:
     """Copy the base checkpoint and datasets into the run (idempotent). Every input that will
     be copied is checked first, whole (every dataset row, the checkpoint's config, weights and
-    tokenizer), so a bad one fails init with every problem named and nothing copied."""
+    tokenizer), so a bad one fails init with every problem named and nothing copied; the
+    checkpoint's load check is skipped where `rlvr run` has just made it (INPUTS_CHECKED_ENV)."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
     datasets = [("train", cfg.data.train, OutputDir(store, layout.train_data, "init"))]
     datasets += [
@@ -68,9 +76,10 @@ def run(cfg: RunConfig, iteration: int = 0, *, force: bool = False) -> dict[str,
             )
         except (SchemaError, StoreError, HubError) as e:
             problems.error(src, str(e).removeprefix(f"{src}: "))
-    if copy_base and "://" not in cfg.model.base:
+    check_base = copy_base and os.environ.get(INPUTS_CHECKED_ENV) != "1"
+    if check_base and "://" not in cfg.model.base:
         check_checkpoint_dir(Path(cfg.model.base), f"model.base ({cfg.model.base})", problems)
-    elif copy_base and is_hub(cfg.model.base):
+    elif check_base and is_hub(cfg.model.base):
         try:
             local, _rev = materialize(cfg.model.base)
             check_checkpoint_dir(Path(local), f"model.base ({cfg.model.base})", problems)
