@@ -481,3 +481,49 @@ def test_last_figures_wrap_long_names_and_the_timeline_labels_are_legible():
     rule = re.search(r"td\.name \{([^}]*)\}", dashboard._CSS).group(1)
     assert "white-space: normal" in rule and "overflow-wrap: anywhere" in rule
     assert timeline.ITERATION_LABEL_SIZE >= 8
+
+
+def test_families_drawn_in_two_processes_equal_one_and_survive_a_failed_child(
+    tmp_path, monkeypatch
+):
+    """plot_families draws about half the panels in a forked child where that is safe. The
+    PNGs are the same bytes either way; a child that fails costs time, never a plot; a
+    process with another thread (fork would copy its locks) draws everything itself."""
+    import os
+    import threading
+
+    from components.evaluate import dynamics_plots
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform: always drawn in one process")
+    root = tmp_path / "run"
+    _build_run(root)
+    dyn = collect(get_store(str(root)), str(root))
+    families = dyn.families()
+    forks = []
+    real_fork = os.fork
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
+    split = dynamics_plots.plot_families(dyn, families, tmp_path / "split")
+    assert forks == [1] and sorted(split) == sorted(families)
+
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    alone = dynamics_plots.plot_families(dyn, families, tmp_path / "alone")
+    assert forks == [1]  # another thread: no fork
+    for f in families:
+        assert split[f].read_bytes() == alone[f].read_bytes(), f
+
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    real_plot = dynamics_plots.plot_family
+    parent = os.getpid()
+
+    def child_fails(dyn, family, out_png):
+        if os.getpid() != parent:
+            raise RuntimeError("the child fails")
+        return real_plot(dyn, family, out_png)
+
+    monkeypatch.setattr(dynamics_plots, "plot_family", child_fails)
+    redrawn = dynamics_plots.plot_families(dyn, families, tmp_path / "redrawn")
+    assert forks == [1, 1]
+    for f in families:
+        assert redrawn[f].read_bytes() == alone[f].read_bytes(), f

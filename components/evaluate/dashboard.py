@@ -29,6 +29,7 @@ from components.evaluate.dynamics_plots import (
     Panel,
     family_panels,
     format_number,
+    plot_families,
     plot_family,
 )
 from components.evaluate.dynamics_plots import short_name as _short
@@ -350,12 +351,9 @@ def write_dashboard(
     adds other plots to the page. Returns the files written, the page last."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written, plots = [], {}
-    for family in dyn.families():
-        png = plot_family(dyn, family, out_dir / f"dynamics_{family}.png")
-        if png is not None:
-            written.append(png)
-            plots[family] = png.read_bytes()
+    pngs = plot_families(dyn, dyn.families(), out_dir)
+    written = list(pngs.values())
+    plots = {family: png.read_bytes() for family, png in pngs.items()}
     (out_dir / "dynamics.csv").write_text(dyn.to_csv())
     (out_dir / "dynamics.json").write_text(dyn.to_json())
     written += [out_dir / "dynamics.csv", out_dir / "dynamics.json"]

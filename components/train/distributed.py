@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from typing import Any
 
 import torch
@@ -26,10 +27,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def import_deepspeed():
+    """`deepspeed`, imported without MLflow. DeepSpeed's autotuner (never used here) imports
+    mlflow at deepspeed's import wherever it is installed, and that took 1.3 s of the train
+    worker's 3 s start-up on 2 cores (mlflow is a dev dependency, and common). Hidden for
+    that one import unless something already loaded it; rlvr's own MLflow tracker imports it
+    normally afterwards."""
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+    hide = "mlflow" not in sys.modules
+    if hide:
+        sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` fails
+    try:
+        import deepspeed
+    finally:
+        if hide and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
+            del sys.modules["mlflow"]
+    return deepspeed
+
+
 def init_distributed(device: str) -> tuple[int, int]:
     """Initialise torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPU)."""
-    import deepspeed
     import torch.distributed as dist
+
+    deepspeed = import_deepspeed()
 
     if not dist.is_initialized():
         # Trust a launcher's variables for a real multi-process group, and always under
@@ -72,6 +93,7 @@ def skip_shm_comm_op() -> None:
     gradient all-reduce is torch.distributed's (gloo). So the op is marked incompatible for this
     process, and neither the machine nor the train image needs a compiler. The lookup it
     overrides, `deepspeed.ops.__compatible_ops__`, is pinned by a test."""
+    import_deepspeed()
     import deepspeed.ops
 
     compatible = deepspeed.ops.__compatible_ops__

@@ -49,6 +49,7 @@ from components.train.batching import (
 from components.train.distributed import (
     barrier,
     deepspeed_config,
+    import_deepspeed,
     init_distributed,
 )
 from components.train.policy import (
@@ -168,7 +169,7 @@ class TrainStage(Stage):
 
     def _build(self, iteration: int) -> None:
         """(Re)build the engine from checkpoint `iteration` and its train state."""
-        import deepspeed
+        deepspeed = import_deepspeed()
 
         cfg, t, store, layout = self.cfg, self.t, self.store, self.layout
         ckpt_dir = local_checkpoint(store, layout.checkpoint(iteration))
