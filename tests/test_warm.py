@@ -146,3 +146,49 @@ def test_timeline_record_and_process_start():
     with open("/proc/stat") as f:
         boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
     assert boot <= process_start_time() <= time.time()
+
+
+@pytest.mark.parametrize(
+    ("end", "status", "said"),
+    [
+        ("served.set()", 0, "later handler ran"),  # done: quick exit, after every later handler
+        ("served.set(); raise RuntimeError('after the work')", 1, "RuntimeError: after the work"),
+        ("import sys; sys.exit(3)", 3, "later handler ran"),  # never served: an ordinary exit
+    ],
+)
+def test_a_served_worker_leaves_quickly_and_a_failure_keeps_its_status(end, status, said):
+    """A worker in KFP's executor process skips the interpreter's teardown once its segment is
+    served (stage_cli.quick_exit_after_success): its later atexit handlers, logs and output
+    still come out, and anything that fails after the work keeps its traceback and status."""
+    import subprocess
+    import sys
+
+    code = "\n".join(
+        [
+            "import atexit, logging, sys, types",
+            # registered before it, like logging's own: stands for the teardown that is skipped
+            "atexit.register(lambda: print('full teardown', flush=True))",
+            "sys.modules['__main__'].__spec__ = types.SimpleNamespace(name='kfp.dsl.executor_main')",
+            "from components.core.stage_cli import quick_exit_after_success",
+            "served = quick_exit_after_success()",
+            "atexit.register(lambda: print('later handler ran', flush=True))",
+            "logging.basicConfig(level=logging.INFO); logging.info('a log line')",
+            "print('buffered', end='')",
+            end,
+        ]
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == status, res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert said in out and "a log line" in res.stderr and res.stdout.startswith("buffered")
+    assert ("full teardown" in res.stdout) == (status != 0)
+
+
+def test_a_worker_called_in_process_exits_as_usual():
+    import atexit
+
+    from components.core.stage_cli import quick_exit_after_success
+
+    before = atexit._ncallbacks()
+    quick_exit_after_success().set()
+    assert atexit._ncallbacks() == before  # pytest's own exit status is never touched
