@@ -22,6 +22,7 @@ from components.core.config import load_config
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
 from components.core.store import LocalStore
+from components.generate.backends import LOGPROB_DEFINITION
 from components.generate.stage import run as generate
 from components.train import stage as train
 from components.train import update
@@ -134,7 +135,10 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
             iteration=i,
             pad_id=tok.pad_token_id,
             device="cpu",
+            # the stage's own choice (train.old_logprobs auto: the sampler's, on-policy fp32)
+            old_from_rollout=train.old_logprobs_from_rollout(cfg, LOGPROB_DEFINITION, 0),
         )
+    assert train.old_logprobs_from_rollout(cfg, LOGPROB_DEFINITION, 0)
     got = weights(cfg, 3)
     base = weights(cfg, 0)
     for name, ref in engine.module.state_dict().items():
@@ -501,6 +505,7 @@ def test_zero2_state_restores_exactly(train_cfg):
             iteration=i,
             pad_id=tok.pad_token_id,
             device="cpu",
+            old_from_rollout=train.old_logprobs_from_rollout(cfg, LOGPROB_DEFINITION, 0),
         )
     got = weights(cfg, 2)
     for name, ref in train.full_state_dict(engine).items():
@@ -640,3 +645,59 @@ def test_deepspeed_is_imported_without_mlflow():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "ok True" in res.stdout, res.stderr[-2000:]
+
+
+def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_trainers(train_cfg):
+    """train.old_logprobs auto takes the sampler's recorded logprobs as PPO's old ones only in
+    the setting where the two are equal to float precision; every other setting recomputes."""
+    from components.core.errors import Problems, StageError
+    from components.train.checks import check_train
+
+    cfg = train_cfg
+    decide = train.old_logprobs_from_rollout
+    assert decide(cfg, LOGPROB_DEFINITION, 0)
+    assert not decide(cfg, "vllm-processed", 0)  # another definition
+    assert not decide(cfg, LOGPROB_DEFINITION, 1)  # stale rollouts: another policy sampled them
+    for section, key, value in [
+        ("generate", "dtype", "bfloat16"),
+        ("train", "rollout_correction", "tis"),
+        ("train", "forking_top_rho", 0.2),
+        ("train", "old_logprobs", "recompute"),
+    ]:
+        old = getattr(getattr(cfg, section), key)
+        setattr(getattr(cfg, section), key, value)
+        assert not decide(cfg, LOGPROB_DEFINITION, 0), (section, key)
+        setattr(getattr(cfg, section), key, old)
+
+    cfg.train.old_logprobs = "rollout"  # asked for: taken off-policy too (verl's bypass mode)
+    assert decide(cfg, LOGPROB_DEFINITION, 2)
+    with pytest.raises(StageError, match="train.old_logprobs: rollout needs"):
+        decide(cfg, "vllm-processed", 0)
+    cfg.train.rollout_correction = "tis"
+    problems = Problems()
+    check_train(cfg, problems)
+    assert any(
+        "train.old_logprobs" in str(e) and "rollout_correction" in str(e) for e in problems.errors
+    ), problems.errors
+
+
+def test_the_sampler_logprobs_train_as_the_recomputed_ones(train_cfg):
+    """One iteration with old logprobs from the sampler and one recomputed: the same update to
+    float precision (the first mini-batch's ratio is 1 within 1e-5 either way), and only the
+    recomputing side spends the no-grad pass and measures the sampler's mismatch."""
+    cfg = train_cfg
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    stats = {}
+    for mode in ("auto", "recompute"):
+        cfg.train.old_logprobs = mode
+        stats[mode] = train.run(cfg, 0, force=True)["stats"]
+    assert stats["auto"]["train/old_logprobs_from_rollout"] == 1.0
+    assert stats["recompute"]["train/old_logprobs_from_rollout"] == 0.0
+    assert "train/rollout_lp_diff_max" not in stats["auto"]
+    assert stats["recompute"]["train/rollout_lp_diff_max"] < 1e-4
+    # Both losses are token means of ratio x advantage, with the old logprobs apart by at most the
+    # contract's 1e-4 per token (4.8e-7 measured) and |advantage| <= sqrt(n - 1) < 3 for a group
+    # of n <= 8: so within 3e-4 on any machine (1.9e-8 measured here).
+    assert stats["auto"]["train/loss"] == pytest.approx(stats["recompute"]["train/loss"], abs=3e-4)

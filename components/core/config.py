@@ -335,6 +335,14 @@ class TrainSection(Strict):
     dropout (some architectures apply it in the layers it puts in training mode)."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus: loss -= entropy_coef x entropy (same aggregation as the policy loss)."""
+    old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"
+    """Where PPO's old logprobs (pi_old, the policy that sampled) come from. recompute: a no-grad
+    forward of the trainer over every rollout before the first update (verl's default).
+    rollout: the sampler's recorded logprobs (verl's bypass mode; they must be defined as the
+    trainer's). auto: rollout where they are the trainer's to float precision (tested within
+    1e-6): on-policy rollouts of this very checkpoint, both stages in float32, the transformers
+    sampler, no LoRA, tools, rollout correction or forking tokens; recompute otherwise. The
+    forward it saves was about 40% of the demo's train step."""
     rollout_correction: Literal["tis", "mis"] | None = None
     """Truncated (tis) or masked (mis) importance sampling from the rollout engine's recorded
     logprobs to the trainer's recomputed old logprobs."""

@@ -146,9 +146,10 @@ def check_curriculum(cfg: RunConfig, problems: Problems, table: pa.Table | None 
     from components.core.curriculum import group_keys
 
     if table is None:
-        import pyarrow.parquet as pq
+        from components.core.schemas import read_parquet
+        from components.core.store import get_store
 
-        table = pq.read_table(cfg.data.train)
+        table = read_parquet(get_store(cfg.data.train, cfg.run.s3_endpoint_url), cfg.data.train)
     try:
         group_keys(table, cfg.data.curriculum.group_by)
     except UserError as e:

@@ -103,6 +103,25 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
         t.loss_agg_horizon or cfg.generate.max_new_tokens
     ):
         problems.error("config train.loss_agg_horizon", "seq-mean-token-sum-norm needs a horizon")
+    if t.old_logprobs == "rollout":
+        for setting, why in {
+            "rollout_correction": "it compares the sampler's logprobs with the trainer's own; "
+            "taken as the old ones, its weights would all be 1",
+            "forking_top_rho": "it needs the entropy of the trainer's own no-grad pass",
+        }.items():
+            if getattr(t, setting) is not None:
+                problems.error(
+                    "config train.old_logprobs",
+                    f"rollout cannot go with train.{setting}: {why}",
+                    "set it to recompute or auto",
+                )
+        if cfg.generate.backend != "transformers":
+            problems.error(
+                "config train.old_logprobs",
+                f"rollout: the {cfg.generate.backend} sampler's logprobs are not defined as the "
+                "trainer's",
+                "set it to recompute or auto",
+            )
     check_nodes(cfg, problems)
     if not ok:
         return

@@ -104,6 +104,39 @@ def check_staleness(table, iteration: int, max_staleness: int, source: str) -> d
     }
 
 
+def old_logprobs_from_rollout(cfg: RunConfig, definition: str | None, staleness_max: float) -> bool:
+    """Whether this iteration's old logprobs are the sampler's (train.old_logprobs). `auto`
+    takes them only where they are the trainer's to float precision: rollouts of this very
+    checkpoint by the transformers sampler in float32, a float32 trainer, and nothing that
+    changes the forward (LoRA, tools) or needs the trainer's own pass (rollout correction
+    compares the two; forking tokens need its entropy)."""
+    from components.core.checkpoint import device_and_dtype
+
+    t, g = cfg.train, cfg.generate
+    if t.old_logprobs == "recompute":
+        return False
+    if definition != LOGPROB_DEFINITION:
+        if t.old_logprobs == "rollout":
+            raise StageError(
+                f"train.old_logprobs: rollout needs rollout logprobs defined as the trainer "
+                f"computes them ({LOGPROB_DEFINITION!r}); the rollouts record {definition!r}. "
+                "Set train.old_logprobs: recompute (or auto)"
+            )
+        return False
+    if t.old_logprobs == "rollout":
+        return True
+    return (
+        staleness_max == 0
+        and g.backend == "transformers"
+        and device_and_dtype(g.dtype)[1] == torch.float32
+        and device_and_dtype(t.dtype)[1] == torch.float32
+        and cfg.model.lora is None
+        and not (g.tools or g.environment)
+        and t.rollout_correction is None
+        and t.forking_top_rho is None
+    )
+
+
 class TrainStage(Stage):
     """Warm train worker (components/core/warm.py). The DeepSpeed engine, its optimizer state and
     the reference model stay in memory across iterations: step i trains checkpoint i into i+1 and
@@ -329,6 +362,9 @@ class TrainStage(Stage):
                         f"{definition!r}. Regenerate with a matching backend, or turn "
                         "rollout_correction off"
                     )
+            old_from_rollout = old_logprobs_from_rollout(
+                cfg, definition, staleness["train/staleness_max"]
+            )
             position = self._position(iteration)
 
         # --- setup: only when the engine does not hold exactly iteration i's inputs ---
@@ -363,10 +399,12 @@ class TrainStage(Stage):
                 world=self.world,
                 ref_model=self.ref_model,
                 compare_rollout=definition == LOGPROB_DEFINITION,
+                old_from_rollout=old_from_rollout,
             )
         metrics.update(staleness)
         metrics["iteration"] = iteration
         metrics["train/engine"] = load
+        metrics["train/old_logprobs_from_rollout"] = float(old_from_rollout)
         metrics["train/seconds"] = timeline.seconds("work")
 
         # --- save: train state first, the checkpoint's _SUCCESS last ---

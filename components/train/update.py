@@ -291,10 +291,13 @@ def train_iteration(
     world: int = 1,
     ref_model=None,
     compare_rollout: bool = False,
+    old_from_rollout: bool = False,
 ) -> tuple[int, dict[str, float]]:
     """One iteration's updates. Returns the new global step and the metrics. With
     `compare_rollout` (the rollouts' logprobs are defined as the trainer's), the metrics include
-    the sampler-trainer mismatch before any update (objective.rollout_mismatch)."""
+    the sampler-trainer mismatch before any update (objective.rollout_mismatch). With
+    `old_from_rollout` the old logprobs are the sampler's (train.old_logprobs), not a no-grad
+    pass."""
     n = len(ro)
     lengths = ro.lengths()
     resp_mask = response_mask_of([len(r) for r in ro.response_tokens], ro.sampled)
@@ -302,9 +305,15 @@ def train_iteration(
 
     # No-grad passes, once, with the weights before any update.
     need_entropy = t.forking_top_rho is not None
-    old_lp, old_ent = no_grad_pass(
-        engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, need_entropy
-    )
+    rollout_lp = pad_rows(ro.rollout_logprobs, L)
+    if old_from_rollout:
+        if need_entropy:
+            raise StageError("train.forking_top_rho needs the trainer's own no-grad pass")
+        old_lp, old_ent = rollout_lp, None
+    else:
+        old_lp, old_ent = no_grad_pass(
+            engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, need_entropy
+        )
     ref_lp = None
     if t.kl_coef > 0 or t.kl_metric:
         if ref_model is None:
@@ -319,16 +328,14 @@ def train_iteration(
         response_mask=resp_mask,
         truncated=torch.tensor(ro.truncated, dtype=torch.bool),
         old_logprobs=old_lp,
-        rollout_logprobs=pad_rows(ro.rollout_logprobs, L),
+        rollout_logprobs=rollout_lp,
         ref_logprobs=ref_lp,
         entropy=old_ent,
         void=torch.from_numpy(ro.void(t.answer_pattern)) if t.void_turn_filter else None,
     )
     usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
-    if compare_rollout:
-        targets.metrics.update(
-            rollout_mismatch(old_lp, pad_rows(ro.rollout_logprobs, L), resp_mask)
-        )
+    if compare_rollout and not old_from_rollout:
+        targets.metrics.update(rollout_mismatch(old_lp, rollout_lp, resp_mask))
 
     rng = np.random.default_rng([seed, iteration])
     sums: dict[str, float] = {}
