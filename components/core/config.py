@@ -342,7 +342,7 @@ class TrainSection(Strict):
     trainer's). auto: rollout where they are the trainer's to float precision (tested within
     1e-6): on-policy rollouts of this very checkpoint, both stages in float32, the transformers
     sampler, no LoRA, tools, rollout correction or forking tokens; recompute otherwise. The
-    forward it saves was about 40% of the demo's train step."""
+    forward it saves was 10% of the demo's train step (0.73 -> 0.66 s an iteration)."""
     rollout_correction: Literal["tis", "mis"] | None = None
     """Truncated (tis) or masked (mis) importance sampling from the rollout engine's recorded
     logprobs to the trainer's recomputed old logprobs."""
