@@ -504,6 +504,8 @@ def test_families_drawn_in_two_processes_equal_one_and_survive_a_failed_child(
     real_fork = os.fork
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
+    # Other tests leave threads (a moto server) that matplotlib's drawing never waits on.
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     split = dynamics_plots.plot_families(dyn, families, tmp_path / "split")
     assert forks == [1] and sorted(split) == sorted(families)
 
