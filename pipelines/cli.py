@@ -17,7 +17,6 @@ on KFP's local SubprocessRunner. Re-running with the same run id resumes: commit
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -486,39 +485,12 @@ def export(checkpoint: str, out: str, do_merge: bool, base: str | None) -> None:
 
 
 def entry() -> None:
-    """The `rlvr` program: `main`, then a quick exit. After the command (and its atexit handlers:
-    logging's flush, temporary directories' cleanup) nothing is left to do but tear the
-    interpreter down, which took about 1 s after `rlvr run` (freeing torch's and transformers'
-    modules, measured on 2 cores): os._exit skips it. In-process callers (tests, CliRunner) call
-    `main` and exit normally."""
-    import atexit
-    import threading
+    """The `rlvr` program: `main`, then a quick exit (components/core/quick_exit.py: the
+    interpreter's teardown took about 1 s after `rlvr run`). In-process callers (tests,
+    CliRunner) call `main` and exit normally."""
+    from components.core.quick_exit import run_then_exit
 
-    try:
-        main()
-        code: object = 0
-    except SystemExit as e:
-        code = e.code
-    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
-    if run_exitfuncs is None:  # not CPython: the ordinary exit
-        sys.exit(code)
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python does
-        print(code, file=sys.stderr)
-        code = 1
-    for thread in threading.enumerate():  # as the interpreter would: non-daemon threads first
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    with contextlib.suppress(Exception):  # C stdio buffers of native code
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    os._exit(code)
+    run_then_exit(main)
 
 
 if __name__ == "__main__":

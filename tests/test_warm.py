@@ -158,7 +158,7 @@ def test_timeline_record_and_process_start():
 )
 def test_a_served_worker_leaves_quickly_and_a_failure_keeps_its_status(end, status, said):
     """A worker in KFP's executor process skips the interpreter's teardown once its segment is
-    served (stage_cli.quick_exit_after_success): its later atexit handlers, logs and output
+    served (quick_exit.quick_exit_after_success): its later atexit handlers, logs and output
     still come out, and anything that fails after the work keeps its traceback and status."""
     import subprocess
     import sys
@@ -169,7 +169,7 @@ def test_a_served_worker_leaves_quickly_and_a_failure_keeps_its_status(end, stat
             # registered before it, like logging's own: stands for the teardown that is skipped
             "atexit.register(lambda: print('full teardown', flush=True))",
             "sys.modules['__main__'].__spec__ = types.SimpleNamespace(name='kfp.dsl.executor_main')",
-            "from components.core.stage_cli import quick_exit_after_success",
+            "from components.core.quick_exit import quick_exit_after_success",
             "served = quick_exit_after_success()",
             "atexit.register(lambda: print('later handler ran', flush=True))",
             "logging.basicConfig(level=logging.INFO); logging.info('a log line')",
@@ -187,7 +187,7 @@ def test_a_served_worker_leaves_quickly_and_a_failure_keeps_its_status(end, stat
 def test_a_worker_called_in_process_exits_as_usual():
     import atexit
 
-    from components.core.stage_cli import quick_exit_after_success
+    from components.core.quick_exit import quick_exit_after_success
 
     before = atexit._ncallbacks()
     quick_exit_after_success().set()

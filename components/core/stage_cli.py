@@ -7,12 +7,9 @@ with status 2 and a message naming the file, field or column; nothing is committ
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -164,6 +161,7 @@ def serve_from_pipeline(stage: str, params: dict[str, str], **kwargs: Any) -> st
     import importlib
 
     from components.core.config import effective_config
+    from components.core.quick_exit import quick_exit_after_success
 
     setup_logging()
     served = quick_exit_after_success()
@@ -171,45 +169,3 @@ def serve_from_pipeline(stage: str, params: dict[str, str], **kwargs: Any) -> st
     result = importlib.import_module(STAGE_MODULES[stage]).serve(cfg, **kwargs)
     served.set()
     return json.dumps(result, default=str)
-
-
-#: The module KFP runs a component's body with (`python3 -m kfp.dsl.executor_main`).
-KFP_EXECUTOR = "kfp.dsl.executor_main"
-
-
-def quick_exit_after_success() -> threading.Event:
-    """A worker's process, once its segment is served, leaves without the interpreter's
-    teardown (freeing torch, transformers and DeepSpeed took about 0.7 s of the train worker's
-    exit, the last thing a local run waits for): set the returned event when the work is done.
-
-    The exit handler is registered here, before the stage imports anything, so it runs after
-    every handler registered later (atexit is last in, first out: temporary directories,
-    torch's own); it flushes the logs and the streams, then os._exit(0). It does nothing, and
-    the process ends as usual, unless the event is set and no exception reached the top after
-    that (KFP's executor writes its output file after the function returns: a failure there
-    keeps its traceback and its exit status). Only in KFP's executor process (KFP_EXECUTOR is
-    `__main__`): a test or a notebook that calls a worker exits as usual."""
-    import atexit
-
-    served, failed = threading.Event(), threading.Event()
-    main = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if getattr(main, "name", None) != KFP_EXECUTOR:  # a test, a notebook: an ordinary exit
-        return served
-    previous = sys.excepthook
-
-    def hook(*exc_info) -> None:
-        failed.set()
-        previous(*exc_info)
-
-    def leave() -> None:
-        if not served.is_set() or failed.is_set():
-            return
-        logging.shutdown()  # registered before this handler: it would run after it
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(0)
-
-    sys.excepthook = hook
-    atexit.register(leave)
-    return served

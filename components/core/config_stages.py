@@ -1,0 +1,233 @@
+"""The stage sections of a run config: generate (and its environment), verify (rewards and
+the overlong penalty), train and evaluate. Part of `components.core.config`, which re-exports
+every name here; split out by family to keep each module short."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from components.core.config_base import Strict
+
+
+class EnvironmentSection(Strict):
+    """`generate.environment`: an OpenEnv server (one session per trajectory)."""
+
+    url: str
+    """http(s)://HOST:PORT or ws(s)://HOST:PORT[/ws] of the environment server."""
+    name: str = "env"
+    """The tool name the policy calls it by; the call's arguments are the action's fields."""
+    timeout_s: float = Field(60.0, gt=0)
+
+
+class GenerateSection(Strict):
+    backend: Literal["transformers", "vllm"] = "transformers"
+    n: int = Field(8, ge=1)
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """0 means greedy."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    """0 disables top-k."""
+    max_new_tokens: int = Field(32, ge=1)
+    max_prompt_tokens: int = Field(512, ge=1)
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings; the response ends with the stop string included (one rule for all backends)."""
+    stop_token_ids: list[int] = Field(default_factory=list)
+    """Token ids that end a response like EOS (e.g. <|im_end|>)."""
+    batch_size: int = Field(64, ge=1)
+    """Most sequences decoded together by the transformers backend."""
+    batch_tokens: int | None = Field(None, ge=1)
+    """Token budget of one transformers batch: sequences x (longest prompt + max_new_tokens), so
+    long prompts get smaller batches (None: batch_size alone)."""
+    tools: list[str] = Field(default_factory=list)
+    """Tools the policy may call (multi-turn rollouts, issue 21 in progress): `python` (built in:
+    the code runs in the code verifier's sandbox) or `module:function` / `file.py:function` (a
+    typed, documented callable). Empty: single-turn sampling."""
+    max_turns: int = Field(4, ge=1)
+    """With tools: the most policy turns per trajectory."""
+    max_response_tokens: int | None = Field(None, ge=1)
+    """With tools: the token budget of a whole trajectory, observations included (None:
+    max_new_tokens x max_turns)."""
+    environment: EnvironmentSection | None = None
+    """A stateful environment over OpenEnv's WebSocket protocol that the policy acts in through
+    tool calls named `environment.name` (docs/tools.md)."""
+    rows_per_part: int = Field(4096, ge=1)
+    """Rows per Parquet row group / flush, which bounds memory."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """auto: float32 on CPU, bfloat16 on GPU."""
+    num_shards: int = Field(1, ge=1)
+    """The pipeline fans generation out over this many shards (dsl.ParallelFor)."""
+    # vLLM-only knobs (ignored by the transformers backend).
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+
+
+class RewardComponent(Strict):
+    verifier: str
+    """A built-in verifier (math, exact, code, format) or a plugin 'module:fn' / 'file.py:fn'."""
+    weight: float = 1.0
+    name: str | None = None
+    """Key in the reward_components column (default: the verifier spec)."""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.verifier
+
+
+class RewardSpec(Strict):
+    """A weighted sum of named reward components for one data_source."""
+
+    components: list[RewardComponent] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> RewardSpec:
+        keys = [c.key for c in self.components]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"reward component names must be unique, got {keys}; set `name`")
+        return self
+
+
+class OverlongPenalty(Strict):
+    """DAPO's soft overlong penalty, added as the reward component 'overlong'."""
+
+    max_length: int = Field(ge=1)
+    """Response tokens at which the penalty reaches -penalty (usually generate.max_new_tokens)."""
+    buffer: int = Field(ge=1)
+    """The penalty ramps linearly over the last `buffer` tokens before max_length."""
+    penalty: float = Field(1.0, ge=0.0)
+
+    @field_validator("buffer")
+    @classmethod
+    def _buffer_within_max_length(cls, v: int, info: ValidationInfo) -> int:
+        max_length = info.data.get("max_length")
+        if max_length is not None and v > max_length:
+            raise ValueError(
+                f"must be at most max_length ({max_length}): the penalty ramps "
+                "over the last `buffer` tokens before max_length"
+            )
+        return v
+
+
+class VerifySection(Strict):
+    rewards: dict[str, str | RewardSpec] = Field(default_factory=dict)
+    """data_source -> a verifier spec (built-in name or plugin 'package.module:function' /
+    'path/to/file.py:function', verl or TRL signature), or {components: [{verifier, weight,
+    name}, ...]} for a weighted sum."""
+    overlong_penalty: OverlongPenalty | None = None
+    env_reward_weight: float = 1.0
+    """With generate.environment: the environment's reward (its step rewards summed over the
+    trajectory, rollout column `env_reward`) enters the reward with this weight, as the
+    component 'env'; 0 leaves it out."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Per-sample time limit; a sample over it scores 0 and records the error."""
+    num_workers: int = Field(1, ge=0)
+    """Verifier worker processes (0: inline, no timeout enforcement; for debugging)."""
+    max_error_fraction: float = Field(0.05, ge=0.0, le=1.0)
+    """The stage fails when more than this share of samples errored or timed out."""
+    num_shards: int = Field(1, ge=1)
+    """The pipeline fans verification out over this many shards (dsl.ParallelFor)."""
+
+
+class TrainSection(Strict):
+    zero_stage: int = Field(0, ge=0, le=3)
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Cosine floor as a fraction of lr."""
+    advantage: str = "grpo"
+    """Advantage estimator, by registry name (components.train.algorithms)."""
+    advantage_options: dict[str, Any] = Field(default_factory=dict)
+    policy_loss: str = "ppo_clip"
+    policy_loss_options: dict[str, Any] = Field(default_factory=dict)
+    loss_agg: str = "token-mean"
+    loss_agg_horizon: int | None = None
+    """Constant horizon for 'seq-mean-token-sum-norm' (default: generate.max_new_tokens)."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per PPO epoch: the iteration's rollouts are split into this many."""
+    ppo_epochs: int = Field(1, ge=1)
+    micro_batch_tokens: int = Field(4096, ge=1)
+    """Token budget (prompt + response, padded) of one forward/backward micro-batch."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """auto: float32 on CPU, bfloat16 on GPU. bf16 runs at ZeRO >= 1 (fp32 masters and Adam
+    moments are then saved per parameter; checkpoints hold the fp32 masters)."""
+    processes: int | None = Field(None, ge=1)
+    """Data-parallel processes per train node (None: one per visible GPU, one on CPU; on a
+    cluster with nodes > 1, cluster.stages.train.accelerator_count)."""
+    nodes: int = Field(1, ge=1)
+    """Nodes the train step spans. 1: one pod (DeepSpeed over its GPUs). More: the train task
+    submits a Kubeflow Trainer TrainJob (or a Training Operator PyTorchJob:
+    cluster.train_job.api) of `nodes` pods x `processes` ranks under torchrun, waits for it and
+    deletes it (docs/deploy.md); without a cluster, `nodes` torchrun agents on this machine meet
+    over a loopback rendezvous."""
+    max_staleness: int = Field(0, ge=0)
+    """Bounded staleness k: generate of iteration i samples with checkpoint max(0, i - k), so
+    it overlaps train of the k iterations before. 0 is on-policy. Train refuses rollouts staler
+    than k; set rollout_correction (tis) to correct for the lag (docs/algorithms.md)."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """KL penalty against the frozen base policy (checkpoint 00000); 0 disables it and the
+    reference model is not loaded."""
+    kl_estimator: str = "low_var_kl"
+    """KL estimator by registry name: k1, k2, k3 / low_var_kl, ..."""
+    kl_in_reward: bool = False
+    """Fold coef x KL into the token-level reward instead of adding it to the loss."""
+    kl_metric: bool = False
+    """Record `train/kl_ref`, the KL of the policy to the base (kl_estimator, token mean over the
+    iteration's rollouts, before the update), even with kl_coef 0. It loads the reference model
+    (one more no-grad forward per iteration); with kl_coef > 0 it is always recorded."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (transformers' non-reentrant checkpointing): about a third more compute for activation memory
+    that no longer grows with the layer count. The same gradients, so it is kept out of train's
+    lineage: turning it on or off retrains nothing. Refused on a base whose config sets any
+    dropout (some architectures apply it in the layers it puts in training mode)."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Entropy bonus: loss -= entropy_coef x entropy (same aggregation as the policy loss)."""
+    old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"
+    """Where PPO's old logprobs (pi_old, the policy that sampled) come from. recompute: a no-grad
+    forward of the trainer over every rollout before the first update (verl's default).
+    rollout: the sampler's recorded logprobs (verl's bypass mode; they must be defined as the
+    trainer's). auto: rollout where they are the trainer's to float precision (tested within
+    1e-6): on-policy rollouts of this very checkpoint, both stages in float32, the transformers
+    sampler, no LoRA, tools, rollout correction or forking tokens; recompute otherwise. The
+    forward it saves was 10% of the demo's train step (0.73 -> 0.66 s an iteration)."""
+    rollout_correction: Literal["tis", "mis"] | None = None
+    """Truncated (tis) or masked (mis) importance sampling from the rollout engine's recorded
+    logprobs to the trainer's recomputed old logprobs."""
+    rollout_correction_cap: float = Field(2.0, gt=0.0)
+    rollout_correction_level: Literal["token", "sequence"] = "token"
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards all agree (they carry no GRPO signal); counted in metrics."""
+    overlong_filter: bool = False
+    """DAPO: mask responses truncated at max_new_tokens out of the loss."""
+    void_turn_filter: bool = False
+    """SimpleTIR (multi-turn): mask trajectories out of the loss that hold a void turn, a policy
+    turn with neither a tool call nor an answer (`answer_pattern`); they still count in their
+    group's advantages. Needs generate.tools or generate.environment."""
+    answer_pattern: str = r"\\boxed\{"
+    """With void_turn_filter: a regular expression that finds an answer in a policy turn."""
+    forking_top_rho: float | None = Field(None, gt=0.0, le=1.0)
+    """Train only on the top-rho fraction of response tokens by entropy ("Beyond the 80/20 Rule")."""
+    noisy_reward: Literal["backward", "forward"] | None = None
+    """Correct binary rewards for a noisy verifier with known error rates (arXiv 2510.00915)."""
+    noisy_fp_rate: float = Field(0.0, ge=0.0, lt=1.0)
+    noisy_fn_rate: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class EvaluateSection(Strict):
+    ks: list[int] = Field(default_factory=list)
+    """Extra k values for pass@k, beyond every power of two up to n."""
+    bootstrap_resamples: int = Field(1000, ge=1)
+    seed: int = 1234
+    every: int = Field(1, ge=1)
+    """Evaluate every `every`-th checkpoint (the base and the last are always evaluated)."""
+    num_shards: int = Field(1, ge=1)
+    """The pipeline fans evaluation sampling out over this many shards, then gathers metrics."""
