@@ -36,7 +36,6 @@ removes a job whose task pod is deleted.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 import threading
@@ -58,61 +57,16 @@ from components.train.jobstatus import (
     pod_failures,
     suspended,
 )
-
-NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-#: How long the API server may fail to answer a poll (restarts, upgrades, throttling) before the
-#: task gives up on a step that may run for hours; the job is deleted then, as on any failure.
-API_GRACE_S = 300.0
-#: (connect, read) seconds of one API call; a hung connection must not hang the follow loop
-REQUEST_TIMEOUT = (10, 60)
-#: statuses of an API answer worth asking again (throttled, or the server or its proxy failing)
-TRANSIENT_STATUSES = {0, 429, 500, 502, 503, 504}
-
-
-def _own_namespace() -> str:
-    try:
-        with open(NAMESPACE_FILE) as f:
-            return f.read().strip() or "default"
-    except OSError:
-        return "default"
-
-
-def _default_client():
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
-
-
-def _owner(core, namespace: str) -> dict[str, Any] | None:
-    """An owner reference to the pod this task runs in, so deleting the task's pod deletes the
-    job too; None when the job goes to another namespace, or the pod's own is unknown
-    (Kubernetes has no cross-namespace owners: its garbage collector would take the owner for
-    gone and delete the job at once), or the pod is unknown. KFP's launcher gives the pod's name and uid (KFP_POD_NAME, KFP_POD_UID);
-    elsewhere the name is the hostname (cut to 63 characters) and the uid is read."""
-    if not os.path.exists(NAMESPACE_FILE) or _own_namespace() != namespace:
-        return None  # (the pod's namespace unknown: no token mounted, a kubeconfig instead)
-    name, uid = os.environ.get("KFP_POD_NAME"), os.environ.get("KFP_POD_UID")
-    if not (name and uid):
-        name = os.environ.get("HOSTNAME")
-        if not name:
-            return None
-        try:
-            uid = core.read_namespaced_pod(name, namespace, _request_timeout=REQUEST_TIMEOUT)
-            uid = uid.metadata.uid
-        except Exception:  # noqa: BLE001 - no owner: the job is still deleted by this task
-            return None
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "name": name,
-        "uid": uid,
-        "blockOwnerDeletion": False,
-        "controller": False,
-    }
+from components.train.kube import (
+    API_GRACE_S,
+    REQUEST_TIMEOUT,
+    Api,
+    default_client,
+    list_pods,
+    own_namespace,
+    owner_of_job,
+    tolerant_delete,
+)
 
 
 def iterations_served(cfg: RunConfig, stage_args: list[str]) -> list[int]:
@@ -219,46 +173,6 @@ def _mark_failed(cfg: RunConfig, attempt: str, retried: bool, e: BaseException) 
         pass
 
 
-class _Api:
-    """Every call to the Kubernetes API: a request timeout; throttling, a failing server and
-    no answer at all ridden out for `grace_s`; any other error a StageError saying what was
-    being done (`errors` maps an HTTP status to what it means there)."""
-
-    def __init__(self, sleep, monotonic, grace_s: float, poll_s: float, say) -> None:
-        self.sleep, self.monotonic, self.grace_s, self.poll_s, self.say = (
-            sleep,
-            monotonic,
-            grace_s,
-            poll_s,
-            say,
-        )
-
-    def __call__(
-        self, doing: str, fn, *args, errors: dict[int, str] | None = None, hint=None, **kwargs
-    ):
-        failing_since = None
-        while True:
-            try:
-                return fn(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-            except Exception as e:  # noqa: BLE001 - sorted below
-                status = getattr(e, "status", None)
-                if errors and status in errors:
-                    raise StageError(f"{doing}: {errors[status]}") from None
-                if not _transient(e):
-                    raise StageError(
-                        f"{doing} failed: {_api_message(e)}" + (hint(e) if hint else "")
-                    ) from None
-                now = self.monotonic()
-                failing_since = now if failing_since is None else failing_since
-                if now - failing_since > self.grace_s:
-                    raise StageError(
-                        f"the Kubernetes API did not answer for {self.grace_s:.0f} s "
-                        f"while {doing}: {_api_message(e)}"
-                    ) from None
-                self.say(f"{doing} failed ({_api_message(e)}); trying again")
-                self.sleep(self.poll_s)
-
-
 def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s):
     import secrets
 
@@ -267,9 +181,9 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
 
     kind = KINDS[cfg.cluster.train_job.api]
     tj = cfg.cluster.train_job
-    namespace = tj.namespace or _own_namespace()
+    namespace = tj.namespace or own_namespace()
     try:
-        api_client = api_client or _default_client()
+        api_client = api_client or default_client()
     except Exception as e:  # noqa: BLE001 - no in-cluster config and no kubeconfig
         raise StageError(
             f"cannot reach the Kubernetes API to submit the {kind.kind}: {e}"
@@ -277,7 +191,7 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
     custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
     followers = LogFollower(core, namespace, kind.container, out)
     say = followers.say
-    api = _Api(sleep, monotonic, api_grace_s, tj.poll_s, say)
+    api = Api(sleep, monotonic, api_grace_s, tj.poll_s, say)
     ref = dict(group=kind.group, version=kind.version, namespace=namespace, plural=kind.plural)
     step = f"{jobspec.STEP_LABEL}={jobspec.step_key(cfg, stage_args)}"
     no_crd = {
@@ -298,7 +212,7 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
         name=name,
         namespace=namespace,
         iterations=len(iterations_served(cfg, stage_args)),
-        owner=_owner(core, namespace),
+        owner=owner_of_job(core, namespace),
     )
     what = f"{kind.kind} {namespace}/{name}"
     uid: list[str] = []  # the created job's uid: only this job is ever deleted
@@ -329,7 +243,7 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
         )
         try:
             with _sigterm_deferred():  # a second SIGTERM must not leave the job behind
-                api(f"deleting {what}", _tolerant_delete(custom), **ref, name=name, body=options)
+                api(f"deleting {what}", tolerant_delete(custom), **ref, name=name, body=options)
         except StageError as e:
             say(
                 f"could not delete {what} ({e}): delete it by hand (kubectl -n {namespace} "
@@ -366,7 +280,7 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
             )
             pods = api(
                 f"listing the pods of {what}",
-                _list_pods,
+                list_pods,
                 core,
                 namespace,
                 f"{kind.pod_label}={name}",
@@ -448,7 +362,7 @@ def _since(start: float | None, holds: bool, now: float) -> float | None:
 
 
 def _clear_leftovers(
-    api: _Api,
+    api: Api,
     custom,
     core,
     ref,
@@ -488,14 +402,14 @@ def _clear_leftovers(
         )
         api(
             f"deleting the leftover {meta['name']}",
-            _tolerant_delete(custom),
+            tolerant_delete(custom),
             **ref,
             name=meta["name"],
             body=options,
         )
     deadline = monotonic() + timeout_s
     while monotonic() < deadline:
-        pods = api("listing the leftovers' pods", _list_pods, core, ref["namespace"], step)
+        pods = api("listing the leftovers' pods", list_pods, core, ref["namespace"], step)
         if not listed() and not pods:
             return
         sleep(5.0)
@@ -503,22 +417,6 @@ def _clear_leftovers(
         f"the leftover {kind.plural} of this step ({step}) and their pods were not "
         f"gone within {timeout_s:.0f} s; delete them by hand"
     )
-
-
-def _tolerant_delete(custom):
-    """delete_namespaced_custom_object for which gone (404) and replaced meanwhile (409: the uid
-    changed) are done too."""
-    from kubernetes.client.exceptions import ApiException
-
-    def delete(**kwargs):
-        try:
-            return custom.delete_namespaced_custom_object(**kwargs)
-        except ApiException as e:
-            if e.status not in (404, 409):
-                raise
-            return None
-
-    return delete
 
 
 def _version_hint(kind: JobKind, e) -> str:
@@ -531,43 +429,6 @@ def _version_hint(kind: JobKind, e) -> str:
             "training-operator on a Training Operator cluster)"
         )
     return ""
-
-
-def _list_pods(
-    core, namespace: str, selector: str, _request_timeout=REQUEST_TIMEOUT
-) -> list[dict[str, Any]]:
-    """The job's pods as plain JSON (the API's own field names)."""
-    import json
-
-    resp = core.list_namespaced_pod(
-        namespace,
-        label_selector=selector,
-        _preload_content=False,
-        _request_timeout=_request_timeout,
-    )
-    return json.loads(resp.data).get("items", [])
-
-
-def _transient(e: Exception) -> bool:
-    """An API answer worth asking again: throttling, a failing server or proxy, or no answer at
-    all (a connection refused, reset or timed out while the API server restarts)."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
-    if isinstance(e, ApiException):
-        return (e.status or 0) in TRANSIENT_STATUSES
-    return isinstance(e, HTTPError | OSError)
-
-
-def _api_message(e) -> str:
-    import json
-
-    if not hasattr(e, "status"):  # no answer at all: the connection's own error
-        return f"{type(e).__name__}: {e}"
-    try:
-        return json.loads(e.body).get("message") or str(e.reason)
-    except (TypeError, ValueError):
-        return f"{e.status} {e.reason}"
 
 
 def _on_sigterm():
