@@ -231,7 +231,11 @@ def test_features_a_run_does_not_use_stay_out_of_its_lineage():
         {**base, "generate": {"tools": ["python"]}, "train": {"void_turn_filter": True}}
     )
     used = unused_keys(tools)
-    assert used["generate"] == set() and used["train"] == {"nodes"}  # one node: as before
+    assert used["generate"] == set() and used["train"] == {"nodes", "old_logprobs"}
     assert used["verify"] == {"env_reward_weight"}  # no environment: its weight changes nothing
+    # old_logprobs: auto and recompute train alike (within float precision), rollout does not
+    assert "old_logprobs" not in plain.train.model_dump(exclude=unused["train"])
+    bypass = RunConfig.model_validate({**base, "train": {"old_logprobs": "rollout"}})
+    assert "old_logprobs" not in unused_keys(bypass)["train"]
     env = RunConfig.model_validate({**base, "generate": {"environment": {"url": "http://e:1"}}})
     assert unused_keys(env)["verify"] == set()

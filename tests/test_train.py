@@ -136,9 +136,9 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
             pad_id=tok.pad_token_id,
             device="cpu",
             # the stage's own choice (train.old_logprobs auto: the sampler's, on-policy fp32)
-            old_from_rollout=train.old_logprobs_from_rollout(cfg, LOGPROB_DEFINITION, 0),
+            old_from_rollout=train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
         )
-    assert train.old_logprobs_from_rollout(cfg, LOGPROB_DEFINITION, 0)
+    assert train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, 0), 0)
     got = weights(cfg, 3)
     base = weights(cfg, 0)
     for name, ref in engine.module.state_dict().items():
@@ -505,7 +505,7 @@ def test_zero2_state_restores_exactly(train_cfg):
             iteration=i,
             pad_id=tok.pad_token_id,
             device="cpu",
-            old_from_rollout=train.old_logprobs_from_rollout(cfg, LOGPROB_DEFINITION, 0),
+            old_from_rollout=train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
         )
     got = weights(cfg, 2)
     for name, ref in train.full_state_dict(engine).items():
@@ -649,36 +649,68 @@ def test_deepspeed_is_imported_without_mlflow():
 
 def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_trainers(train_cfg):
     """train.old_logprobs auto takes the sampler's recorded logprobs as PPO's old ones only in
-    the setting where the two are equal to float precision; every other setting recomputes."""
+    the setting where the two are equal to float precision, as the rollouts' manifest records
+    it (not as this process guesses it); every other setting recomputes."""
     from components.core.errors import Problems, StageError
     from components.train.checks import check_train
 
     cfg = train_cfg
     decide = train.old_logprobs_from_rollout
-    assert decide(cfg, LOGPROB_DEFINITION, 0)
-    assert not decide(cfg, "vllm-processed", 0)  # another definition
-    assert not decide(cfg, LOGPROB_DEFINITION, 1)  # stale rollouts: another policy sampled them
+    fp32 = {
+        "logprob_definition": LOGPROB_DEFINITION,
+        "backend": "transformers",
+        "dtype": "float32",
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+    }
+    assert decide(cfg, fp32, 0)
+    assert not decide(cfg, fp32, 1)  # stale rollouts: another policy sampled them
+    for key, value in [
+        ("logprob_definition", "vllm-processed"),
+        ("dtype", "bfloat16"),  # a bf16 sampler, whatever this config says now
+        ("dtype", None),  # rollouts of an rlvr that did not record it
+        ("device", "elsewhere"),
+    ]:
+        assert not decide(cfg, {**fp32, key: value}, 0), (key, value)
     for section, key, value in [
-        ("generate", "dtype", "bfloat16"),
         ("train", "rollout_correction", "tis"),
         ("train", "forking_top_rho", 0.2),
         ("train", "old_logprobs", "recompute"),
     ]:
         old = getattr(getattr(cfg, section), key)
         setattr(getattr(cfg, section), key, value)
-        assert not decide(cfg, LOGPROB_DEFINITION, 0), (section, key)
+        assert not decide(cfg, fp32, 0), (section, key)
         setattr(getattr(cfg, section), key, old)
 
     cfg.train.old_logprobs = "rollout"  # asked for: taken off-policy too (verl's bypass mode)
-    assert decide(cfg, LOGPROB_DEFINITION, 2)
+    assert decide(cfg, {**fp32, "dtype": "bfloat16"}, 2)
     with pytest.raises(StageError, match="train.old_logprobs: rollout needs"):
-        decide(cfg, "vllm-processed", 0)
+        decide(cfg, {**fp32, "logprob_definition": "vllm-processed"}, 0)
     cfg.train.rollout_correction = "tis"
     problems = Problems()
     check_train(cfg, problems)
     assert any(
         "train.old_logprobs" in str(e) and "rollout_correction" in str(e) for e in problems.errors
     ), problems.errors
+
+
+def sampled_stats(cfg, iteration: int) -> dict:
+    """What iteration's rollouts record of how their logprobs were computed (the manifest)."""
+    return train.generation_stats(store_for(cfg), RunLayout.of(cfg).rollouts(iteration))
+
+
+def test_auto_recomputes_when_its_check_finds_the_sampler_off(train_cfg, monkeypatch):
+    """The trainer's own pass on one micro-batch checks the sampler's logprobs every iteration;
+    past the tolerance, auto recomputes them all after all."""
+    from components.train import update
+
+    cfg = train_cfg
+    run_setup.run(cfg)
+    generate(cfg, 0)
+    verify(cfg, 0)
+    monkeypatch.setattr(update, "ROLLOUT_LOGPROB_TOLERANCE", -1.0)  # any difference is too much
+    stats = train.run(cfg, 0)["stats"]
+    assert stats["train/old_logprobs_from_rollout"] == 0.0
+    assert stats["train/rollout_lp_diff_max"] < 1e-4  # now over every row
 
 
 def test_the_sampler_logprobs_train_as_the_recomputed_ones(train_cfg):
@@ -695,7 +727,8 @@ def test_the_sampler_logprobs_train_as_the_recomputed_ones(train_cfg):
         stats[mode] = train.run(cfg, 0, force=True)["stats"]
     assert stats["auto"]["train/old_logprobs_from_rollout"] == 1.0
     assert stats["recompute"]["train/old_logprobs_from_rollout"] == 0.0
-    assert "train/rollout_lp_diff_max" not in stats["auto"]
+    # auto checked the sampler's on one micro-batch of its own pass; recompute on all rows
+    assert stats["auto"]["train/rollout_lp_diff_max"] < 1e-4
     assert stats["recompute"]["train/rollout_lp_diff_max"] < 1e-4
     # Both losses are token means of ratio x advantage, with the old logprobs apart by at most the
     # contract's 1e-4 per token (4.8e-7 measured) and |advantage| <= sqrt(n - 1) < 3 for a group

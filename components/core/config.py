@@ -253,7 +253,11 @@ def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
         if multi
         else {"tools", "max_turns", "max_response_tokens", "environment"},
         "train": (set() if cfg.train.void_turn_filter else {"void_turn_filter", "answer_pattern"})
-        | (set() if cfg.train.nodes > 1 else {"nodes"}),
+        | (set() if cfg.train.nodes > 1 else {"nodes"})
+        # auto and recompute train alike to float precision (auto takes the sampler's
+        # logprobs only where they are the trainer's): a run keeps the lineage it had before
+        # the key existed; `rollout` (off-policy too) changes the update, so it enters
+        | (set() if cfg.train.old_logprobs == "rollout" else {"old_logprobs"}),
         "verify": set() if cfg.generate.environment else {"env_reward_weight"},
     }
 

@@ -73,6 +73,10 @@ class BackendInfo:
     version: str
     logprob_definition: str = LOGPROB_DEFINITION
     extra: dict = field(default_factory=dict)
+    dtype: str = ""
+    """The dtype the policy's logprobs were computed in (`float32`, `bfloat16`); "" unknown."""
+    device: str = ""
+    """Where they were computed (`cpu`, `cuda`); "" unknown."""
 
 
 class Backend(Protocol):

@@ -174,7 +174,13 @@ class TransformersBackend:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.cache_kwarg = cache_kwarg(model)
         self.last_logits_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
-        self.info = BackendInfo("transformers", transformers.__version__)
+        weight = next(model.parameters())
+        self.info = BackendInfo(
+            "transformers",
+            transformers.__version__,
+            dtype=str(weight.dtype).removeprefix("torch."),
+            device=weight.device.type,
+        )
 
     def load_weights(self, checkpoint_dir: Path) -> None:
         """Load a checkpoint's weights into the running model, in place (a warm engine taking a

@@ -278,6 +278,8 @@ def generate_rollouts(
         "backend": backend.info.name,
         "backend_version": backend.info.version,
         "logprob_definition": backend.info.logprob_definition,
+        "dtype": backend.info.dtype,
+        "device": backend.info.device,
         "sampling": {
             "n": spec.n,
             "temperature": spec.temperature,

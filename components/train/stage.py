@@ -104,15 +104,19 @@ def check_staleness(table, iteration: int, max_staleness: int, source: str) -> d
     }
 
 
-def old_logprobs_from_rollout(cfg: RunConfig, definition: str | None, staleness_max: float) -> bool:
+def old_logprobs_from_rollout(
+    cfg: RunConfig, sampled: dict[str, Any], staleness_max: float
+) -> bool:
     """Whether this iteration's old logprobs are the sampler's (train.old_logprobs). `auto`
     takes them only where they are the trainer's to float precision: rollouts of this very
-    checkpoint by the transformers sampler in float32, a float32 trainer, and nothing that
-    changes the forward (LoRA, tools) or needs the trainer's own pass (rollout correction
-    compares the two; forking tokens need its entropy)."""
+    checkpoint whose logprobs the transformers sampler computed (as its manifest records,
+    `sampled`: the generate stats) in float32 on the trainer's own kind of device, a float32
+    trainer, and nothing that changes the forward (LoRA, tools) or needs the trainer's own pass
+    (rollout correction compares the two; forking tokens need its entropy)."""
     from components.core.checkpoint import device_and_dtype
 
     t, g = cfg.train, cfg.generate
+    definition = sampled.get("logprob_definition")
     if t.old_logprobs == "recompute":
         return False
     if definition != LOGPROB_DEFINITION:
@@ -125,11 +129,13 @@ def old_logprobs_from_rollout(cfg: RunConfig, definition: str | None, staleness_
         return False
     if t.old_logprobs == "rollout":
         return True
+    device, dtype = device_and_dtype(t.dtype)
     return (
         staleness_max == 0
-        and g.backend == "transformers"
-        and device_and_dtype(g.dtype)[1] == torch.float32
-        and device_and_dtype(t.dtype)[1] == torch.float32
+        and sampled.get("backend") == "transformers"
+        and sampled.get("dtype") == "float32"
+        and sampled.get("device") == device
+        and dtype == torch.float32
         and cfg.model.lora is None
         and not (g.tools or g.environment)
         and t.rollout_correction is None
@@ -363,7 +369,7 @@ class TrainStage(Stage):
                         "rollout_correction off"
                     )
             old_from_rollout = old_logprobs_from_rollout(
-                cfg, definition, staleness["train/staleness_max"]
+                cfg, gen_stats, staleness["train/staleness_max"]
             )
             position = self._position(iteration)
 
@@ -400,11 +406,11 @@ class TrainStage(Stage):
                 ref_model=self.ref_model,
                 compare_rollout=definition == LOGPROB_DEFINITION,
                 old_from_rollout=old_from_rollout,
+                check_rollout=t.old_logprobs == "auto",
             )
         metrics.update(staleness)
         metrics["iteration"] = iteration
         metrics["train/engine"] = load
-        metrics["train/old_logprobs_from_rollout"] = float(old_from_rollout)
         metrics["train/seconds"] = timeline.seconds("work")
 
         # --- save: train state first, the checkpoint's _SUCCESS last ---

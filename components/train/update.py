@@ -14,6 +14,7 @@ pure function of the global step over the whole run (batching.learning_rate).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -41,6 +42,13 @@ from components.train.objective import (
     rollout_mismatch,
 )
 from components.train.policy import eval_modes
+
+log = logging.getLogger("rlvr.train")
+
+
+#: How far (nats, max over tokens) the sampler's logprobs may be from the trainer's own for
+#: train.old_logprobs: auto to take them: the logprob contract's bound (measured: 5e-7).
+ROLLOUT_LOGPROB_TOLERANCE = 1e-4
 
 
 def steps_per_iteration(t: TrainSection) -> int:
@@ -179,14 +187,24 @@ def output_head(model) -> tuple[torch.nn.Module, torch.Tensor] | None:
 
 @torch.no_grad()
 def no_grad_pass(
-    model, ro: Rollouts, budget: int, temperature: float, pad_id: int, device: str, entropy: bool
+    model,
+    ro: Rollouts,
+    budget: int,
+    temperature: float,
+    pad_id: int,
+    device: str,
+    entropy: bool,
+    only: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprobs (and entropy) of every rollout under `model`, before any update.  # [N, L]"""
+    """Logprobs (and entropy) of every rollout under `model`, before any update (`only`: of
+    those rows; the others stay 0).  # [N, L]"""
     n, L = len(ro), max(max((len(r) for r in ro.response_tokens), default=1), 1)
     lp_all = torch.zeros((n, L), dtype=torch.float32)
     ent_all = torch.zeros((n, L), dtype=torch.float32) if entropy else None
     with eval_modes(model):
-        for rows in plan_micro_batches(ro.lengths(), list(range(n)), budget):
+        for rows in plan_micro_batches(
+            ro.lengths(), list(range(n)) if only is None else only, budget
+        ):
             mb = collate(ro, rows, pad_id)
             lp, ent = sequence_logprobs(model, mb, temperature, device, with_entropy=entropy)
             lp_all[rows, : lp.shape[1]] = lp.float().cpu()
@@ -292,12 +310,15 @@ def train_iteration(
     ref_model=None,
     compare_rollout: bool = False,
     old_from_rollout: bool = False,
+    check_rollout: bool = False,
 ) -> tuple[int, dict[str, float]]:
     """One iteration's updates. Returns the new global step and the metrics. With
     `compare_rollout` (the rollouts' logprobs are defined as the trainer's), the metrics include
     the sampler-trainer mismatch before any update (objective.rollout_mismatch). With
     `old_from_rollout` the old logprobs are the sampler's (train.old_logprobs), not a no-grad
-    pass."""
+    pass; with `check_rollout` too, the trainer's own pass on one micro-batch checks them
+    first (its mismatch in the metrics), and the whole pass is made after all when they are
+    more than ROLLOUT_LOGPROB_TOLERANCE from it."""
     n = len(ro)
     lengths = ro.lengths()
     resp_mask = response_mask_of([len(r) for r in ro.response_tokens], ro.sampled)
@@ -306,11 +327,28 @@ def train_iteration(
     # No-grad passes, once, with the weights before any update.
     need_entropy = t.forking_top_rho is not None
     rollout_lp = pad_rows(ro.rollout_logprobs, L)
+    checked: dict[str, float] = {}
     if old_from_rollout:
         if need_entropy:
             raise StageError("train.forking_top_rho needs the trainer's own no-grad pass")
         old_lp, old_ent = rollout_lp, None
-    else:
+        if check_rollout:  # one micro-batch of the trainer's own pass against the sampler's
+            sample = plan_micro_batches(lengths, list(range(n)), t.micro_batch_tokens)[0]
+            own, _ = no_grad_pass(
+                engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, False, sample
+            )
+            checked = rollout_mismatch(own[sample], rollout_lp[sample], resp_mask[sample])
+            worst = all_reduce_max(checked["train/rollout_lp_diff_max"])  # every rank alike
+            if worst > ROLLOUT_LOGPROB_TOLERANCE:
+                log.warning(
+                    "train %05d: the sampler's logprobs are %.2g from the trainer's on one "
+                    "micro-batch (over %.0e): recomputing the old logprobs (train.old_logprobs)",
+                    iteration,
+                    worst,
+                    ROLLOUT_LOGPROB_TOLERANCE,
+                )
+                old_from_rollout = False
+    if not old_from_rollout:
         old_lp, old_ent = no_grad_pass(
             engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, need_entropy
         )
@@ -336,6 +374,9 @@ def train_iteration(
     usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
     if compare_rollout and not old_from_rollout:
         targets.metrics.update(rollout_mismatch(old_lp, rollout_lp, resp_mask))
+    else:
+        targets.metrics.update(checked)
+    targets.metrics["train/old_logprobs_from_rollout"] = float(old_from_rollout)
 
     rng = np.random.default_rng([seed, iteration])
     sums: dict[str, float] = {}
