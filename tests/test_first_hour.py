@@ -268,3 +268,33 @@ def test_the_rlvr_program_exits_quickly_with_everything_said(argv, status, strea
     assert res.returncode == status, res.stderr[-2000:]
     assert text in getattr(res, stream)
     assert res.stdout.startswith("buffered") and res.stdout.rstrip().endswith("atexit ran")
+
+
+def test_the_rlvr_program_exits_past_idle_worker_threads_and_keeps_a_write_failure() -> None:
+    """Leaving as the interpreter would (threading's own shutdown): an idle ThreadPoolExecutor
+    still referenced does not hang the exit; output that cannot be written is status 120."""
+    pool = (
+        "import concurrent.futures as cf, sys; pool = cf.ThreadPoolExecutor(2); "
+        "pool.submit(print, 'from a pool thread').result(); "
+        "sys.argv = ['rlvr', '--version']; from pipelines.cli import entry; entry()"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", pool], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert res.returncode == 0 and "rlvr, version" in res.stdout, res.stderr[-2000:]
+    # output still buffered at the exit, on a device that takes none
+    full = "from components.core.quick_exit import exit_now; print('x', end=''); exit_now(0)"
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as out:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        res = subprocess.run(
+            [sys.executable, "-c", full],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            env=env,
+        )
+    assert res.returncode == 120, res.stderr[-2000:]

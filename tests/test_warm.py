@@ -154,6 +154,7 @@ def test_timeline_record_and_process_start():
         ("served.set()", 0, "later handler ran"),  # done: quick exit, after every later handler
         ("served.set(); raise RuntimeError('after the work')", 1, "RuntimeError: after the work"),
         ("import sys; sys.exit(3)", 3, "later handler ran"),  # never served: an ordinary exit
+        ("served.set(); import sys; sys.exit(3)", 3, "later handler ran"),  # failed after it
     ],
 )
 def test_a_served_worker_leaves_quickly_and_a_failure_keeps_its_status(end, status, said):
@@ -192,3 +193,26 @@ def test_a_worker_called_in_process_exits_as_usual():
     before = atexit._ncallbacks()
     quick_exit_after_success().set()
     assert atexit._ncallbacks() == before  # pytest's own exit status is never touched
+
+
+def test_a_served_worker_ends_its_daemonic_children_before_leaving():
+    """multiprocessing's own exit handler (registered before the quick exit, so it would be
+    skipped) still ends a worker's daemonic children: none is left holding the task's output
+    pipe, which the local runner reads to its end."""
+    import subprocess
+    import sys
+
+    code = "\n".join(
+        [
+            "import multiprocessing as mp, sys, time, types",
+            "sys.modules['__main__'].__spec__ = types.SimpleNamespace(name='kfp.dsl.executor_main')",
+            "from components.core.quick_exit import quick_exit_after_success",
+            "served = quick_exit_after_success()",
+            "child = mp.get_context('fork').Process(target=time.sleep, args=(60,), daemon=True)",
+            "child.start()",
+            "print('child', child.pid, flush=True)",
+            "served.set()",
+        ]
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and "child" in res.stdout, res.stderr[-2000:]

@@ -19,10 +19,17 @@ from typing import NoReturn
 
 
 def exit_now(code: int) -> NoReturn:
-    """Flush Python's streams and C's stdio buffers (native code's output), then os._exit."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    """Flush Python's streams and C's stdio buffers (native code's output), then os._exit. Output
+    that cannot be written fails a successful exit with status 120, as Python's own exit does."""
+    try:
+        sys.stdout.flush()
+    except Exception as e:  # noqa: BLE001 - a closed pipe, a full disk: the status says so
+        if code == 0:
+            with contextlib.suppress(Exception):
+                print(f"Exception ignored while flushing sys.stdout: {e!r}", file=sys.stderr)
+            code = 120
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
     with contextlib.suppress(Exception):
         import ctypes
 
@@ -31,10 +38,11 @@ def exit_now(code: int) -> NoReturn:
 
 
 def run_then_exit(main: Callable[[], object]) -> NoReturn:
-    """A program's `main`, then its exit as the interpreter would make it (non-daemon threads
-    joined, atexit handlers run, the status of a SystemExit kept, a string one printed as
-    status 1), without the teardown. An exception other than SystemExit propagates: the
-    ordinary exit, with its traceback. Not CPython (no atexit._run_exitfuncs): sys.exit."""
+    """A program's `main`, then its exit as the interpreter would make it (threads shut down as
+    its own shutdown does: non-daemon threads joined, concurrent.futures' idle workers woken;
+    atexit handlers run; the status of a SystemExit kept, a string one printed as status 1),
+    without the teardown. An exception other than SystemExit propagates: the ordinary exit,
+    with its traceback. Not CPython (no atexit._run_exitfuncs): sys.exit."""
     import atexit
 
     try:
@@ -43,18 +51,17 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
     except SystemExit as e:
         code = e.code
     run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
-    if run_exitfuncs is None:
+    shutdown = getattr(threading, "_shutdown", None)
+    if run_exitfuncs is None or shutdown is None:
         sys.exit(code)
     if code is None:
         code = 0
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    shutdown()
     run_exitfuncs()
-    exit_now(code)
+    exit_now(int(code))
 
 
 #: The module KFP runs a component's body with (`python3 -m kfp.dsl.executor_main`).
@@ -72,25 +79,42 @@ def quick_exit_after_success() -> threading.Event:
     the process ends as usual, unless the event is set and no exception reached the top after
     that (KFP's executor writes its output file after the function returns: a failure there
     keeps its traceback and its exit status). Only in KFP's executor process (KFP_EXECUTOR is
-    `__main__`): a test or a notebook that calls a worker exits as usual."""
-    import atexit
-
+    `__main__`): a test or a notebook that calls a worker exits as usual. A sys.exit with a
+    failing status after the work counts as an exception does."""
     served, failed = threading.Event(), threading.Event()
     main = getattr(sys.modules.get("__main__"), "__spec__", None)
     if getattr(main, "name", None) != KFP_EXECUTOR:  # a test, a notebook: an ordinary exit
         return served
+    import atexit
+    import multiprocessing.util as mp_util
+    import weakref
+
     previous = sys.excepthook
 
     def hook(*exc_info) -> None:
         failed.set()
         previous(*exc_info)
 
+    real_exit = sys.exit
+
+    def exit_with(status: object = None) -> NoReturn:
+        if status not in (None, 0):
+            failed.set()
+        real_exit(status)
+
     def leave() -> None:
         if not served.is_set() or failed.is_set():
             return
-        logging.shutdown()  # registered before this handler: it would run after it
+        # what was registered before this handler, and would run after it: temporary
+        # directories' finalizers, multiprocessing's (its daemonic children, its temp dir),
+        # logging's flush
+        for name, owner in (("_exitfunc", weakref.finalize), ("_exit_function", mp_util)):
+            with contextlib.suppress(Exception):
+                getattr(owner, name)()
+        logging.shutdown()
         exit_now(0)
 
     sys.excepthook = hook
+    sys.exit = exit_with
     atexit.register(leave)
     return served
