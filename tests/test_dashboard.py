@@ -487,12 +487,14 @@ def test_families_drawn_in_two_processes_equal_one_and_survive_a_failed_child(
     tmp_path, monkeypatch
 ):
     """plot_families draws about half the panels in a forked child where that is safe. The
-    PNGs are the same bytes either way; a child that fails costs time, never a plot; a
-    process with another thread (fork would copy its locks) draws everything itself."""
+    PNGs are the same bytes either way; a child that fails, or hangs and is killed, costs time,
+    never a plot; a process with another thread (fork would copy its locks) draws everything
+    itself."""
     import os
     import threading
+    import time
 
-    from components.evaluate import dynamics_plots
+    from components.evaluate import dashboard
 
     if not hasattr(os, "fork"):
         pytest.skip("no fork on this platform: always drawn in one process")
@@ -502,30 +504,36 @@ def test_families_drawn_in_two_processes_equal_one_and_survive_a_failed_child(
     families = dyn.families()
     forks = []
     real_fork = os.fork
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(dashboard, "_cores", lambda: 2)
     monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
     # Other tests leave threads (a moto server) that matplotlib's drawing never waits on.
     monkeypatch.setattr(threading, "active_count", lambda: 1)
-    split = dynamics_plots.plot_families(dyn, families, tmp_path / "split")
+    split = dashboard.plot_families(dyn, families, tmp_path / "split")
     assert forks == [1] and sorted(split) == sorted(families)
 
     monkeypatch.setattr(threading, "active_count", lambda: 2)
-    alone = dynamics_plots.plot_families(dyn, families, tmp_path / "alone")
+    alone = dashboard.plot_families(dyn, families, tmp_path / "alone")
     assert forks == [1]  # another thread: no fork
     for f in families:
         assert split[f].read_bytes() == alone[f].read_bytes(), f
 
     monkeypatch.setattr(threading, "active_count", lambda: 1)
-    real_plot = dynamics_plots.plot_family
+    real_plot = dashboard.plot_family
     parent = os.getpid()
+    for child_does, name in [("fail", "failed"), ("hang", "hung")]:
 
-    def child_fails(dyn, family, out_png):
-        if os.getpid() != parent:
-            raise RuntimeError("the child fails")
-        return real_plot(dyn, family, out_png)
+        def child(dyn, family, out_png, does=child_does):
+            if os.getpid() != parent:
+                if does == "fail":
+                    raise RuntimeError("the child fails")
+                time.sleep(60)
+            return real_plot(dyn, family, out_png)
 
-    monkeypatch.setattr(dynamics_plots, "plot_family", child_fails)
-    redrawn = dynamics_plots.plot_families(dyn, families, tmp_path / "redrawn")
-    assert forks == [1, 1]
-    for f in families:
-        assert redrawn[f].read_bytes() == alone[f].read_bytes(), f
+        monkeypatch.setattr(dashboard, "plot_family", child)
+        monkeypatch.setattr(dashboard, "CHILD_TIMEOUT_S", 1.0)
+        t0 = time.monotonic()
+        redrawn = dashboard.plot_families(dyn, families, tmp_path / name)
+        assert time.monotonic() - t0 < 30, name  # a hung child is killed, not waited out
+        for f in families:
+            assert redrawn[f].read_bytes() == alone[f].read_bytes(), (name, f)
+    assert forks == [1, 1, 1]

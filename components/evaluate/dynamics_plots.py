@@ -10,9 +10,7 @@ dashboard.py puts them on the HTML page.
 from __future__ import annotations
 
 import math
-import os
 import re
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -434,52 +432,6 @@ def plot_family(dyn: Dynamics, family: str, out_png: Path) -> Path | None:
     FigureCanvasAgg(fig)
     fig.savefig(out_png, format="png", dpi=_DPI, metadata={"Software": None})
     return out_png
-
-
-def plot_families(dyn: Dynamics, families: list[str], out_dir: Path) -> dict[str, Path]:
-    """``dynamics_<family>.png`` for each family that has a figure, into ``out_dir``.
-
-    Drawing is all Python (layout, text extents) and took 1.8 s for a 12-iteration demo run,
-    most of `rlvr run`'s report. Where it is safe, a forked child draws about half of the
-    panels while this process draws the rest (the run is over, so a core is idle): fork
-    copies every lock as it is, so only a process with no other thread forks, on a machine
-    with more than one core. The child reports by its exit status; whatever it did not
-    write is drawn here after, so a failed child costs time, never a plot."""
-    out_dir = Path(out_dir)
-    cost = {f: len(family_panels(dyn, f)) for f in families}
-    todo = [f for f in families if cost[f]]
-    path = {f: out_dir / f"dynamics_{f}.png" for f in todo}
-    split = (
-        hasattr(os, "fork")
-        and len(todo) > 1
-        and (os.cpu_count() or 1) > 1
-        and threading.active_count() == 1
-    )
-    mine, theirs = list(todo), []
-    if split:
-        mine, load = [], {"mine": 0, "theirs": 0}
-        for f in sorted(todo, key=lambda f: -cost[f]):  # largest first, to the lighter side
-            side = "mine" if load["mine"] <= load["theirs"] else "theirs"
-            (mine if side == "mine" else theirs).append(f)
-            load[side] += cost[f]
-        out_dir.mkdir(parents=True, exist_ok=True)
-        pid = os.fork()
-        if pid == 0:  # the child: draw its share, then leave without any cleanup of the parent's
-            status = 1
-            try:
-                for f in theirs:
-                    plot_family(dyn, f, path[f])
-                status = 0
-            finally:
-                os._exit(status)
-    for f in mine:
-        plot_family(dyn, f, path[f])
-    if theirs:
-        _, status = os.waitpid(pid, 0)
-        for f in theirs:
-            if status != 0 or not path[f].exists():
-                plot_family(dyn, f, path[f])
-    return {f: path[f] for f in families if f in path}
 
 
 # --------------------------------------------------------------------------- HTML
