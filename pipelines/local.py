@@ -101,8 +101,8 @@ def local_thread_env(
             n = 1  # init, verify (Python, and its own process pool), report, next-segment
         if task.startswith("evaluate"):
             extra = {"RLVR_NICE": str(EVAL_NICE)}
-        if task == "init" and inputs_checked:
-            extra = {INPUTS_CHECKED_ENV: "1"}
+        if task == "init":  # set either way: a value in the user's shell is not a check
+            extra = {INPUTS_CHECKED_ENV: "1" if inputs_checked else "0"}
         return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), **accelerator, **extra}
 
     return env
@@ -198,7 +198,9 @@ def run_local(
     )
     t0 = time.perf_counter()
     pipeline = build_train_pipeline(cfg, for_cluster=False)
-    task_env = local_thread_env(cfg, inputs_checked=inputs_checked)
+    # In its image, init loads the base with the image's transformers, not this machine's
+    # (which `rlvr check` used): there it checks again.
+    task_env = local_thread_env(cfg, inputs_checked=inputs_checked and runner != "docker")
 
     for seg in segs:
         if segment_up_to_date(cfg, seg):

@@ -36,3 +36,17 @@ def test_a_record_is_framed_with_its_length_and_checksums():
     assert len(framed) == 8 + 4 + 3 + 4 and framed[:8] == (3).to_bytes(8, "little")
     assert framed[12:15] == b"abc"
     assert not math.isnan(crc32c(framed))
+
+
+def test_a_value_past_float32_is_written_infinite(tmp_path):
+    """protobuf stores a float field past float32's range as inf; so do these files, instead of
+    failing (which would turn TensorBoard off for the rest of the worker)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data = scalar_event_file({"big": 1e40, "small": -1e40, "ok": 2.5}, 3, 1.5e9)
+    (tmp_path / "events.out.tfevents.00000003.rlvr").write_bytes(data)
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("big")] == [math.inf]
+    assert [e.value for e in acc.Scalars("small")] == [-math.inf]
+    assert [e.value for e in acc.Scalars("ok")] == [2.5]

@@ -685,6 +685,11 @@ def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_trainers(tra
     assert decide(cfg, {**fp32, "dtype": "bfloat16"}, 2)
     with pytest.raises(StageError, match="train.old_logprobs: rollout needs"):
         decide(cfg, {**fp32, "logprob_definition": "vllm-processed"}, 0)
+    cfg.generate.dtype = "bfloat16"  # allowed, but said: the ratio is against the bf16 policy
+    problems = Problems()
+    check_train(cfg, problems)
+    assert not problems.errors
+    assert any("a bfloat16 sampler" in str(w) for w in problems.warnings), problems.warnings
     cfg.train.rollout_correction = "tis"
     problems = Problems()
     check_train(cfg, problems)

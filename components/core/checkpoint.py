@@ -161,10 +161,17 @@ def device_and_dtype(name: str):
     return device, dtype
 
 
-def cpu_bf16_matmul(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
-    """Whether this CPU multiplies bf16 natively (x86 AMX or AVX512-BF16, which oneDNN uses:
-    a bf16 matmul then runs several times faster than fp32; without them torch emulates bf16 and
-    it runs slower). None where /proc/cpuinfo does not say (not Linux, or not x86)."""
+#: The x86 flags under which oneDNN multiplies a dtype natively (AMX tiles or AVX-512).
+NATIVE_MATMUL_FLAGS = {
+    "bfloat16": {"amx_bf16", "avx512_bf16"},
+    "float16": {"amx_fp16", "avx512_fp16"},
+}
+
+
+def cpu_bf16_matmul(dtype: str = "bfloat16", cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU multiplies `dtype` (bfloat16 or float16) natively, which oneDNN uses: a
+    bf16 matmul on AMX runs several times faster than fp32; without such support torch emulates
+    the dtype and it runs slower. None where /proc/cpuinfo does not say (not Linux, not x86)."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
@@ -173,7 +180,7 @@ def cpu_bf16_matmul(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     if flags is None:
         return None
     names = set(flags.split(":", 1)[-1].split())
-    return bool(names & {"amx_bf16", "avx512_bf16"})
+    return bool(names & NATIVE_MATMUL_FLAGS[dtype])
 
 
 def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):

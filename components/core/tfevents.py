@@ -11,6 +11,7 @@ own reader reads these files (tests/test_tfevents.py, tests/test_tracking.py).
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping
 
@@ -59,6 +60,15 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+def _float32(value: float) -> bytes:
+    """A float as protobuf's `float` field holds it: past float32's range it is infinite (as
+    protobuf itself converts it), not an error."""
+    try:
+        return struct.pack("<f", value)
+    except OverflowError:
+        return struct.pack("<f", math.copysign(math.inf, value))
+
+
 def _bytes_field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
@@ -79,7 +89,7 @@ def event(
         out += _bytes_field(3, file_version)
     if scalars:
         values = b"".join(
-            _bytes_field(1, _bytes_field(1, tag.encode()) + b"\x15" + struct.pack("<f", value))
+            _bytes_field(1, _bytes_field(1, tag.encode()) + b"\x15" + _float32(value))
             for tag, value in scalars.items()
         )
         out += _bytes_field(5, values)

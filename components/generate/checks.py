@@ -118,7 +118,7 @@ def check_generate(
 
 
 def check_local_dtype(cfg: RunConfig, problems: Problems) -> None:
-    """A bf16 or fp16 sampler on a CPU without native bf16 matmuls (a local run with no GPU):
+    """A bf16 or fp16 sampler on a CPU without native matmuls of that dtype (a local run, no GPU):
     torch emulates them, slower than fp32. A warning: it is correct, only slow."""
     import torch
 
@@ -127,12 +127,12 @@ def check_local_dtype(cfg: RunConfig, problems: Problems) -> None:
     g = cfg.generate
     if g.backend != "transformers" or g.dtype not in ("bfloat16", "float16"):
         return
-    if torch.cuda.is_available() or cpu_bf16_matmul() is not False:
+    if torch.cuda.is_available() or cpu_bf16_matmul(g.dtype) is not False:
         return
     problems.warn(
         "config generate.dtype",
-        f"{g.dtype} on a CPU without native bf16 matmuls (no amx_bf16 or avx512_bf16 in "
-        "/proc/cpuinfo): torch emulates it, and sampling runs slower than in float32",
+        f"{g.dtype} on a CPU without native {g.dtype} matmuls (no AMX or AVX-512 support for it "
+        "in /proc/cpuinfo): torch emulates it, and sampling runs slower than in float32",
         "set generate.dtype: float32 (or auto) on this machine",
     )
 

@@ -122,6 +122,24 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
                 "trainer's",
                 "set it to recompute or auto",
             )
+        differs = [
+            why
+            for hit, why in [
+                (cfg.model.lora is not None, "LoRA (generate merges the adapter)"),
+                (bool(cfg.generate.tools or cfg.generate.environment), "tools"),
+                (cfg.generate.dtype not in ("auto", "float32"), f"a {cfg.generate.dtype} sampler"),
+                (cfg.train.max_staleness > 0, "stale rollouts"),
+            ]
+            if hit
+        ]
+        if differs:
+            problems.warn(
+                "config train.old_logprobs",
+                f"rollout with {', '.join(differs)}: the old logprobs are the sampler's, not the "
+                "trainer's, so PPO's ratio is taken against the policy as the sampler evaluated "
+                "it (verl's bypass mode); nothing checks how far apart the two are",
+                "use auto to take them only where they are the trainer's, or recompute",
+            )
     check_nodes(cfg, problems)
     if not ok:
         return

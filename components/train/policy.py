@@ -36,7 +36,8 @@ def set_train_modes(model, *, checkpointing: bool, lora_dropout: float) -> None:
     """The policy's module modes for the gradient passes.
 
     Eval everywhere, as the stage has always trained: no dropout in the base, so the first
-    step's ratio to the old logprobs is exactly 1 and train's logprobs equal generate's. Two
+    step's ratio to recomputed old logprobs is exactly 1 and train's logprobs equal an fp32
+    generate's within the logprob contract. Two
     flags are turned on where asked, each on its own modules only: the decoder layers' own
     `training` flag under gradient checkpointing (transformers checkpoints a layer only in
     training mode; its attention and dropout children stay in eval), and LoRA's dropout
