@@ -5,7 +5,7 @@
 #
 # makes REGISTRY/rlvr-<stage>:TAG for generate, verify, train and evaluate: the names
 # cluster.image(<stage>) derives from cluster.image_repo and cluster.image_tag
-# (components/core/config.py), so the `--set` line printed last makes a run use these images.
+# (components/core/config_cluster.py), so the `--set` line printed last makes a run use these images.
 #
 # The build context is the repository root, because the Dockerfiles copy components/ and
 # pipelines/; each build passes -f images/<stage>/Dockerfile, and BuildKit (Docker 23+ by

@@ -505,6 +505,7 @@ def test_families_drawn_in_two_processes_equal_one_and_survive_a_failed_child(
     forks = []
     real_fork = os.fork
     monkeypatch.setattr(dashboard, "_cores", lambda: 2)
+    monkeypatch.setattr(dashboard, "CHILD_TIMEOUT_S", 10.0)  # a child stuck on a lock: not 2 min
     monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
     # Other tests leave threads (a moto server) that matplotlib's drawing never waits on.
     monkeypatch.setattr(threading, "active_count", lambda: 1)
@@ -530,7 +531,7 @@ def test_families_drawn_in_two_processes_equal_one_and_survive_a_failed_child(
             return real_plot(dyn, family, out_png)
 
         monkeypatch.setattr(dashboard, "plot_family", child)
-        monkeypatch.setattr(dashboard, "CHILD_TIMEOUT_S", 1.0)
+        monkeypatch.setattr(dashboard, "CHILD_TIMEOUT_S", 1.0)  # the hung child: killed soon
         t0 = time.monotonic()
         redrawn = dashboard.plot_families(dyn, families, tmp_path / name)
         assert time.monotonic() - t0 < 30, name  # a hung child is killed, not waited out

@@ -137,6 +137,7 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
             device="cpu",
             # the stage's own choice (train.old_logprobs auto: the sampler's, on-policy fp32)
             old_from_rollout=train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
+            check_rollout=True,
         )
     assert train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, 0), 0)
     got = weights(cfg, 3)
@@ -506,6 +507,7 @@ def test_zero2_state_restores_exactly(train_cfg):
             pad_id=tok.pad_token_id,
             device="cpu",
             old_from_rollout=train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
+            check_rollout=True,
         )
     got = weights(cfg, 2)
     for name, ref in train.full_state_dict(engine).items():
@@ -712,6 +714,7 @@ def test_auto_recomputes_when_its_check_finds_the_sampler_off(train_cfg, monkeyp
     run_setup.run(cfg)
     generate(cfg, 0)
     verify(cfg, 0)
+    cfg.train.micro_batch_tokens = 64  # several micro-batches: auto checks only the first
     monkeypatch.setattr(update, "ROLLOUT_LOGPROB_TOLERANCE", -1.0)  # any difference is too much
     stats = train.run(cfg, 0)["stats"]
     assert stats["train/old_logprobs_from_rollout"] == 0.0
@@ -723,6 +726,7 @@ def test_the_sampler_logprobs_train_as_the_recomputed_ones(train_cfg):
     float precision (the first mini-batch's ratio is 1 within 1e-5 either way), and only the
     recomputing side spends the no-grad pass and measures the sampler's mismatch."""
     cfg = train_cfg
+    cfg.train.micro_batch_tokens = 64  # several micro-batches: auto checks only the first
     run_setup.run(cfg)
     generate(cfg, 0)
     verify(cfg, 0)

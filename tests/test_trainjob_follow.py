@@ -19,7 +19,8 @@ from components.core.commit import OutputDir
 from components.core.config import RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
-from components.train import jobs, jobspec, jobstatus, kube
+from components.train import jobs, jobspec, jobstatus
+from components.train import kube as kube_api
 from tests.fake_kube import FakeKube
 from tests.test_trainjob import SEGMENT_ARGS, cluster_cfg
 
@@ -113,7 +114,7 @@ def in_pod(monkeypatch, tmp_path):
     monkeypatch.delenv("KFP_POD_UID", raising=False)
     own = tmp_path / "pod-namespace"
     own.write_text("default")
-    monkeypatch.setattr(kube, "NAMESPACE_FILE", str(own))
+    monkeypatch.setattr(kube_api, "NAMESPACE_FILE", str(own))
     return own
 
 

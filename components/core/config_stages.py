@@ -196,9 +196,11 @@ class TrainSection(Strict):
     forward of the trainer over every rollout before the first update (verl's default).
     rollout: the sampler's recorded logprobs (verl's bypass mode; they must be defined as the
     trainer's). auto: rollout where they are the trainer's to float precision (5e-7 measured,
-    1e-4 asserted, and checked on one micro-batch of the trainer's own pass every iteration): on-policy rollouts of this very checkpoint, both stages in float32, the transformers
-    sampler, no LoRA, tools, rollout correction or forking tokens; recompute otherwise. The
-    forward it saves was 10% of the demo's train step (0.73 -> 0.66 s an iteration)."""
+    1e-4 asserted): on-policy rollouts of this very checkpoint, computed by the transformers
+    sampler in float32 on the trainer's kind of device (as their manifest records), a float32
+    trainer, no LoRA, tools, rollout correction or forking tokens; recompute otherwise. auto
+    checks them every iteration against the trainer's own pass over one micro-batch and
+    recomputes them all past 1e-4 (docs/algorithms.md)."""
     rollout_correction: Literal["tis", "mis"] | None = None
     """Truncated (tis) or masked (mis) importance sampling from the rollout engine's recorded
     logprobs to the trainer's recomputed old logprobs."""

@@ -10,6 +10,7 @@ C's), and the exit status, which a failure keeps.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -21,15 +22,16 @@ from typing import NoReturn
 def exit_now(code: int) -> NoReturn:
     """Flush Python's streams and C's stdio buffers (native code's output), then os._exit. Output
     that cannot be written fails a successful exit with status 120, as Python's own exit does."""
-    try:
-        sys.stdout.flush()
-    except Exception as e:  # noqa: BLE001 - a closed pipe, a full disk: the status says so
-        if code == 0:
-            with contextlib.suppress(Exception):
-                print(f"Exception ignored while flushing sys.stdout: {e!r}", file=sys.stderr)
-            code = 120
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None or getattr(stream, "closed", False):  # as Python: nothing to flush
+            continue
+        try:
+            stream.flush()
+        except Exception as e:  # noqa: BLE001 - a closed pipe, a full disk: the status says so
+            if code == 0:
+                with contextlib.suppress(Exception):
+                    print(f"Exception ignored while flushing {stream!r}: {e!r}", file=sys.stderr)
+                code = 120
     with contextlib.suppress(Exception):
         import ctypes
 
@@ -80,7 +82,8 @@ def quick_exit_after_success() -> threading.Event:
     that (KFP's executor writes its output file after the function returns: a failure there
     keeps its traceback and its exit status). Only in KFP's executor process (KFP_EXECUTOR is
     `__main__`): a test or a notebook that calls a worker exits as usual. A sys.exit with a
-    failing status after the work counts as an exception does."""
+    failing status after the work counts as an exception does (a bare `raise SystemExit(n)`
+    there would not: nothing after the work raises one today, KFP's executor included)."""
     served, failed = threading.Event(), threading.Event()
     main = getattr(sys.modules.get("__main__"), "__spec__", None)
     if getattr(main, "name", None) != KFP_EXECUTOR:  # a test, a notebook: an ordinary exit
@@ -97,8 +100,9 @@ def quick_exit_after_success() -> threading.Event:
 
     real_exit = sys.exit
 
+    @functools.wraps(real_exit)
     def exit_with(status: object = None) -> NoReturn:
-        if status not in (None, 0):
+        if served.is_set() and status not in (None, 0):  # after the work: a failure
             failed.set()
         real_exit(status)
 

@@ -12,13 +12,15 @@ components/evaluate/dynamics.py) this writes, into one directory (``<run>/report
   inline, so the file is readable alone (mailed, attached, opened from a bucket): no script, no
   external request.
 
-The PNGs are drawn by components/evaluate/dynamics_plots.py (deterministic bytes); this module
-writes the table and the page.
+The PNGs are drawn by components/evaluate/dynamics_plots.py (deterministic bytes), about half
+of them in a forked child where that is safe (plot_families); this module writes the table and
+the page.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import os
 import signal
@@ -343,7 +345,8 @@ def render_html(
 
 
 def _cores() -> int:
-    """The cores this process may run on (its affinity and cgroup cpuset, where known)."""
+    """The cores this process may run on (its affinity and cgroup cpuset, where known; not a CPU
+    quota such as a pod's cpu limit, under which a split is only slower, never wrong)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -408,9 +411,14 @@ def plot_families(dyn: Dynamics, families: list[str], out_dir: Path) -> dict[str
     try:
         for f in mine:
             plot_family(dyn, f, path[f])
-    finally:
-        if pid:
-            ok = _reap(pid, CHILD_TIMEOUT_S)
+    except BaseException:
+        if pid:  # this process failed (or was interrupted): the child's plots are moot
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            _reap(pid, CHILD_TIMEOUT_S)
+        raise
+    if pid:
+        ok = _reap(pid, CHILD_TIMEOUT_S)
     for f in theirs:
         if not ok or not path[f].exists():
             plot_family(dyn, f, path[f])

@@ -122,12 +122,21 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
                 "trainer's",
                 "set it to recompute or auto",
             )
+        from components.core.checkpoint import device_and_dtype
+
+        # as they resolve here (auto: bf16 on a GPU, fp32 on a CPU)
+        sampler_dtype = device_and_dtype(cfg.generate.dtype)[1]
+        trainer_dtype = device_and_dtype(cfg.train.dtype)[1]
         differs = [
             why
             for hit, why in [
                 (cfg.model.lora is not None, "LoRA (generate merges the adapter)"),
                 (bool(cfg.generate.tools or cfg.generate.environment), "tools"),
-                (cfg.generate.dtype not in ("auto", "float32"), f"a {cfg.generate.dtype} sampler"),
+                (
+                    sampler_dtype != torch.float32,
+                    f"a {sampler_dtype} sampler".replace("torch.", ""),
+                ),
+                (trainer_dtype != torch.float32, "a bf16 trainer"),
                 (cfg.train.max_staleness > 0, "stale rollouts"),
             ]
             if hit

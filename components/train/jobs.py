@@ -26,7 +26,8 @@ task does on a cluster when `train.nodes` > 1.
                              other stages' workers stop waiting (or wait for KFP's retry)
 
 Reading what the job and its pods say (kinds, conditions, failures, logs) is
-components/train/jobstatus.py. It talks to the Kubernetes API directly (the `kubernetes` client
+components/train/jobstatus.py; the API calls themselves (timeouts, transient failures, the
+owner reference) components/train/kube.py. It talks to the Kubernetes API directly (the `kubernetes` client
 the images already carry, as kfp does), one loop for both job kinds; the specs are
 components/train/jobspec.py. The job is owned by the task's pod (as KFP's launcher names it, or
 its hostname) when the job goes to the pod's own namespace, so the cluster's garbage collector

@@ -328,27 +328,35 @@ def train_iteration(
     need_entropy = t.forking_top_rho is not None
     rollout_lp = pad_rows(ro.rollout_logprobs, L)
     checked: dict[str, float] = {}
+    old_lp: torch.Tensor | None = None
+    old_ent = None
     if old_from_rollout:
         if need_entropy:
             raise StageError("train.forking_top_rho needs the trainer's own no-grad pass")
-        old_lp, old_ent = rollout_lp, None
-        if check_rollout:  # one micro-batch of the trainer's own pass against the sampler's
-            sample = plan_micro_batches(lengths, list(range(n)), t.micro_batch_tokens)[0]
+        old_lp = rollout_lp
+        plan = plan_micro_batches(lengths, list(range(n)), t.micro_batch_tokens) if n else []
+        if check_rollout and plan:  # one micro-batch of the trainer's own pass vs the sampler's
+            sample = plan[0]
             own, _ = no_grad_pass(
                 engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, False, sample
             )
             checked = rollout_mismatch(own[sample], rollout_lp[sample], resp_mask[sample])
             worst = all_reduce_max(checked["train/rollout_lp_diff_max"])  # every rank alike
-            if worst > ROLLOUT_LOGPROB_TOLERANCE:
+            # every rank holds every row: whether the sample had a sampled token is shared
+            unchecked = not bool(resp_mask[sample].any())
+            if len(plan) == 1 and not unchecked:  # the sample was every row: the pass itself
+                old_lp, old_from_rollout = own, False
+            elif unchecked or not worst <= ROLLOUT_LOGPROB_TOLERANCE:  # NaN included
                 log.warning(
-                    "train %05d: the sampler's logprobs are %.2g from the trainer's on one "
-                    "micro-batch (over %.0e): recomputing the old logprobs (train.old_logprobs)",
+                    "train %05d: the sampler's logprobs are %s the trainer's on one "
+                    "micro-batch (tolerance %.0e): recomputing the old logprobs "
+                    "(train.old_logprobs)",
                     iteration,
-                    worst,
+                    "unchecked against (no sampled token)" if unchecked else f"{worst:.2g} from",
                     ROLLOUT_LOGPROB_TOLERANCE,
                 )
-                old_from_rollout = False
-    if not old_from_rollout:
+                old_lp, old_from_rollout = None, False
+    if old_lp is None:
         old_lp, old_ent = no_grad_pass(
             engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, need_entropy
         )
