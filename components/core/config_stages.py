@@ -195,8 +195,8 @@ class TrainSection(Strict):
     """Where PPO's old logprobs (pi_old, the policy that sampled) come from. recompute: a no-grad
     forward of the trainer over every rollout before the first update (verl's default).
     rollout: the sampler's recorded logprobs (verl's bypass mode; they must be defined as the
-    trainer's). auto: rollout where they are the trainer's to float precision (5e-7 measured,
-    1e-4 asserted): on-policy rollouts of this very checkpoint, computed by the transformers
+    trainer's). auto: rollout where they are the trainer's to float precision (2.8e-5 at
+    most on the demo, 1e-4 asserted): on-policy rollouts of this very checkpoint, computed by the transformers
     sampler in float32 on the trainer's kind of device (as their manifest records), a float32
     trainer, no LoRA, tools, rollout correction or forking tokens; recompute otherwise. auto
     checks them every iteration against the trainer's own pass over one micro-batch and
