@@ -7,6 +7,7 @@ from functools import lru_cache
 from typing import Any
 
 from components.verify.math.extract import extract_answer
+from components.verify.math.latex import FUNCS, GREEK
 from components.verify.math.normalize import normalize_answer
 from components.verify.math.numbers import _DEC_RE, REL_TOL, _numbers_equal, _to_number
 from components.verify.math.structure import (
@@ -24,8 +25,6 @@ from components.verify.math.structure import (
     _struct_equal,
 )
 from components.verify.math.symbolic import (
-    _FUNCS,
-    _GREEK,
     _eval_complex,
     _parse_sympy,
     _sympy_equal,
@@ -58,7 +57,7 @@ def _equivalent_normalized(pred: str, gt: str) -> bool:
     if _WORD_RE.fullmatch(gt):
         if pred.lower() == gt.lower():
             return True
-        if len(gt) >= 3 and gt not in _FUNCS and gt not in _GREEK:
+        if len(gt) >= 3 and gt not in FUNCS and gt not in GREEK:
             return False
     # numbers
     gn = _to_number(gt)
