@@ -95,4 +95,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # as rlvr's own processes leave (components/core/quick_exit.py): atexit handlers (the
+    # process group's teardown) run, static destructors do not; left to them, a finished
+    # rank now and then aborted with "terminate called without an active exception"
+    from components.core.quick_exit import run_then_exit
+
+    run_then_exit(main)

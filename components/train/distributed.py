@@ -138,22 +138,34 @@ def deepspeed_config(t: TrainSection, world: int, dtype: torch.dtype) -> dict[st
     }
 
 
+def _collective_device() -> torch.device:
+    """Where a collective's tensor must live: NCCL reduces CUDA tensors only (a CPU tensor
+    fails there), gloo CPU ones."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum_many(values: list[float]) -> list[float]:
     """Sum over ranks in ONE collective (a fixed order on every rank)."""
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t.tolist()
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(t)
+    return t.cpu().tolist()
 
 
 def all_reduce_max(x: float) -> float:
     import torch.distributed as dist
 
-    t = torch.tensor([x], dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return float(x)
+    t = torch.tensor([x], dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t[0])
 
 
