@@ -66,6 +66,42 @@ def weights(cfg, c: int) -> dict[str, torch.Tensor]:
     return load_file(f"{RunLayout.of(cfg).checkpoint(c)}/model.safetensors")
 
 
+def reference_engine(cfg, *, iterations: int, total_steps: int):
+    """One process, one engine from checkpoint 0, the run's rollouts of `iterations` trained
+    back to back (the stage's own choice of old logprobs): what N stage invocations must
+    equal. Returns the engine and the tokenizer."""
+    import deepspeed
+
+    from components.core.checkpoint import load_policy
+
+    model, tok = load_policy(Path(RunLayout.of(cfg).checkpoint(0)))
+    train.init_distributed("cpu")
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        model_parameters=list(model.parameters()),
+        config=train.deepspeed_config(cfg.train, 1, torch.float32),
+    )
+    step = 0
+    for i in range(iterations):
+        torch.manual_seed(cfg.run.seed + i)
+        step, _ = update.train_iteration(
+            engine,
+            rollouts_of(cfg, i),
+            cfg.train,
+            temperature=1.0,
+            horizon=6,
+            start_step=step,
+            total_steps=total_steps,
+            seed=cfg.run.seed,
+            iteration=i,
+            pad_id=tok.pad_token_id,
+            device="cpu",
+            old_from_rollout=train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
+            check_rollout=True,
+        )
+    return engine, tok
+
+
 def test_learning_rate_schedule_hand_values():
     kw = dict(base_lr=1.0, warmup_steps=2, total_steps=6, schedule="cosine", min_lr_ratio=0.0)
     # warmup: (s+1)/2 -> 0.5, 1.0; cosine over the 4 remaining steps: progress 0, .25, .5, .75
@@ -108,37 +144,8 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
     assert state["step"] == 6
     assert train.run(cfg, 2)["skipped"] is True
 
-    # Reference: one process, one engine, the same rollouts, two iterations back to back.
-    import deepspeed
-
-    from components.core.checkpoint import load_policy
-
-    model, tok = load_policy(Path(RunLayout.of(cfg).checkpoint(0)))
-    train.init_distributed("cpu")
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        model_parameters=list(model.parameters()),
-        config=train.deepspeed_config(cfg.train, 1, torch.float32),
-    )
-    step = 0
-    for i in range(3):
-        torch.manual_seed(cfg.run.seed + i)
-        step, _ = update.train_iteration(
-            engine,
-            rollouts_of(cfg, i),
-            cfg.train,
-            temperature=1.0,
-            horizon=6,
-            start_step=step,
-            total_steps=6,
-            seed=cfg.run.seed,
-            iteration=i,
-            pad_id=tok.pad_token_id,
-            device="cpu",
-            # the stage's own choice (train.old_logprobs auto: the sampler's, on-policy fp32)
-            old_from_rollout=train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
-            check_rollout=True,
-        )
+    # Reference: one process, one engine, the same rollouts, the iterations back to back.
+    engine, tok = reference_engine(cfg, iterations=3, total_steps=6)
     assert train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, 0), 0)
     got = weights(cfg, 3)
     base = weights(cfg, 0)
@@ -472,10 +479,6 @@ def test_bf16_keeps_adam_moments_and_fp32_masters(train_cfg):
 def test_zero2_state_restores_exactly(train_cfg):
     """Under ZeRO-2 (flat partitioned Adam state) two stage invocations equal one engine
     taking both iterations' updates back to back."""
-    import deepspeed
-
-    from components.core.checkpoint import load_policy
-
     cfg = train_cfg
     cfg.train.zero_stage = 2
     cfg.run.iterations = 2
@@ -484,31 +487,7 @@ def test_zero2_state_restores_exactly(train_cfg):
         generate(cfg, i)
         verify(cfg, i)
         train.run(cfg, i)
-    model, tok = load_policy(Path(RunLayout.of(cfg).checkpoint(0)))
-    train.init_distributed("cpu")
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        model_parameters=list(model.parameters()),
-        config=train.deepspeed_config(cfg.train, 1, torch.float32),
-    )
-    step = 0
-    for i in range(2):
-        torch.manual_seed(cfg.run.seed + i)
-        step, _ = update.train_iteration(
-            engine,
-            rollouts_of(cfg, i),
-            cfg.train,
-            temperature=1.0,
-            horizon=6,
-            start_step=step,
-            total_steps=4,
-            seed=cfg.run.seed,
-            iteration=i,
-            pad_id=tok.pad_token_id,
-            device="cpu",
-            old_from_rollout=train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
-            check_rollout=True,
-        )
+    engine, _ = reference_engine(cfg, iterations=2, total_steps=4)
     got = weights(cfg, 2)
     for name, ref in train.full_state_dict(engine).items():
         # Same layout on both sides (see test_stage_continuity_and_micro_batch_invariance).
