@@ -221,15 +221,15 @@ def test_check_names_a_missing_chat_template_and_an_overlong_response(
         ("processor\t: 0\nFeatures\t: fp asimd", None),  # an Arm /proc/cpuinfo: not known
     ],
 )
-def test_cpu_bf16_matmul_reads_the_cpu_flags(tmp_path, flags, native):
-    from components.core.checkpoint import cpu_bf16_matmul
+def test_cpu_native_matmul_reads_the_cpu_flags(tmp_path, flags, native):
+    from components.core.checkpoint import cpu_native_matmul
 
     info = tmp_path / "cpuinfo"
     info.write_text(f"processor\t: 0\n{flags}\n")
-    assert cpu_bf16_matmul("bfloat16", str(info)) is native
-    assert cpu_bf16_matmul("bfloat16", str(tmp_path / "absent")) is None
+    assert cpu_native_matmul("bfloat16", str(info)) is native
+    assert cpu_native_matmul("bfloat16", str(tmp_path / "absent")) is None
     if native:  # AMX-BF16 does not make float16 native
-        assert cpu_bf16_matmul("float16", str(info)) is False
+        assert cpu_native_matmul("float16", str(info)) is False
 
 
 def test_check_warns_of_a_bf16_sampler_on_a_cpu_that_emulates_it(smol_cfg, monkeypatch):
@@ -239,7 +239,7 @@ def test_check_warns_of_a_bf16_sampler_on_a_cpu_that_emulates_it(smol_cfg, monke
     from pipelines.preflight import check_run
 
     def slow_dtype_warnings(native: bool | None, **kw) -> list[str]:
-        monkeypatch.setattr(checkpoint, "cpu_bf16_matmul", lambda dtype: native)
+        monkeypatch.setattr(checkpoint, "cpu_native_matmul", lambda dtype: native)
         return [str(w) for w in check_run(smol_cfg, **kw).warnings if "generate.dtype" in str(w)]
 
     if torch.cuda.is_available():

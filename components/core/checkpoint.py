@@ -168,7 +168,7 @@ NATIVE_MATMUL_FLAGS = {
 }
 
 
-def cpu_bf16_matmul(dtype: str = "bfloat16", cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+def cpu_native_matmul(dtype: str = "bfloat16", cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     """Whether this CPU multiplies `dtype` (bfloat16 or float16) natively, which oneDNN uses: a
     bf16 matmul on AMX runs several times faster than fp32; without such support torch emulates
     the dtype and it runs slower. None where /proc/cpuinfo does not say (not Linux, not x86)."""

@@ -122,12 +122,12 @@ def check_local_dtype(cfg: RunConfig, problems: Problems) -> None:
     torch emulates them, slower than fp32. A warning: it is correct, only slow."""
     import torch
 
-    from components.core.checkpoint import cpu_bf16_matmul
+    from components.core.checkpoint import cpu_native_matmul
 
     g = cfg.generate
     if g.backend != "transformers" or g.dtype not in ("bfloat16", "float16"):
         return
-    if torch.cuda.is_available() or cpu_bf16_matmul(g.dtype) is not False:
+    if torch.cuda.is_available() or cpu_native_matmul(g.dtype) is not False:
         return
     problems.warn(
         "config generate.dtype",
