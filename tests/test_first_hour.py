@@ -258,6 +258,8 @@ def test_the_rlvr_program_exits_quickly_with_everything_said(argv, status, strea
     the status, the output flushed, the atexit handlers (a temporary directory's cleanup, a
     log's flush) run."""
     code = (
+        # a global with a finalizer: the interpreter's teardown would run it, the quick exit not
+        "class Torn:\n    def __del__(self): print('torn down', flush=True)\ntorn = Torn()\n"
         "import atexit, sys; atexit.register(lambda: print('atexit ran', flush=True)); "
         f"sys.argv = ['rlvr', *{argv!r}]; print('buffered', end=''); "
         "from pipelines.cli import entry; entry()"
@@ -268,6 +270,7 @@ def test_the_rlvr_program_exits_quickly_with_everything_said(argv, status, strea
     assert res.returncode == status, res.stderr[-2000:]
     assert text in getattr(res, stream)
     assert res.stdout.startswith("buffered") and res.stdout.rstrip().endswith("atexit ran")
+    assert "torn down" not in res.stdout  # the teardown itself was skipped
 
 
 def test_the_rlvr_program_exits_past_idle_worker_threads_and_keeps_a_write_failure() -> None:
