@@ -32,10 +32,15 @@ def test_tensorboard_reads_the_scalars_back(tmp_path):
 
 
 def test_a_record_is_framed_with_its_length_and_checksums():
+    """Length, masked CRC of the length, data, masked CRC of the data, against TensorBoard's own
+    masked CRC-32C."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
     framed = record(b"abc")
     assert len(framed) == 8 + 4 + 3 + 4 and framed[:8] == (3).to_bytes(8, "little")
     assert framed[12:15] == b"abc"
-    assert not math.isnan(crc32c(framed))
+    assert int.from_bytes(framed[8:12], "little") == masked_crc32c(framed[:8])
+    assert int.from_bytes(framed[15:19], "little") == masked_crc32c(b"abc")
 
 
 def test_a_value_past_float32_is_written_infinite(tmp_path):
