@@ -104,6 +104,16 @@ def check_staleness(table, iteration: int, max_staleness: int, source: str) -> d
     }
 
 
+def require_trainer_logprobs(definition: str | None, setting: str, fix: str) -> None:
+    """A StageError unless the rollouts' logprobs are defined as the trainer computes them,
+    which `train.<setting>` needs."""
+    if definition != LOGPROB_DEFINITION:
+        raise StageError(
+            f"train.{setting} needs rollout logprobs defined as the trainer computes them "
+            f"({LOGPROB_DEFINITION!r}); the rollouts record {definition!r}. {fix}"
+        )
+
+
 def old_logprobs_from_rollout(
     cfg: RunConfig, sampled: dict[str, Any], staleness_max: float
 ) -> bool:
@@ -121,10 +131,8 @@ def old_logprobs_from_rollout(
         return False
     if definition != LOGPROB_DEFINITION:
         if t.old_logprobs == "rollout":
-            raise StageError(
-                f"train.old_logprobs: rollout needs rollout logprobs defined as the trainer "
-                f"computes them ({LOGPROB_DEFINITION!r}); the rollouts record {definition!r}. "
-                "Set train.old_logprobs: recompute (or auto)"
+            require_trainer_logprobs(
+                definition, "old_logprobs: rollout", "Set train.old_logprobs: recompute (or auto)"
             )
         return False
     if t.old_logprobs == "rollout":
@@ -361,13 +369,11 @@ class TrainStage(Stage):
             )
             definition = gen_stats.get("logprob_definition")
             if t.rollout_correction is not None:
-                if definition != LOGPROB_DEFINITION:
-                    raise StageError(
-                        f"train.rollout_correction needs rollout logprobs defined as the trainer "
-                        f"computes them ({LOGPROB_DEFINITION!r}); the rollouts record "
-                        f"{definition!r}. Regenerate with a matching backend, or turn "
-                        "rollout_correction off"
-                    )
+                require_trainer_logprobs(
+                    definition,
+                    "rollout_correction",
+                    "Regenerate with a matching backend, or turn rollout_correction off",
+                )
             old_from_rollout = old_logprobs_from_rollout(
                 cfg, gen_stats, staleness["train/staleness_max"]
             )
