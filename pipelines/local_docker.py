@@ -1,10 +1,10 @@
 """`rlvr run --runner docker`: every task of the pipeline in its stage's image.
 
-The same compiled pipeline, on kfp.local's DockerRunner instead of its SubprocessRunner: KFP
-resolves each task's arguments, starts the task's image (the component's `base_image`,
-`cluster.image(stage)`) with the KFP executor command, mounts the pipeline root at its own path,
-and reads the outputs back. What this module adds is what a pod gets from Kubernetes and the
-local runner has no notion of:
+The same compiled pipeline on the same local scheduler (pipelines/local_runner.py), with each
+task in a container instead of a subprocess: the task's image (the component's `base_image`,
+`cluster.image(stage)`) runs the KFP executor command with the arguments the scheduler
+resolved, the pipeline root mounted at its own path, and the outputs are read back. What this
+module adds is what a pod gets from Kubernetes and a plain container has no notion of:
 
 - **the run's data**: the run directory read-write, and the base checkpoint, the datasets and
   file plugins read-only, each at the path the config gives (paths in the config stay valid),
@@ -32,7 +32,7 @@ import importlib.util
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,7 +351,7 @@ def make_container_runner(
     current_task: Callable[[], str],
     task_env: Callable[[str], dict[str, str]],
 ) -> Callable[..., int]:
-    """The replacement of kfp.local's `docker_task_handler.run_docker_container`: the task's
+    """`run(client, image, command, volumes, environment=...)`: the task's
     container with the plan's mounts, user, network and profile; its output line by line to
     the task's log; its exit status (the container is removed after, not auto-removed, so the
     status is never lost)."""
@@ -417,23 +417,6 @@ def make_container_runner(
     return run_docker_container
 
 
-@contextlib.contextmanager
-def docker_tasks(
-    plan: DockerPlan,
-    open_log: TaskLog,
-    current_task: Callable[[], str],
-    task_env: Callable[[str], dict[str, str]],
-) -> Iterator[None]:
-    """Patch kfp.local's Docker task handler for the duration (kfp==2.17.0; a test pins the
-    name)."""
-    from kfp.local import docker_task_handler
-
+def start_containers() -> None:
+    """Let task containers start (after a stopped run, `stop_live_containers` refused them)."""
     _stopping.clear()
-    saved = docker_task_handler.run_docker_container
-    docker_task_handler.run_docker_container = make_container_runner(
-        plan, open_log, current_task, task_env
-    )
-    try:
-        yield
-    finally:
-        docker_task_handler.run_docker_container = saved

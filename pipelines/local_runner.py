@@ -1,21 +1,22 @@
 """Run a compiled KFP pipeline on one machine with its tasks side by side.
 
-kfp.local's SubprocessRunner executes a pipeline's tasks one at a time. The training pipeline's
-workers wait on each other through the store (pipelines/train.py), so they have to run together.
-This runner keeps everything of kfp.local that runs a task (argument resolution, the executor
-input, the KFP executor in a subprocess of this Python, outputs, the IO store, retries) and
-replaces only the scheduling: every task whose upstream tasks have finished starts at once, in a
-thread of its own. The compiled pipeline is the same one a cluster runs.
+The training pipeline's workers wait on each other through the store (pipelines/train.py), so
+they have to run together; kfp.local's runners execute a pipeline's tasks one at a time. This
+runner is its own small scheduler for the same compiled pipeline a cluster runs: it compiles the
+pipeline with KFP's compiler, reads the IR (pipelines/local_ir.py resolves each task's inputs,
+executor input and command, as KFP's driver does for a pod), and starts every task whose
+upstream tasks have succeeded at once, each in a thread of its own:
 
-For the duration of `run_pipeline`, five names of kfp.local (pinned to kfp==2.17.0; a test fails
-loudly if an upgrade moves them) are replaced:
+- as a subprocess of this Python running KFP's executor (`python -m kfp.dsl.executor_main`,
+  what every KFP pod runs), in its own process group; or, with a DockerPlan, in its stage's
+  image (pipelines/local_docker.py) with the pipeline root mounted at its own path;
+- each task's output whole to its own log file, and only its `rlvr` log lines (and errors) to
+  the console, prefixed with the task name;
+- a task's retry policy (`set_retry`) honoured while the run goes on.
 
-- `dag_orchestrator.run_dag`: the concurrent scheduler below;
-- `logging_utils.local_logger_context`, `indented_print` and `print_horizontal_line`: the
-  originals swap the root logger's handlers and `builtins.print` around each task (not
-  thread-safe) and decorate sequential output;
-- `subprocess_task_handler.run_local_subprocess`: each task's output goes whole to its own log
-  file, and only its `rlvr` log lines (and errors) to the console, prefixed with the task name.
+It touches no private name of kfp: only the compiler, the IR it writes and the executor's
+command line, so it works across the kfp releases pyproject.toml allows (CI runs the local
+runner's tests on the lowest and the highest).
 
 A task that fails stops the run: its failure is recorded for the other workers (which stop
 waiting), running tasks finish, no new task starts, and `LocalRunError` names the task, its error
@@ -27,16 +28,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import threading
-import warnings
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.core.stages import STAGES
+from pipelines.local_ir import (
+    CompiledPipeline,
+    IrTask,
+    PipelineNotRunnableLocally,
+    RunContext,
+    compile_pipeline,
+    executor_input,
+    read_outputs,
+    read_pipeline,
+    task_command,
+    task_inputs,
+)
 
 if TYPE_CHECKING:
     from pipelines.local_docker import DockerPlan
@@ -101,9 +115,13 @@ def _log_opener(log_dir: Path) -> Callable[[str], Any]:
     """`open_log(task)`: a context whose value writes one line of the task's output to its log
     file, and the rlvr lines (CONSOLE_LINE) also to the console."""
 
+    opened: set[str] = set()  # a retried task's attempts follow each other in its log
+
     @contextlib.contextmanager
     def open_log(task: str) -> Iterator[Callable[[str], None]]:
-        with open(_task_log_path(log_dir, task), "w") as out:
+        mode = "a" if task in opened else "w"
+        opened.add(task)
+        with open(_task_log_path(log_dir, task), mode) as out:
 
             def write(line: str) -> None:
                 out.write(line)
@@ -160,156 +178,134 @@ def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., i
     return run_local_subprocess
 
 
-@contextlib.contextmanager
-def _quiet_context(*_: Any, **__: Any) -> Iterator[None]:
-    yield
-
-
-def _make_run_dag(on_failure: Callable[[str], None], failed: list[str]) -> Callable[..., Any]:
-    from kfp.local import io, status
-    from kfp.local.orchestrator import task_executor
-    from kfp.local.orchestrator.orchestrator_utils import OrchestratorUtils
-
-    def run_dag(
-        pipeline_resource_name: str,
-        dag_component_spec: Any,
-        executors: dict,
-        components: dict,
-        dag_arguments: dict[str, Any],
-        pipeline_root: str,
-        runner: Any,
-        unique_pipeline_id: str,
-        fail_stack: list[str],
-        parent_io_store: Any = None,
-    ) -> tuple[dict[str, Any], Any]:
-        """kfp.local's run_dag with every ready task started at once."""
-        args = OrchestratorUtils.join_user_inputs_and_defaults(
-            dag_arguments=dag_arguments, dag_inputs_spec=dag_component_spec.input_definitions
+def _python_task(command: list[str]) -> list[str]:
+    """A Python component's command run with this Python: the `python3` of KFP's executor
+    line (the shell script before the component's source) becomes `sys.executable`."""
+    if not any(_EXECUTOR in part for part in command):
+        raise PipelineNotRunnableLocally(
+            "the subprocess runner runs Python components (`@dsl.component`) only; run a "
+            "container component with --runner docker"
         )
-        io_store = io.IOStore(parent=parent_io_store)
-        for k, v in args.items():
-            io_store.put_parent_input(k, v)
-        tasks = dict(dag_component_spec.dag.tasks.items())
-        deps = {name: set(spec.dependent_tasks) for name, spec in tasks.items()}
-        done: set[str] = set()
-        running: dict[str, threading.Thread] = {}
-        results: dict[str, tuple[dict, Any]] = {}
-        lock = threading.Condition()
-
-        def execute(name: str) -> None:
-            _current.task = tasks[name].task_info.name or name
-            try:
-                spec = tasks[name]
-                component = components[spec.component_ref.name]
-                if component.WhichOneof("implementation") == "dag":
-                    out = run_dag(
-                        pipeline_resource_name,
-                        component,
-                        executors,
-                        components,
-                        OrchestratorUtils.make_task_arguments(spec.inputs, io_store),
-                        pipeline_root,
-                        runner,
-                        unique_pipeline_id,
-                        fail_stack,
-                        io_store,
-                    )
-                else:
-                    out = task_executor.execute_single_task(
-                        task_name=name,
-                        task_spec=spec,
-                        pipeline_resource_name=pipeline_resource_name,
-                        components=components,
-                        executors=executors,
-                        io_store=io_store,
-                        pipeline_root=pipeline_root,
-                        runner=runner,
-                        unique_pipeline_id=unique_pipeline_id,
-                        fail_stack=fail_stack,
-                    )
-            except Exception as e:  # noqa: BLE001 - a crash of the runner is this task's failure
-                log.exception("task %s could not run", name)
-                out = ({}, status.Status.FAILURE)
-                del e
-            with lock:
-                results[name] = out
-                lock.notify_all()
-
-        with lock:
-            while True:
-                for name, (outputs, st) in list(results.items()):
-                    del results[name]
-                    running.pop(name).join()
-                    if st == status.Status.SUCCESS:
-                        for key, value in outputs.items():
-                            io_store.put_task_output(name, key, value)
-                        done.add(name)
-                    else:
-                        display = tasks[name].task_info.name or name
-                        if not failed:
-                            fail_stack.append(name)
-                        failed.append(display)
-                        on_failure(display)
-                if not failed:
-                    for name in tasks:
-                        if name not in done and name not in running and deps[name] <= done:
-                            thread = threading.Thread(target=execute, args=(name,), daemon=True)
-                            running[name] = thread
-                            thread.start()
-                if not running:
-                    break
-                lock.wait()
-        if failed:
-            return {}, status.Status.FAILURE
-        return (
-            OrchestratorUtils.get_dag_outputs(
-                dag_outputs_spec=dag_component_spec.dag.outputs, io_store=io_store
-            ),
-            status.Status.SUCCESS,
-        )
-
-    return run_dag
+    out, script_done = [], False
+    for part in command:
+        if not script_done and _EXECUTOR in part:
+            part = part.replace(
+                f"python3 -m {_EXECUTOR}", f"{shlex.quote(sys.executable)} -m {_EXECUTOR}"
+            )
+            script_done = True
+        out.append(part)
+    return out
 
 
-@contextlib.contextmanager
-def concurrent_local_runner(
-    log_dir: Path,
-    on_failure: Callable[[str], None],
-    failed: list[str],
-    task_env: TaskEnv | None = None,
-    docker: DockerPlan | None = None,
-) -> Iterator[None]:
-    """Patch kfp.local to run ready tasks side by side (see the module docstring); with
-    `docker`, each task in its stage's container (pipelines/local_docker.py)."""
-    from kfp.local import logging_utils, subprocess_task_handler
-    from kfp.local.orchestrator import dag_orchestrator
+_EXECUTOR = "kfp.dsl.executor_main"
+RunTask = Callable[[IrTask, list[str], dict[str, str]], int]
+"""Runs one task's command (with the container's own environment) and returns its status."""
 
-    from pipelines.local_docker import docker_tasks
 
-    patches = [
-        (dag_orchestrator, "run_dag", _make_run_dag(on_failure, failed)),
-        (logging_utils, "local_logger_context", _quiet_context),
-        (logging_utils, "indented_print", _quiet_context),
-        (logging_utils, "print_horizontal_line", lambda: None),
-        (
-            subprocess_task_handler,
-            "run_local_subprocess",
-            _make_subprocess_runner(log_dir, task_env or (lambda task: {})),
-        ),
-    ]
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
-    for mod, name, value in patches:
-        setattr(mod, name, value)
-    env = task_env or (lambda task: {})
-    try:
-        if docker is None:
-            yield
+def _subprocess_runner(log_dir: Path, task_env: TaskEnv) -> RunTask:
+    run = _make_subprocess_runner(log_dir, task_env)
+    return lambda task, command, env: run(_python_task(command), env)
+
+
+def _docker_runner(
+    plan: DockerPlan, log_dir: Path, task_env: TaskEnv, pipeline_root: str
+) -> RunTask:
+    """Each task in its stage's image, with the pipeline root mounted at its own path (as
+    kfp.local's DockerRunner does)."""
+    import docker as docker_sdk
+
+    from pipelines.local_docker import make_container_runner
+
+    client = docker_sdk.from_env()
+    run = make_container_runner(plan, _log_opener(log_dir), _current_task, task_env)
+    volumes = {pipeline_root: {"bind": pipeline_root, "mode": "rw"}}
+    return lambda task, command, env: run(
+        client, task.container["image"], command, volumes, environment=env
+    )
+
+
+def _run_task(
+    task: IrTask,
+    arguments: dict[str, Any],
+    outputs: dict[str, dict[str, Any]],
+    ctx: RunContext,
+    run: RunTask,
+    stopped: Callable[[], bool],
+) -> dict[str, Any] | None:
+    """One task, retried as its policy says while the run goes on: its outputs, or None when
+    it failed."""
+    values = task_inputs(task, arguments, outputs, ctx)
+    root = ctx.task_root(task)
+    command = task_command(task, executor_input(task, values, root), values, ctx)
+    env = {e["name"]: e["value"] for e in task.container.get("env", [])}
+    for attempt in range(task.retry.count + 1):
+        root.mkdir(parents=True, exist_ok=True)
+        if run(task, command, env) == 0:
+            return read_outputs(task, root)
+        if attempt < task.retry.count and not stopped():
+            delay = task.retry.delay(attempt)
+            log.warning(
+                "task %s failed (attempt %d of %d); retrying in %.0f s",
+                task.name,
+                attempt + 1,
+                task.retry.count + 1,
+                delay,
+            )
+            time.sleep(delay)
         else:
-            with docker_tasks(docker, _log_opener(log_dir), _current_task, env):
-                yield
-    finally:
-        for mod, name, value in saved:
-            setattr(mod, name, value)
+            break
+    return None
+
+
+def _schedule(
+    pipeline: CompiledPipeline,
+    arguments: dict[str, Any],
+    ctx: RunContext,
+    run: RunTask,
+    on_failure: Callable[[str], None],
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Run the pipeline's tasks, each in a thread of its own as soon as the tasks it depends
+    on have succeeded; after a failure start nothing new and let the running ones finish.
+    Returns the failed tasks' display names (the first first) and the succeeded ones'
+    outputs by task key."""
+    tasks = pipeline.tasks
+    outputs: dict[str, dict[str, Any]] = {}
+    running: dict[str, threading.Thread] = {}
+    results: dict[str, dict[str, Any] | None] = {}
+    failed: list[str] = []
+    lock = threading.Condition()
+
+    def execute(task: IrTask) -> None:
+        _current.task = task.name
+        try:
+            out = _run_task(task, arguments, outputs, ctx, run, lambda: bool(failed))
+        except Exception:  # noqa: BLE001 - a crash of the runner is this task's failure
+            log.exception("task %s could not run", task.name)
+            out = None
+        with lock:
+            results[task.key] = out
+            lock.notify_all()
+
+    with lock:
+        while True:
+            for key, out in list(results.items()):
+                del results[key]
+                running.pop(key).join()
+                if out is not None:
+                    outputs[key] = out
+                else:
+                    failed.append(tasks[key].name)
+                    on_failure(tasks[key].name)
+            if not failed:
+                for key, task in tasks.items():
+                    if key not in outputs and key not in running and task.depends <= set(outputs):
+                        thread = threading.Thread(target=execute, args=(task,), daemon=True)
+                        running[key] = thread
+                        thread.start()
+            if not running:
+                break
+            lock.wait()
+    return failed, outputs
 
 
 def run_pipeline(
@@ -322,53 +318,53 @@ def run_pipeline(
     failure_message: Callable[[str], str | None] = lambda task: None,
     task_env: TaskEnv | None = None,
     docker: DockerPlan | None = None,
-) -> None:
-    """Run `pipeline_func(**arguments)` on kfp.local with concurrent tasks, as subprocesses of
-    this Python or, with `docker`, each in its stage's image.
+) -> dict[str, dict[str, Any]]:
+    """Compile `pipeline_func`, then run it with `arguments`: its tasks as subprocesses of this
+    Python or, with `docker`, each in its stage's image. The compiled IR is kept with the
+    tasks' outputs, under pipeline_root/JOB/ (pipeline.yaml).
 
     `on_failure(task)` is called as soon as a task fails (before the others finish);
-    `failure_message(task)` supplies the task's own error for the raised LocalRunError."""
-    from kfp import local
+    `failure_message(task)` supplies the task's own error for the raised LocalRunError.
+    Returns each task's output parameters, by display name."""
+    import signal
+    import tempfile
 
     log_dir.mkdir(parents=True, exist_ok=True)
-    runner = local.SubprocessRunner(use_venv=False) if docker is None else local.DockerRunner()
-    local.init(runner=runner, pipeline_root=pipeline_root, raise_on_error=False)
-    failed: list[str] = []
-    root = logging.getLogger()
-    quiet = _DropKfpLocalRecords()
-    root.addFilter(quiet)  # kfp.local logs each task's status; the error below says it better
-    with (
-        concurrent_local_runner(log_dir, on_failure, failed, task_env, docker),
-        warnings.catch_warnings(),
-    ):
-        # kfp.local warns per task that placement settings and the stage images do not apply
-        # locally; that is by design here (the same pipeline serves the cluster).
-        warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
-        warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
-        import signal
+    root = str(Path(pipeline_root).resolve())
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        pipeline = compile_pipeline(pipeline_func, Path(tmp) / "pipeline.yaml")
+        ctx = RunContext(pipeline.name, root)
+        job_dir = Path(root, ctx.job_name)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        pipeline = read_pipeline(Path(shutil.copy(pipeline.path, job_dir / "pipeline.yaml")))
+    args = pipeline.arguments(arguments)
+    env = task_env or (lambda task: {})
+    if docker is None:
+        run = _subprocess_runner(log_dir, env)
+    else:
+        from pipelines.local_docker import start_containers
 
-        def on_term(signum, frame):  # `rlvr run` stopped from outside: take the tasks along
-            raise KeyboardInterrupt
+        start_containers()
+        run = _docker_runner(docker, log_dir, env, root)
 
-        previous = signal.signal(signal.SIGTERM, on_term)
-        try:
-            pipeline_func(**arguments)
-        except BaseException:
-            _kill_live_tasks()
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            root.removeFilter(quiet)
+    def on_term(signum, frame):  # `rlvr run` stopped from outside: take the tasks along
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        failed, outputs = _schedule(pipeline, args, ctx, run, on_failure)
+    except BaseException:
+        _kill_live_tasks()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if failed:
         task = failed[0]
         path = _task_log_path(log_dir, task)
         message = failure_message(task) or _last_error(path) or "see its log"
         raise LocalRunError(task, message, path if path.exists() else None)
-
-
-class _DropKfpLocalRecords(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "kfp/local" not in record.pathname.replace("\\", "/")
+    return {pipeline.tasks[key].name: out for key, out in outputs.items()}
 
 
 def _last_error(path: Path) -> str | None:

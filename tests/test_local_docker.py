@@ -278,22 +278,6 @@ def test_another_uid_gets_a_writable_home_and_a_stopped_run_starts_nothing():
         local_docker._stopping.clear()
 
 
-def test_kfp_still_calls_the_patched_function():
-    """The name docker_tasks patches is the one kfp.local's DockerTaskHandler calls
-    (kfp==2.17.0): an upgrade that moves it fails here, not in a user's run."""
-    import inspect
-
-    from kfp.local import docker_task_handler
-
-    assert "run_docker_container(" in inspect.getsource(docker_task_handler.DockerTaskHandler.run)
-    with local_docker.docker_tasks(
-        DockerPlan({}, [], None, "none"), lambda t: contextlib.nullcontext(print), str, dict
-    ):
-        assert docker_task_handler.run_docker_container.__name__ == "run_docker_container"
-        assert docker_task_handler.run_docker_container.__module__ == "pipelines.local_docker"
-    assert docker_task_handler.run_docker_container.__module__ == "kfp.local.docker_task_handler"
-
-
 def test_rlvr_run_docker_without_an_engine_says_so(tmp_path, tiny_assets, monkeypatch):
     from click.testing import CliRunner
 
