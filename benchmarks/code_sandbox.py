@@ -47,7 +47,7 @@ def _cpu() -> float:
 
 
 def variants() -> dict[str, Callable[[], object]]:
-    exe = sandbox._child.interpreter(sandbox.SandboxConfig())[0]
+    exe = sandbox._plan.interpreter(sandbox.SandboxConfig())[0]
     add = _py("def add(a, b):\n    return a + b")
 
     def check(out: dict) -> dict:

@@ -74,10 +74,10 @@ POD = r"""
 import ctypes, json, sys
 from components.verify import sandbox
 from components.verify.code import compute_score
-from components.verify.sandbox import _child, seccomp
+from components.verify.sandbox import _child, _plan, seccomp
 
 allow = seccomp.SANDBOX_BUILDER_NEEDS if sys.argv[1] == "pod-profile" else ()
-flt = _child._Filter(seccomp.build_filter(allow=allow))
+flt = _plan._Filter(seccomp.build_filter(allow=allow))
 assert _child.LIBC.prctl(38, 1, 0, 0, 0) == 0
 assert _child.LIBC.prctl(22, 2, ctypes.addressof(flt.prog), 0, 0) == 0
 caps = sandbox.probe()

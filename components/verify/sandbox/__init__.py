@@ -44,11 +44,13 @@ If only the network namespace is refused, it also raises unless the config sets
 ``allow_network_fallback=True`` (then the code runs with the host's network).
 """
 
-from components.verify.sandbox._run import (
+from components.verify.sandbox._process import (
     ChannelClosed,
     ChannelOverflow,
     ChannelTimeout,
     Process,
+)
+from components.verify.sandbox._run import (
     capabilities,
     check_available,
     clear_capabilities_cache,
