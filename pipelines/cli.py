@@ -1,7 +1,7 @@
 """The `rlvr` command line.
 
     rlvr check CONFIG [--offline]                                    everything, before any work
-    rlvr run CONFIG [--run-id ID] [--iterations N] [--set k=v ...]   whole pipeline on kfp.local
+    rlvr run CONFIG [--run-id ID] [--iterations N] [--set k=v ...]   whole pipeline, local runner
     rlvr stage NAME CONFIG --run-id ID --iteration I [--force]       one stage of one iteration
     rlvr compile CONFIG -o pipeline.yaml [--pipeline train|eval|stage]   KFP v2 IR YAML
     rlvr submit CONFIG --host URL [--pipeline ...] [--stage S -i I]  run on a KFP cluster
@@ -31,7 +31,7 @@ from components.core.config import RunConfig, load_config
 from components.core.stage_cli import run_stage, setup_logging
 from components.core.stages import STEPS
 from components.core.store import get_store, join
-from pipelines.local import console, eval_table, prepare_inputs
+from pipelines.local import console, eval_tables, prepare_inputs
 
 
 def _load(config: str, overrides: tuple[str, ...], **kw) -> RunConfig:
@@ -423,7 +423,7 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
     if checkpoint:
         result = run_stage(evaluate_external, cfg, checkpoint=checkpoint, force=force)
         name = checkpoint.rstrip("/").rsplit("/", 1)[-1] or checkpoint
-        Console().print(eval_table(result["root"], label=name))
+        Console().print(*eval_tables(result["root"], label=name))
         console.print(f"evaluated {checkpoint}")
         console.print(f"metrics, samples and plots: {result['root']}/evals/00000/")
         return
@@ -435,7 +435,7 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
 
         c = run_stage(resolve_checkpoint, cfg, spec="latest")
         run_stage(evaluate, cfg, iteration=c, force=force)
-    Console().print(eval_table(cfg))
+    Console().print(*eval_tables(cfg))
 
 
 @main.command(help="Print every checkpoint's metrics and regenerate the run's plots and report.")
@@ -451,7 +451,7 @@ def report(run_dir: str) -> None:
             err=True,
         )
         sys.exit(2)
-    Console().print(eval_table(run_dir))
+    Console().print(*eval_tables(run_dir))
     paths = run_stage(lambda _cfg: write_run_report(get_store(run_dir), run_dir), None)
     console.print(f"plots and report: {paths['report.md']}")
     console.print(f"dashboard: {paths['index.html']}")

@@ -84,7 +84,7 @@ def local_thread_env(
     if "DS_ACCELERATOR" not in os.environ and not Path("/proc/driver/nvidia").exists():
         accelerator = {"DS_ACCELERATOR": "cpu"}
     cores = os.cpu_count() or 1
-    evals = cfg.evaluate.num_shards if cfg.data.eval else 0
+    evals = cfg.evaluate.num_shards if cfg.data.evaluates else 0
     eval_threads = max(1, cores // 4)
     compute = cores if cfg.train.max_staleness == 0 else max(1, cores // 2)
     compute = max(1, compute // cfg.generate.num_shards) if cfg.generate.num_shards > 1 else compute
@@ -108,13 +108,54 @@ def local_thread_env(
     return env
 
 
-def eval_table(cfg_or_root: RunConfig | str, label: str | None = None) -> Table:
-    """A rich table of every committed evaluation of a run (``label``: what to call the
-    checkpoint column's entries, for a one-checkpoint evaluation of an outside model)."""
+def eval_tables(cfg_or_root: RunConfig | str, label: str | None = None) -> list[Table]:
+    """Rich tables of every committed evaluation of a run (``label``: what to call the
+    checkpoint column's entries, for a one-checkpoint evaluation of an outside model): the
+    held-out sets, and the standard benchmarks where the run has lm-eval suites."""
     if isinstance(cfg_or_root, RunConfig):
         store, root = store_for(cfg_or_root), RunLayout.of(cfg_or_root).root
     else:
         store, root = get_store(cfg_or_root), cfg_or_root.rstrip("/")
+    tops = {
+        c: json.loads(store.read_text(join(root, "evals", f"{c:05d}", "metrics.json")))
+        for c in committed_indices(store, join(root, "evals"))
+    }
+    tables = [_heldout_table(root, tops, label)] if any(t["sets"] for t in tops.values()) else []
+    if any(t.get("lm_eval") for t in tops.values()):
+        tables.append(_benchmark_table(root, tops, label))
+    return tables or [_heldout_table(root, tops, label)]
+
+
+def _benchmark_table(root: str, tops: dict[int, dict], label: str | None) -> Table:
+    """lm-eval's metrics per checkpoint and task, with the standard error and the change
+    since the first checkpoint evaluated."""
+    table = Table(title=f"standard benchmarks (lm-evaluation-harness): {root}")
+    for column in ("checkpoint", "task", "metric", "value", "stderr", "change"):
+        table.add_column(
+            column, justify="left" if column in ("checkpoint", "task", "metric") else "right"
+        )
+    first: dict[tuple[str, str], float] = {}
+    for c, top in tops.items():
+        for task, res in (top.get("lm_eval") or {}).items():
+            for name, value in res["metrics"].items():
+                if name.endswith("_stderr"):
+                    continue
+                err = res["metrics"].get(f"{name}_stderr")
+                key = (task, name)
+                change = f"{value - first[key]:+.4f}" if key in first else "-"
+                first.setdefault(key, value)
+                table.add_row(
+                    label or f"{c:05d}",
+                    task,
+                    name,
+                    f"{value:.4f}",
+                    f"{err:.4f}" if err is not None else "-",
+                    change,
+                )
+    return table
+
+
+def _heldout_table(root: str, tops: dict[int, dict], label: str | None) -> Table:
     table = Table(title=f"held-out evaluation: {root}")
     table.add_column("checkpoint")
     table.add_column("eval set")
@@ -122,8 +163,7 @@ def eval_table(cfg_or_root: RunConfig | str, label: str | None = None) -> Table:
     table.add_column("95% CI", justify="right")
     table.add_column("mean@n", justify="right")
     table.add_column("best pass@k", justify="right")
-    for c in committed_indices(store, join(root, "evals")):
-        top = json.loads(store.read_text(join(root, "evals", f"{c:05d}", "metrics.json")))
+    for c, top in tops.items():
         for name, m in top["sets"].items():
             ov, n = m["overall"], m["n"]
             ci = ov.get("pass@1_ci95")
@@ -251,8 +291,8 @@ def run_local(
             print_error(e, failure_hints(task, record, config, cfg, overrides, options))
             sys.exit(2 if record.get("user_error") else 1)
     elapsed = time.perf_counter() - t0
-    if cfg.data.eval:
-        Console().print(eval_table(cfg))
+    if cfg.data.evaluates:
+        Console().print(*eval_tables(cfg))
     from components.evaluate.run_report import write_run_report
     from components.evaluate.timeline import summarize_run
 

@@ -225,6 +225,10 @@ def _fill_runtime(value: Any, runtime: dict[str, str]) -> Any:
     if isinstance(value, str) and "{{$." in value:
         for placeholder, text in runtime.items():
             value = value.replace(placeholder, text)
+    elif isinstance(value, list):
+        return [_fill_runtime(v, runtime) for v in value]
+    elif isinstance(value, dict):
+        return {k: _fill_runtime(v, runtime) for k, v in value.items()}
     return value
 
 
@@ -294,22 +298,26 @@ def task_command(
 ) -> list[str]:
     """The container's command and args with every placeholder filled in."""
     root = ctx.task_root(task)
-    fixed = {"{{$}}": json.dumps(executor), **ctx.runtime_values(task)}
-    fixed["{{$.outputs.output_file}}"] = str(root / EXECUTOR_OUTPUT)
+    fixed = {**ctx.runtime_values(task), "{{$.outputs.output_file}}": str(root / EXECUTOR_OUTPUT)}
+    where = f"pipeline {ctx.pipeline_name}, task {task.name}"
     command = []
     for part in [*task.container.get("command", []), *task.container.get("args", [])]:
+        if part.lstrip().startswith(('{"Concat"', '{"IfPresent"')):
+            raise PipelineNotRunnableLocally(
+                f"{where}: Concat / IfPresent placeholders do not run on rlvr's local runner"
+            )
         for placeholder, text in fixed.items():
             part = part.replace(placeholder, text)
         part = _INPUT_REF.sub(lambda m: _text(values[m[1]]) if m[1] in values else m[0], part)
         part = _OUTPUT_PARAM.sub(lambda m: str(root / m[1]), part)
         part = _OUTPUT_ARTIFACT.sub(lambda m: str(root / m[1]), part)
-        left = _ANY_PLACEHOLDER.search(part)
+        left = _ANY_PLACEHOLDER.search(part.replace("{{$}}", ""))
         if left:
             raise PipelineNotRunnableLocally(
-                f"pipeline {ctx.pipeline_name}, task {task.name}: the placeholder {left[0]} "
-                "is not one the local runner fills in"
+                f"{where}: the placeholder {left[0]} is not one the local runner fills in"
             )
-        command.append(part)
+        # last: the executor input's JSON may hold anything, placeholders' look-alikes too
+        command.append(part.replace("{{$}}", json.dumps(executor)))
     return command
 
 

@@ -33,7 +33,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,16 +75,19 @@ class LocalRunError(RuntimeError):
 _current = threading.local()
 _live: set[subprocess.Popen] = set()
 """Task processes still running, each the leader of its own process group."""
+_stopping = threading.Event()
+"""Set while a run is being stopped (Ctrl-C, SIGTERM): no task process starts, none retries."""
 
 
 def _kill_live_tasks() -> None:
     """Stop every running task and whatever it started (a torchrun's ranks, verifier pools),
-    containers included."""
+    containers included; no task starts after this (`_stopping`)."""
     import os
     import signal
 
     from pipelines.local_docker import stop_live_containers
 
+    _stopping.set()
     stop_live_containers()
 
     for proc in list(_live):
@@ -150,6 +152,8 @@ def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., i
         # reaches only its main thread, not threads it already started.
         launcher = shutil.which("nice", path=env.get("PATH")) if nice else None
         command = [launcher, "-n", str(nice), *full_command] if launcher else full_command
+        if _stopping.is_set():  # the run is being stopped: start nothing new
+            return 1
         with (
             open_log(task) as write,
             subprocess.Popen(
@@ -242,17 +246,17 @@ def _run_task(
         root.mkdir(parents=True, exist_ok=True)
         if run(task, command, env) == 0:
             return read_outputs(task, root)
-        if attempt < task.retry.count and not stopped():
-            delay = task.retry.delay(attempt)
-            log.warning(
-                "task %s failed (attempt %d of %d); retrying in %.0f s",
-                task.name,
-                attempt + 1,
-                task.retry.count + 1,
-                delay,
-            )
-            time.sleep(delay)
-        else:
+        if attempt >= task.retry.count or stopped():
+            break
+        delay = task.retry.delay(attempt)
+        log.warning(
+            "task %s failed (attempt %d of %d); retrying in %.0f s",
+            task.name,
+            attempt + 1,
+            task.retry.count + 1,
+            delay,
+        )
+        if _stopping.wait(delay) or stopped():  # stopped, or a peer failed, while waiting
             break
     return None
 
@@ -278,7 +282,9 @@ def _schedule(
     def execute(task: IrTask) -> None:
         _current.task = task.name
         try:
-            out = _run_task(task, arguments, outputs, ctx, run, lambda: bool(failed))
+            out = _run_task(
+                task, arguments, outputs, ctx, run, lambda: bool(failed) or _stopping.is_set()
+            )
         except Exception:  # noqa: BLE001 - a crash of the runner is this task's failure
             log.exception("task %s could not run", task.name)
             out = None
@@ -340,6 +346,7 @@ def run_pipeline(
         pipeline = read_pipeline(Path(shutil.copy(pipeline.path, job_dir / "pipeline.yaml")))
     args = pipeline.arguments(arguments)
     env = task_env or (lambda task: {})
+    _stopping.clear()
     if docker is None:
         run = _subprocess_runner(log_dir, env)
     else:

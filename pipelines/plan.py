@@ -158,7 +158,7 @@ def segment_up_to_date(cfg: RunConfig, seg: Segment) -> bool:
 
     if first_out_of_date(cfg, seg) is not None:
         return False
-    if cfg.data.eval:
+    if cfg.data.evaluates:
         ev = EvaluateStage(cfg)
         try:
             return all(ev.up_to_date(c) for c in segment_eval_checkpoints(cfg, seg))

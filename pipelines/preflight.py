@@ -65,6 +65,11 @@ def local_paths(cfg: RunConfig) -> list[tuple[str, str]]:
         ("data.train", cfg.data.train),
     ]
     entries += [(f"data.eval.{i}.path", e.path) for i, e in enumerate(cfg.data.eval)]
+    entries += [
+        (f"data.eval[{s.name}].include_path", s.include_path)
+        for s in cfg.data.lm_eval
+        if s.include_path
+    ]
     return [(key, uri) for key, uri in entries if not is_s3(uri) and not is_hub(uri)]
 
 
@@ -79,6 +84,15 @@ def _local_path_advice(cfg: RunConfig) -> list[tuple[str, str]]:
                     f"is a local path ({path}): pods on a cluster cannot reach it; use "
                     "an object store URI (s3://bucket/prefix) for a pipeline that runs "
                     "there",
+                )
+            )
+        elif key.endswith(".include_path"):
+            out.append(
+                (
+                    key,
+                    f"is a directory on this machine ({path}): the evaluate pods read it at "
+                    "the same path, so mount it there (a volume) or build it into the "
+                    "evaluate image",
                 )
             )
         else:
@@ -112,6 +126,10 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
     check_train(cfg, problems)
     check_lora(cfg, problems)
     _eval_settings(cfg, problems)
+    if cfg.data.lm_eval:  # every task resolves and its data can be read (a few seconds)
+        from components.evaluate.lm_eval_suite import check_suites
+
+        check_suites(cfg, problems, inputs=inputs, for_cluster=for_cluster)
     check_tracking(cfg, problems, for_cluster=for_cluster)
     if for_cluster:
         _local_paths_for_a_cluster(cfg, problems)

@@ -38,7 +38,7 @@ class RunMonitor:
             "verify": [lay.scored(i) for i in its],
             "train": [lay.checkpoint(i + 1) for i in its],
         }
-        if cfg.data.eval:
+        if cfg.data.evaluates:
             self.watch["evaluate"] = [lay.evals(c) for c in segment_eval_checkpoints(cfg, seg)]
         self.bars = {
             name: self.progress.add_task(name, total=len(uris)) for name, uris in self.watch.items()

@@ -115,7 +115,7 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
         placed(nxt, "init", "next-segment")
         if for_cluster:  # Kubeflow's PodDefault projects the KFP API token into labelled pods
             kubernetes.add_pod_label(nxt, "access-ml-pipeline", "true")
-        if cfg.data.eval:
+        if cfg.data.evaluates:
             evals = []
             if cfg.evaluate.num_shards > 1:
                 evals += shards_of(ops.evaluate_worker, "evaluate", cfg.evaluate.num_shards, **seg)

@@ -269,3 +269,28 @@ def test_ci_tests_kfp_at_both_ends_of_its_range():
         assert f"{name}=={low}" in ci, f".ci/run's kfp-lowest leg does not test {name}=={low}"
         assert high == image[1]
         assert importlib.metadata.version(name) in (low, high)
+
+
+def test_a_stopped_run_retries_nothing(tmp_path):
+    """After Ctrl-C or SIGTERM (`_stopping`), a failed attempt is not retried and no task
+    process starts."""
+    from pipelines import local_runner
+    from pipelines.local_ir import IrTask, Retry, RunContext
+
+    calls = []
+
+    def run(task, command, env):
+        calls.append(task.name)
+        return 1
+
+    task = IrTask("t", "t", {}, {"command": ["true"]}, {}, frozenset(), Retry(count=3))
+    ctx = RunContext("p", str(tmp_path))
+    local_runner._stopping.set()
+    try:
+        assert local_runner._run_task(task, {}, {}, ctx, run, lambda: False) is None
+        assert calls == ["t"]
+        spawn = local_runner._make_subprocess_runner(tmp_path, lambda task: {})
+        assert spawn(["sh", "-c", f"touch {tmp_path}/started"]) == 1
+        assert not (tmp_path / "started").exists()
+    finally:
+        local_runner._stopping.clear()

@@ -266,7 +266,8 @@ class Lineage(dict):
         self.alternatives = {}
 
 
-def _config_digest(config: Any) -> str:
+def config_digest(config: Any) -> str:
+    """A short digest of a settings object (pydantic model or JSON-able value)."""
     dumped = config.model_dump_json() if hasattr(config, "model_dump_json") else json.dumps(config)
     return hashlib.sha256(dumped.encode()).hexdigest()[:16]
 
@@ -284,9 +285,16 @@ def lineage(
     finds its outputs up to date; the digests are of content, not of locations."""
     out = Lineage({_relative(uri, root): content_digest(store, uri) for uri in uris})
     if config is not None:
-        out["config"] = _config_digest(config)
+        out["config"] = config_digest(config)
     if legacy_config is not None:
-        out.alternatives["config"] = _config_digest(legacy_config)
+        out.alternatives["config"] = config_digest(legacy_config)
+    return out
+
+
+def with_input(inputs: Lineage, key: str, digest: str) -> Lineage:
+    """`inputs` plus one more input digest, keeping the older rlvr's alternatives."""
+    out = Lineage({**inputs, key: digest})
+    out.alternatives = dict(getattr(inputs, "alternatives", {}))
     return out
 
 

@@ -133,6 +133,50 @@ class EvalSetConfig(Strict):
     """Evaluate only prompts of these data sources (None: all)."""
 
 
+class LmEvalSetConfig(Strict):
+    """Standard benchmarks run through EleutherAI's lm-evaluation-harness on each evaluated
+    checkpoint (components/evaluate/lm_eval_suite.py): lm-eval's own task definitions, model
+    adapter and metrics. Written in `data.eval` beside the verl-format sets (an entry with an
+    `lm_eval` key) and kept in `data.lm_eval`."""
+
+    name: str = "lm_eval"
+    lm_eval: list[str] = Field(min_length=1)
+    """lm-eval task or group names (`arc_easy`, `mmlu`, or tasks of `include_path`)."""
+    include_path: str | None = None
+    """A directory of lm-eval task YAMLs (lm-eval's `--include_path`): custom tasks, or standard
+    ones over local data files where the Hub is not reachable. Relative `data_files` in them are
+    relative to this directory."""
+    limit: int | float | None = Field(None, gt=0)
+    """Examples per task: a count, or a fraction below 1 (lm-eval's `--limit`); None: all."""
+    num_fewshot: int | None = Field(None, ge=0)
+    """None: each task's own default."""
+    batch_size: int = Field(8, ge=1)
+    apply_chat_template: bool = False
+    """Wrap each request in the tokenizer's chat template (instruct models)."""
+    fewshot_as_multiturn: bool = False
+    system_instruction: str | None = None
+    seed: int = 1234
+    """lm-eval's seeds (Python, NumPy, torch, few-shot sampling): the same for every checkpoint."""
+
+    @model_validator(mode="after")
+    def _checks(self) -> LmEvalSetConfig:
+        if isinstance(self.limit, float) and self.limit >= 1:
+            raise ValueError(f"limit {self.limit}: a fraction is below 1; a count is an integer")
+        if self.fewshot_as_multiturn and not self.apply_chat_template:
+            raise ValueError("fewshot_as_multiturn needs apply_chat_template: true")
+        return self
+
+
+def split_eval_sets(entries: list) -> tuple[list, list]:
+    """`data.eval` entries as (verl-format sets, lm-eval suites): an entry with an `lm_eval`
+    key is a suite."""
+    verl, suites = [], []
+    for e in entries:
+        is_suite = isinstance(e, LmEvalSetConfig) or (isinstance(e, dict) and "lm_eval" in e)
+        (suites if is_suite else verl).append(e)
+    return verl, suites
+
+
 class CurriculumSection(Strict):
     """`data.sampler: curriculum`: draw prompts by their estimated pass rate (docs/algorithms.md,
     "Curriculum from pass rates")."""
@@ -158,11 +202,27 @@ class DataSection(Strict):
     train: str
     """Train dataset (verl format Parquet), path or URI."""
     eval: list[EvalSetConfig] = Field(default_factory=list)
+    lm_eval: list[LmEvalSetConfig] = Field(default_factory=list)
+    """Standard-benchmark suites; written in `eval` as entries with an `lm_eval` key."""
     prompts_per_iteration: int = Field(64, ge=1)
     """Prompts drawn per iteration, walking a seeded permutation of the train set epoch by epoch."""
     sampler: Literal["uniform", "curriculum"] = "uniform"
     """`uniform`: the seeded permutation above; `curriculum`: by estimated pass rate."""
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether checkpoints are evaluated: held-out sets or standard-benchmark suites."""
+        return bool(self.eval or self.lm_eval)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _suites_out_of_eval(cls, raw: object) -> object:
+        if isinstance(raw, dict) and isinstance(raw.get("eval"), list):
+            verl, suites = split_eval_sets(raw["eval"])
+            if suites:
+                raw = {**raw, "eval": verl, "lm_eval": [*(raw.get("lm_eval") or []), *suites]}
+        return raw
 
 
 class TrackingSection(Strict):
@@ -195,9 +255,17 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
-        names = [e.name for e in self.data.eval]
+        names = [e.name for e in (*self.data.eval, *self.data.lm_eval)]
         if len(set(names)) != len(names):
             raise ValueError(f"data.eval names must be unique, got {names}")
+        if "lm_eval" in [e.name for e in self.data.eval]:
+            raise ValueError(
+                "data.eval: `lm_eval` names the standard-benchmark results (eval/lm_eval/...); "
+                "give the verl-format set another name"
+            )
+        tasks = [t for suite in self.data.lm_eval for t in suite.lm_eval]
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(f"data.eval: an lm-eval task is in two suites: {tasks}")
         if self.train.void_turn_filter and not (self.generate.tools or self.generate.environment):
             raise ValueError(
                 "train.void_turn_filter drops multi-turn trajectories with a void "
@@ -331,6 +399,9 @@ def load_config(
     cfg.data.train = _resolve(cfg.data.train, base, hub="dataset", prepare_out=out)
     for ev in cfg.data.eval:
         ev.path = _resolve(ev.path, base, hub="dataset", prepare_out=out)
+    for suite in cfg.data.lm_eval:
+        if suite.include_path is not None:
+            suite.include_path = _resolve(suite.include_path, base)
     cfg.run.store = _resolve(cfg.run.store, Path.cwd())
     if cfg.run.run_id is None:
         cfg.run.run_id = base.name
@@ -354,7 +425,7 @@ def effective_config(
 ) -> RunConfig:
     """The config a pipeline task runs with: the compiled-in config plus the run-time pipeline
     parameters (set in the KFP UI or at submit); empty parameters change nothing. `eval_sets` is a
-    JSON list of eval-set objects ({name, path, n, ...})."""
+    JSON list of eval-set objects ({name, path, n, ...} or {name, lm_eval: [tasks], ...})."""
     cfg = from_pipeline(config_json, run_id)
     try:
         if store:
@@ -362,7 +433,9 @@ def effective_config(
         if base_checkpoint:
             cfg.model.base = base_checkpoint
         if eval_sets:
-            cfg.data.eval = [EvalSetConfig.model_validate(e) for e in json.loads(eval_sets)]
+            verl, suites = split_eval_sets(json.loads(eval_sets))
+            cfg.data.eval = [EvalSetConfig.model_validate(e) for e in verl]
+            cfg.data.lm_eval = [LmEvalSetConfig.model_validate(e) for e in suites]
         return RunConfig.model_validate_json(cfg.to_json())
     except (ValidationError, ValueError) as e:
         raise ConfigError(f"invalid pipeline parameter: {e}") from None

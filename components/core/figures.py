@@ -100,6 +100,8 @@ def _seconds(timeline: Mapping[str, Any] | None, stage: str) -> dict[str, float]
     out = {f"time/{stage}_s": float(busy)}
     if "work" in seconds:
         out[f"time/{stage}_work_s"] = float(seconds["work"])
+    if "lm_eval" in seconds:  # evaluate: the standard benchmarks' share
+        out[f"time/{stage}_lm_eval_s"] = float(seconds["lm_eval"])
     return out
 
 
@@ -134,7 +136,10 @@ def eval_figures(metrics: Mapping[str, Any], stats: Mapping[str, Any] | None = N
     """The named figures of one committed evaluation (``evals/<c>/metrics.json``).
 
     Every eval set's overall summary becomes ``eval/<set>/<metric>``, a CI ``[lo, hi]`` becomes
-    ``…_ci95_lo`` / ``…_ci95_hi``; ``stats`` (the manifest's) adds ``time/evaluate_s``.
+    ``…_ci95_lo`` / ``…_ci95_hi``; each lm-eval task's or group's metrics (a group's members
+    stay in metrics.json) and standard errors become
+    ``eval/lm_eval/<task>/<metric>``, with ``…_ci95_lo`` / ``_hi`` at 1.96 standard errors; ``stats`` (the manifest's) adds ``time/evaluate_s`` (and
+    ``time/evaluate_lm_eval_s``).
     """
     out: dict[str, float] = {}
     sets = metrics.get("sets") or {metrics.get("eval_set", "eval"): metrics}
@@ -149,6 +154,18 @@ def eval_figures(metrics: Mapping[str, Any], stats: Mapping[str, Any] | None = N
                     out[f"eval/{name}/{key}_hi"] = hi
             elif (x := _number(value)) is not None:
                 out[f"eval/{name}/{key}"] = x
+    for task, res in (metrics.get("lm_eval") or {}).items():  # standard benchmarks
+        if res.get("parent"):  # a group's member: in metrics.json, not one figure per subtask
+            continue
+        values = res.get("metrics") or {}
+        for key, value in values.items():
+            if (x := _number(value)) is None:
+                continue
+            out[f"eval/lm_eval/{task}/{key}"] = x
+            err = _number(values.get(f"{key}_stderr"))
+            if err is not None and not key.endswith("_stderr"):  # a normal 95% interval
+                out[f"eval/lm_eval/{task}/{key}_ci95_lo"] = x - 1.96 * err
+                out[f"eval/lm_eval/{task}/{key}_ci95_hi"] = x + 1.96 * err
     if stats:
         out.update(_seconds(stats.get("timeline"), "evaluate"))
     return out

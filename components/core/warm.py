@@ -450,7 +450,7 @@ def segment(cfg: RunConfig, index: int) -> Segment:
 
 def eval_checkpoints(cfg: RunConfig) -> list[int]:
     """Checkpoints the pipeline evaluates: the base, every `evaluate.every`-th, and the last."""
-    if not cfg.data.eval:
+    if not cfg.data.evaluates:
         return []
     last, every = cfg.run.iterations, cfg.evaluate.every
     return sorted({0, last, *range(every, last + 1, every)})

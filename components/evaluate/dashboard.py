@@ -118,8 +118,52 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def _eval_sets(dyn: Dynamics) -> list[str]:
+    """The verl-format eval sets (the standard benchmarks are `eval/lm_eval/...`)."""
     return sorted(
         {c.split("/")[1] for c in dyn.columns if c.startswith("eval/") and c.count("/") >= 2}
+        - {"lm_eval"}
+    )
+
+
+def _benchmarks_table(dyn: Dynamics) -> str:
+    """The standard benchmarks per evaluated checkpoint: each task's metrics with lm-eval's
+    standard error, and the change since the first checkpoint evaluated (the base in a run)."""
+    prefix = "eval/lm_eval/"
+    names = [
+        c
+        for c in dyn.columns
+        if c.startswith(prefix) and "_ci95_" not in c and not c.endswith("_stderr")
+    ]
+    if not names:
+        return ""
+    rows = [c for c in dyn.steps if any(n in dyn.rows[c] for n in names)]
+    head = "".join(f"<th>{_e(n[len(prefix) :])}</th>" for n in names)
+    body = []
+    first = dyn.rows[rows[0]]
+    for c in rows:
+        row = dyn.rows[c]
+        cells = []
+        for n in names:
+            v = row.get(n)
+            if v is None:
+                cells.append("<td>–</td>")
+                continue
+            text = f"{v:.4f}"
+            err = row.get(f"{n}_stderr")
+            if err is not None:
+                text += f' <span class="ci">± {err:.3f}</span>'
+            if c != rows[0] and first.get(n) is not None:
+                text += f' <span class="ci">({v - first[n]:+.4f})</span>'
+            cells.append(f"<td>{text}</td>")
+        label = f"{c:05d}" + (" (base)" if c == 0 else "")
+        body.append(f"<tr><td>{_e(label)}</td>{''.join(cells)}</tr>")
+    return (
+        '<section id="benchmarks"><h2>Standard benchmarks</h2><p class="note">lm-evaluation-'
+        "harness tasks on every evaluated checkpoint: did anything else regress while the "
+        "reward went up? ± lm-eval's standard error; in brackets the change since checkpoint "
+        f"{rows[0]:05d}. The eval plot draws each task next to the trained task's pass@1.</p>"
+        f'<div class="scroll"><table><thead><tr><th>checkpoint</th>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div></section>"
     )
 
 
@@ -285,12 +329,16 @@ def render_html(
             f"highlighted.</p>{tables}</section>"
         )
         nav.append(("evaluation", "eval table"))
-    else:
+    elif not _benchmarks_table(dyn):
         sections.append(
             '<section id="evaluation"><h2>Evaluation</h2><p class="note">No evaluation '
             "committed yet: the table and the eval plot appear once <code>evals/&lt;c&gt;</code>"
             " is.</p></section>"
         )
+    benchmarks = _benchmarks_table(dyn)
+    if benchmarks:
+        sections.append(benchmarks)
+        nav.append(("benchmarks", "standard benchmarks"))
     for family, png in plots.items():
         note = _NOTES.get(family, "")
         sections.append(

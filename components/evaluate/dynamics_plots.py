@@ -113,9 +113,28 @@ def _pass_k(name: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _lm_eval_panels(dyn: Dynamics, names: Sequence[str], trained: str | None) -> list[Panel]:
+    """The regression panels: per lm-eval task its metrics over the checkpoints (95% band from
+    lm-eval's standard errors), next to the trained task's pass@1."""
+    panels = []
+    prefix = "eval/lm_eval/"
+    metrics = [
+        n for n in names if n.startswith(prefix) and "_ci95_" not in n and not n.endswith("_stderr")
+    ]
+    for task in sorted({n[len(prefix) :].split("/")[0] for n in metrics}):
+        mine = [n for n in metrics if n.startswith(f"{prefix}{task}/")]
+        lines = tuple(mine) + ((trained,) if trained else ())
+        labels = tuple(n.rsplit("/", 1)[1] for n in mine)
+        if trained:
+            labels += (f"{trained.split('/')[1]} pass@1 (trained task)",)
+        panels.append(Panel(f"standard benchmark: {task}", lines, labels))
+    return panels
+
+
 def _eval_panels(dyn: Dynamics, names: Sequence[str]) -> list[Panel]:
     panels: list[Panel] = []
-    sets = sorted({n.split("/")[1] for n in names if n.count("/") >= 2})
+    sets = sorted({n.split("/")[1] for n in names if n.count("/") >= 2} - {"lm_eval"})
+    trained = f"eval/{sets[0]}/pass@1" if sets and f"eval/{sets[0]}/pass@1" in names else None
     for s in sets:
         prefix = f"eval/{s}/"
         mine = [n for n in names if n.startswith(prefix) and "_ci95_" not in n]
@@ -150,7 +169,7 @@ def _eval_panels(dyn: Dynamics, names: Sequence[str]) -> list[Panel]:
         for n in mine:
             if n not in used:
                 panels.append(Panel(n, (n,)))
-    return panels
+    return panels + _lm_eval_panels(dyn, names, trained)
 
 
 def _time_panels(names: Sequence[str]) -> list[Panel]:

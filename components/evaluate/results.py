@@ -93,7 +93,8 @@ def history(store: Store, layout: RunLayout, current: int, current_metrics: dict
         if c == current:
             continue
         m = json.loads(store.read_text(join(layout.evals(c), "metrics.json")))
-        rows.append(_history_row(store, layout, c, m))
+        if "overall" in m:  # a checkpoint evaluated on lm-eval suites alone has no pass@1
+            rows.append(_history_row(store, layout, c, m))
     rows.append(_history_row(store, layout, current, current_metrics))
     return sorted(rows, key=lambda r: r["checkpoint"])
 
@@ -140,8 +141,11 @@ def write_outputs(
     results: dict[str, dict[str, Any]],
     out: OutputDir,
     tmp: Path,
+    lm_eval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Samples, metrics, plots and the report of checkpoint c into `out` (not committed)."""
+    """Samples, metrics, plots and the report of checkpoint c into `out` (not committed);
+    `lm_eval`: the lm-eval suites' summaries by suite (lm_eval_suite.run_suite), written whole to
+    `lm_eval.json` and by task into metrics.json's `lm_eval`."""
     ckpt_uri = layout.checkpoint(c)
     out.begin(force=True)
     all_metrics: dict[str, dict] = {}
@@ -162,21 +166,66 @@ def write_outputs(
         out.put_bytes(json.dumps(metrics, indent=2).encode(), f"{ev.name}/metrics.json")
         all_metrics[ev.name] = metrics
 
-    primary = all_metrics[cfg.data.eval[0].name]
+    primary = all_metrics[cfg.data.eval[0].name] if cfg.data.eval else {}
     top = {**primary, "checkpoint_index": c, "sets": all_metrics}
+    if lm_eval:
+        top["lm_eval"] = {t: r for s in lm_eval.values() for t, r in s["tasks"].items()}
+        top["lm_eval_version"] = next(iter(lm_eval.values()))["lm_eval_version"]
+        out.put_bytes(json.dumps(lm_eval, indent=2).encode(), "lm_eval.json")
     out.put_bytes(json.dumps(top, indent=2).encode(), "metrics.json")
-    images = _plots(store, layout, c, top, tmp, out)
-    report = render_markdown(
-        {
-            "model": ckpt_uri,
-            "checkpoint": f"{c:05d}",
-            **{k: primary[k] for k in ("overall", "by_data_source")},
-        },
-        history(store, layout, c, top),
-        images,
-    )
+    if primary:
+        images = _plots(store, layout, c, top, tmp, out)
+        report = render_markdown(
+            {
+                "model": ckpt_uri,
+                "checkpoint": f"{c:05d}",
+                **{k: primary[k] for k in ("overall", "by_data_source")},
+            },
+            history(store, layout, c, top),
+            images,
+        )
+    else:
+        report = f"# Evaluation report\n\n- **model**: {ckpt_uri}\n- **checkpoint**: {c:05d}\n"
+    if lm_eval:
+        report += standard_benchmarks_markdown(top)
     out.put_bytes(report.encode(), "report.md")
     return top
+
+
+def standard_benchmarks_markdown(top: dict[str, Any]) -> str:
+    """report.md's table of the lm-eval tasks: each metric with its standard error."""
+    lines = ["", "## Standard benchmarks (lm-evaluation-harness)", ""]
+    lines += [f"lm-eval {top.get('lm_eval_version')}", ""]
+    lines += ["| task | version | shots | samples | metric | value | stderr |"]
+    lines += ["|---|---|---|---|---|---|---|"]
+    for task, res in top["lm_eval"].items():
+        n = res.get("n_samples", {}).get("effective", "")
+        for name, value in res["metrics"].items():
+            if name.endswith("_stderr"):
+                continue
+            err = res["metrics"].get(f"{name}_stderr")
+            err_text = f"{err:.4f}" if err is not None else ""
+            lines.append(
+                f"| {task} | {res.get('version')} | {res.get('n_shot', '')} | {n} | {name} "
+                f"| {value:.4f} | {err_text} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def suite_record(suites: dict[str, Any]) -> dict[str, Any]:
+    """What an evaluation's manifest records of its lm-eval suites, so that two checkpoints'
+    numbers can be compared and a rerun reproduced: lm-eval's version, and each task's version,
+    few-shot count and sample counts; the suites' seconds."""
+    first = next(iter(suites.values()))
+    return {
+        "lm_eval_version": first["lm_eval_version"],
+        "seconds": round(sum(s["seconds"] for s in suites.values()), 3),
+        "tasks": {
+            task: {k: res[k] for k in ("version", "n_shot", "n_samples")}
+            for s in suites.values()
+            for task, res in s["tasks"].items()
+        },
+    }
 
 
 def _plots(

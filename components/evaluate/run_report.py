@@ -47,10 +47,9 @@ def write_run_report(store: Store, root: str) -> dict[str, str]:
     try:
         md = "# Run report\n\n_No evaluation yet._\n"
         best = None
+        tops = {c: json.loads(store.read_text(join(layout.evals(c), "metrics.json"))) for c in done}
+        done = [c for c in done if "overall" in tops[c]]  # held-out sets (not lm-eval alone)
         if done:
-            tops = {
-                c: json.loads(store.read_text(join(layout.evals(c), "metrics.json"))) for c in done
-            }
             last = done[-1]
             rows = history(store, layout, last, tops[last])
             best = max(done, key=lambda c: tops[c]["overall"]["pass@1"])

@@ -26,16 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from components.core.commit import (
+    Lineage,
     OutputDir,
     clear_other_layouts,
     committed_files,
+    config_digest,
     content_digest,
     lineage,
     shard_dir,
     shard_of,
+    with_input,
 )
 from components.core.config import RunConfig, unused_keys
-from components.core.errors import StageError
+from components.core.errors import StageError, UserError
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.schemas import read_records
 from components.core.store import Store, StoreError, join
@@ -50,6 +53,7 @@ from components.evaluate.metrics import (
     default_ks,
 )
 from components.evaluate.results import (
+    suite_record,
     write_outputs,
     write_table,
 )
@@ -62,8 +66,11 @@ EVAL_SEED_ITERATION = -1  # the same sample seeds for every checkpoint
 
 
 def validate_eval_sets(cfg: RunConfig) -> None:
-    if not cfg.data.eval:
-        raise StageError("data.eval is empty: add at least one eval set (name, path, n)")
+    if not cfg.data.eval and not cfg.data.lm_eval:
+        raise StageError(
+            "data.eval is empty: add at least one eval set ({name, path, n}, or {name, "
+            "lm_eval: [tasks]} for standard benchmarks)"
+        )
     for ev in cfg.data.eval:
         try:
             default_ks(ev.n, [*cfg.evaluate.ks, *ev.ks])
@@ -88,7 +95,7 @@ def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
     return c
 
 
-def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> dict[str, str]:
+def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> Lineage:
     settings = {
         "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
         "generate": cfg.generate.model_dump(
@@ -107,6 +114,16 @@ def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> dict[str
         # what schema-version-2 rlvr digested (with the paths): its evaluations stay current
         legacy_config={"eval": [e.model_dump(mode="json") for e in cfg.data.eval], **settings},
     )
+
+
+def _with_suites(cfg: RunConfig, inputs: Lineage) -> Lineage:
+    """The inputs of a checkpoint's whole evaluation: with the lm-eval suites' settings, task
+    files and lm-eval version where there are suites (a run without them keeps its lineage)."""
+    if not cfg.data.lm_eval:
+        return inputs
+    from components.evaluate.lm_eval_suite import suite_inputs
+
+    return with_input(inputs, "lm_eval", config_digest([suite_inputs(s) for s in cfg.data.lm_eval]))
 
 
 def _sample_and_score(
@@ -236,6 +253,16 @@ class EvaluateStage(Stage):
         validate_eval_sets(self.cfg)
         problems = Problems()
         check_verifier_specs(self.cfg, problems)
+        if self.cfg.data.lm_eval:
+            from components.evaluate.lm_eval_suite import check_suites
+
+            check_suites(self.cfg, problems)
+            if self.cfg.model.lora is not None and self.cfg.generate.backend == "vllm":
+                problems.error(
+                    "data.eval (lm-eval suites)",
+                    "a LoRA policy sampled by vLLM cannot be handed to lm-eval's adapter",
+                    "evaluate with generate.backend: transformers, or leave out the suites",
+                )
         problems.raise_if_any("evaluate config")
 
     def needs(self, c: int) -> list[str]:
@@ -254,9 +281,10 @@ class EvaluateStage(Stage):
             return OutputDir(store, uri, "evaluate").up_to_date(inputs)
         if self.cfg.evaluate.num_shards > 1:
             try:
-                inputs = {**inputs, "shards": content_digest(store, shards_uri)}
+                inputs = with_input(inputs, "shards", content_digest(store, shards_uri))
             except StoreError:
                 return False
+        inputs = _with_suites(self.cfg, inputs)
         return OutputDir(store, layout.evals(c), "evaluate").up_to_date(inputs)
 
     def step(self, c: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
@@ -292,7 +320,8 @@ class EvaluateStage(Stage):
             out = OutputDir(store, layout.evals(c), "evaluate")
             sharded = cfg.evaluate.num_shards > 1
             if sharded:
-                inputs = {**inputs, "shards": content_digest(store, shards_uri)}
+                inputs = with_input(inputs, "shards", content_digest(store, shards_uri))
+            inputs = _with_suites(cfg, inputs)
             if out.up_to_date(inputs) and not force:
                 log.info(
                     "evaluation of checkpoint %s already committed; skipping",
@@ -315,21 +344,79 @@ class EvaluateStage(Stage):
                 self._load(c, timeline)
                 with timeline.span("work"):
                     results = _sample_and_score(cfg, store, layout, c, 0, 1, self.engine)
+            suites = self._suites(c, timeline)
             t0 = time.time()
-            top = write_outputs(cfg, store, layout, c, results, out, tmp)
+            top = write_outputs(cfg, store, layout, c, results, out, tmp, lm_eval=suites)
             timeline.add("commit", t0, time.time())
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        overall = top["overall"]
-        stats = {
-            "checkpoint_index": c,
-            "pass@1": overall["pass@1"],
-            "n": top["n"],
-            "timeline": timeline.record(),
-        }
+        stats: dict[str, Any] = {"checkpoint_index": c}
+        label = self.label or f"{c:05d}"
+        if cfg.data.eval:
+            stats |= {"pass@1": top["overall"]["pass@1"], "n": top["n"]}
+            log.info("evaluate %s: pass@1 %.4f", label, top["overall"]["pass@1"])
+        if suites:
+            stats["lm_eval"] = suite_record(suites)
+            for task, res in top["lm_eval"].items():
+                shown = ", ".join(
+                    f"{k} {v:.4f}" for k, v in res["metrics"].items() if not k.endswith("_stderr")
+                )
+                log.info("evaluate %s: %s %s", label, task, shown)
+        stats["timeline"] = timeline.record()
         out.commit(stats, inputs)
-        log.info("evaluate %s: pass@1 %.4f", self.label or f"{c:05d}", overall["pass@1"])
         return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
+
+    def _suites(self, c: int, timeline: Timeline) -> dict[str, Any]:
+        """Every lm-eval suite on checkpoint c ({suite name: summary}), with the policy the
+        engine holds where it is a transformers model."""
+        if not self.cfg.data.lm_eval:
+            return {}
+        from components.evaluate import lm_eval_suite
+
+        self._load(c, timeline)  # a reuse where sampling loaded it
+        out = {}
+        with timeline.span("lm_eval"):
+            model, tokenizer = self._policy(c)
+            try:
+                for suite in self.cfg.data.lm_eval:
+                    log.info(
+                        "evaluate %s: lm-eval %s (%s)",
+                        self.label or f"{c:05d}",
+                        suite.name,
+                        ", ".join(suite.lm_eval),
+                    )
+                    lm = lm_eval_suite.adapter(model, tokenizer, suite)
+                    out[suite.name] = lm_eval_suite.run_suite(suite, lm)
+            finally:
+                del model, tokenizer
+                if self.engine.backend is not None and not hasattr(self.engine.backend, "model"):
+                    import torch
+
+                    if torch.cuda.is_available():  # the copy loaded beside vLLM's engine
+                        torch.cuda.empty_cache()
+        return out
+
+    def _policy(self, c: int) -> tuple[Any, Any]:
+        """The model and tokenizer lm-eval's transformers adapter wraps: the engine's own
+        (transformers backend; a LoRA policy as its PEFT model), else checkpoint c loaded once
+        more with transformers, for this checkpoint's suites only (a vLLM engine's weights are
+        out of lm-eval's reach; it then needs room beside vLLM's share of the GPU)."""
+        backend, tokenizer = self.engine.backend, self.engine.tokenizer
+        model = getattr(backend, "model", None)
+        if model is not None and hasattr(model, "forward"):
+            return model, tokenizer
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from components.core.adapter import is_adapter_dir
+        from components.core.checkpoint import local_checkpoint
+
+        ckpt = local_checkpoint(self.store, self.layout.checkpoint(c))
+        if is_adapter_dir(ckpt):  # refused by check() before any work
+            raise UserError("lm-eval suites on a LoRA policy need generate.backend: transformers")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype="auto").to(device).eval()
+        return model, AutoTokenizer.from_pretrained(ckpt)
 
     def _load(self, c: int, timeline: Timeline) -> None:
         """Checkpoint c into the engine (in place when only the weights changed)."""

@@ -37,12 +37,24 @@ from components.core.stages import ITERATION_STAGES, STAGES
 from components.core.store import Store, StoreError, get_store, join
 
 SPAN_KINDS = ("start", "wait", "load", "read", "work", "commit")
+#: Spans only some runs have (evaluate's standard benchmarks), shown where they occur.
+OPTIONAL_KINDS = ("lm_eval",)
+
+
+def shown_kinds(present: set[str]) -> tuple[str, ...]:
+    """The span kinds of a chart or table: the usual ones, and the optional ones present,
+    before `commit`."""
+    extra = tuple(k for k in OPTIONAL_KINDS if k in present)
+    return (*SPAN_KINDS[:-1], *extra, SPAN_KINDS[-1])
+
+
 COLORS = {
     "start": "#9e9e9e",
     "wait": "#eeeeee",
     "load": "#ff9800",
     "read": "#03a9f4",
     "work": "#4caf50",
+    "lm_eval": "#2e7d32",
     "commit": "#9c27b0",
 }
 STAGE_ORDER = STAGES
@@ -113,7 +125,7 @@ class RunTimeline:
     def by_stage(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         for st in self.steps:
-            row = out.setdefault(st.stage, dict.fromkeys(SPAN_KINDS, 0.0))
+            row = out.setdefault(st.stage, dict.fromkeys(SPAN_KINDS, 0.0))  # and any optional
             for kind, s, e in st.spans:
                 row[kind] = row.get(kind, 0.0) + (e - s)
         return out
@@ -270,7 +282,7 @@ def handoff_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
 
 def summary(tl: RunTimeline) -> dict[str, Any]:
     length, path = critical_path(tl)
-    work_on_path = sum(s.seconds("work") for s in path)
+    work_on_path = sum(s.seconds("work") + s.seconds("lm_eval") for s in path)  # both are work
     iters = iteration_times(tl)
     total = sum(t for _, t, _ in iters)
     handoff = sum(h for _, h, _ in handoff_times(tl))
@@ -292,17 +304,19 @@ def summary(tl: RunTimeline) -> dict[str, Any]:
 
 
 def format_summary(s: dict[str, Any]) -> str:
+    present = {k for row in s["stages"].values() for k, v in row.items() if v}
+    kinds = shown_kinds(present)
     lines = [
         f"time: {s['wall_s']:.1f} s wall, of it {s['startup_s']:.1f} s start-up; an iteration "
         f"{s['iteration_s']:.2f} s, fixed cost {100 * s['iteration_fixed_share']:.0f}% of it "
         f"(the policy handoff, checkpoint commit and load, {s.get('handoff_s', 0.0):.2f} s: "
         f"{100 * s.get('handoff_share', 0.0):.0f}%); critical path {s['critical_path_s']:.1f} s ({s['critical_path_work_s']:.1f} s stage "
         f"work; fixed cost {100 * s['fixed_share']:.0f}% of the wall time)",
-        f"{'stage':>10} " + " ".join(f"{k:>8}" for k in SPAN_KINDS),
+        f"{'stage':>10} " + " ".join(f"{k:>8}" for k in kinds),
     ]
     for stage in sorted(s["stages"], key=lambda x: STAGE_ORDER.index(x) if x in STAGE_ORDER else 9):
         row = s["stages"][stage]
-        lines.append(f"{stage:>10} " + " ".join(f"{row.get(k, 0.0):8.1f}" for k in SPAN_KINDS))
+        lines.append(f"{stage:>10} " + " ".join(f"{row.get(k, 0.0):8.1f}" for k in kinds))
     if s.get("reruns"):
         lines.append(
             f"not counted: {len(s['reruns'])} step(s) rerun alone since the run "
@@ -353,7 +367,8 @@ def plot_timeline(tl: RunTimeline, out_png: Path, title: str = "") -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first process started")
     ax.set_xlim(0, tl.wall * 1.01 if tl.wall else 1)
-    handles = [Patch(facecolor=COLORS[k], label=k) for k in SPAN_KINDS]
+    present = {kind for st in tl.steps for kind, _, _ in st.spans}
+    handles = [Patch(facecolor=COLORS[k], label=k) for k in shown_kinds(present)]
     handles.append(Patch(facecolor="none", edgecolor="#d32f2f", label="critical path"))
     ax.legend(
         handles=handles,

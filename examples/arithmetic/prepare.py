@@ -5,7 +5,9 @@ Writes, under ``--out``:
 * ``train.parquet`` and ``eval.parquet`` (verl format, see ``examples.arithmetic.data``);
 * ``base/``: a tiny Qwen2 policy and its character-level tokenizer, warmed by a short supervised
   run on train problems so that RL starts from a policy that sometimes answers correctly;
-* ``prepare.json``: the settings and the warm-up curve.
+* ``prepare.json``: the settings and the warm-up curve;
+* ``lm_eval/``: the data of the demo's standard-benchmark tasks (``lm_eval_tasks/``), written
+  even where the rest already exists.
 
 The warm-up teaches the response format ``\\boxed{ANSWER}<eos>`` after the chat-templated prompt
 (teacher forcing, loss on response tokens only, label smoothing). Label smoothing leaves a little
@@ -46,6 +48,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 from components.core.store import ordinary_modes
 from components.verify.math import compute_score
 from examples.arithmetic.data import N_DEV, Problem, make_splits, write_table
+from examples.arithmetic.lm_eval_data import write_lm_eval_data
 from examples.arithmetic.model import (
     HIDDEN_SIZE,
     NUM_HEADS,
@@ -260,6 +263,8 @@ def publish(out: Path, write: Callable[[Path], None]) -> None:
 def prepare(out: Path, cfg: WarmupConfig, task: Task = ARITHMETIC) -> Path:
     """Write datasets and the warmed base policy under ``out`` (skipped if already there)."""
     out = Path(out)
+    if task is ARITHMETIC:  # the standard-benchmark suite's data (lm_eval_tasks/), apart
+        write_lm_eval_data(out)
     if outputs_exist(out):
         print(f"{out} already holds train.parquet, eval.parquet and base/; nothing to do")
         return out

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from examples.arithmetic.prepare import publish
+from examples.smollm2.lm_eval_data import write_lm_eval_data
 from examples.smollm2.model import fetch_model
 from examples.smollm2.task import make_splits, write_table
 
@@ -35,6 +36,7 @@ def prepare(
     out: Path, *, seed: int = 0, n_train: int = 4000, n_eval: int = 100, hub: bool = True
 ) -> Path:
     out = Path(out)
+    write_lm_eval_data(out)  # the standard-benchmark suite's data (lm_eval_tasks/), apart
     if all((out / name).exists() for name in OUTPUTS):
         print(f"{out} already holds train.parquet, eval.parquet and base/; nothing to do")
         return out

@@ -1,0 +1,54 @@
+"""The data of the demo's standard-benchmark suite (lm_eval_tasks/: two lm-evaluation-harness
+tasks), written by the prepare step: problems of the demo's own levels, drawn apart from its
+held-out set, in lm-eval's JSON-lines form.
+
+* ``arith_choice.jsonl``: the problem and four boxed answers (the right one, off by one either
+  way, off by ten), ``label`` the right one's index; lm-eval scores the choice the policy finds
+  most likely.
+* ``arith_greedy.jsonl``: the problem and ``\\boxed{ANSWER}``, the greedy response's target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from pathlib import Path
+
+from examples.arithmetic.data import level_pool
+
+FILES = ("arith_choice.jsonl", "arith_greedy.jsonl")
+PER_TASK = 100
+
+
+def write_lm_eval_data(out: Path, seed: int = 7) -> Path:
+    """``out/lm_eval/*.jsonl`` (kept when already there), each file renamed into place whole."""
+    target = Path(out) / "lm_eval"
+    if all((target / f).exists() for f in FILES):
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    pool = level_pool(1) + level_pool(2)
+    problems = rng.sample(pool, 2 * PER_TASK)
+    choice_rows, greedy_rows = [], []
+    for p in problems[:PER_TASK]:
+        answer = int(p.answer)
+        options = [answer, answer + 1, answer - 1, answer + 10]
+        rng.shuffle(options)
+        choice_rows.append(
+            {
+                "question": p.prompt_text,
+                "choices": [f"\\boxed{{{o}}}" for o in options],
+                "label": options.index(answer),
+            }
+        )
+    for p in problems[PER_TASK:]:
+        greedy_rows.append({"question": p.prompt_text, "target": f"\\boxed{{{p.answer}}}"})
+    for name, rows in zip(FILES, (choice_rows, greedy_rows), strict=True):
+        fd, tmp = tempfile.mkstemp(dir=target, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target / name)
+    return target
