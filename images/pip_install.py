@@ -10,7 +10,8 @@ Every images/*/Dockerfile installs its Python packages through this script:
   the GPU bases bring torch (and, for vLLM, transformers and friends), a bare Python base (the
   CPU flavor) gets them from the pins.
 - With `--prune`, what the packages it added carry only for their own tests and for compiling
-  against them is removed in the same layer: test suites (directories named tests / test) and
+  against them is removed in the same layer: test suites (directories named tests / test, but
+  for the few that run-time code imports: KEEP_TEST_DIRS) and
   torch's C++ headers and test binaries (the images have no compiler). The base's own packages
   are never touched.
 - Every distribution already installed (the base image's torch, vLLM, CUDA wheels, numpy...) is
@@ -121,6 +122,9 @@ def merged_constraints(
 #: Dead weight at run time, by distribution, beyond test suites (paths relative to site-packages).
 PRUNE_GLOBS = {"torch": ["torch/include", "torch/bin/test_*", "torch/bin/*Test"]}
 TEST_DIRS = {"tests", "test"}
+#: Test directories that run-time code imports, kept: numpy.testing (which scipy imports, and
+#: through it scikit-learn, lm-eval's metrics and transformers) reads numpy/_core/tests/_natype.py.
+KEEP_TEST_DIRS = {"numpy": {"numpy/_core/tests"}}
 
 
 def _size(path: Path) -> int:
@@ -143,7 +147,8 @@ def prune(names: list[str]) -> int:
                 continue
             for k, part in enumerate(parts[:-1]):
                 if part in TEST_DIRS:
-                    targets.add(root.joinpath(*parts[: k + 1]))
+                    if "/".join(parts[: k + 1]) not in KEEP_TEST_DIRS.get(canonical(name), ()):
+                        targets.add(root.joinpath(*parts[: k + 1]))
                     break
         for pattern in PRUNE_GLOBS.get(canonical(name), []):
             targets.update(root.glob(pattern))

@@ -585,3 +585,26 @@ def test_makefile_calls_the_build_script():
         check=True,
     ).stdout
     assert 'build.sh" "r.example/x" "0.1.0" --push' in out
+
+
+def test_prune_keeps_the_test_files_numpy_testing_imports(tmp_path, monkeypatch):
+    """numpy.testing imports numpy/_core/tests/_natype.py, and scipy imports numpy.testing
+    (the evaluate image's lm-eval -> scikit-learn -> scipy): that directory stays, the rest of
+    numpy's tests go."""
+    site = tmp_path / "site"
+    files = {
+        "numpy/__init__.py": "",
+        "numpy/_core/tests/_natype.py": "x" * 10,
+        "numpy/linalg/tests/test_linalg.py": "x" * 40,
+    }
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    info = site / "numpy-2.2.6.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 2.2.6\n")
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files))
+    monkeypatch.syspath_prepend(str(site))
+    assert pip_install.prune(["numpy"]) == 40
+    assert (site / "numpy/_core/tests/_natype.py").is_file()
+    assert not (site / "numpy/linalg/tests").exists()
