@@ -182,6 +182,20 @@ def _make_subprocess_runner(log_dir: Path, task_env: TaskEnv) -> Callable[..., i
     return run_local_subprocess
 
 
+def _make_dir(path: Path, like: Path) -> None:
+    """`path` (and its missing parents) owned like `like`: with the docker runner a root caller
+    hands the run to the images' uid (pipelines/local_docker.py, hand_over), whose tasks write
+    their outputs here."""
+    import os
+
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    owner = like.stat()
+    if os.geteuid() == 0 and (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
+        for p in missing:
+            os.chown(p, owner.st_uid, owner.st_gid)
+
+
 def _python_task(command: list[str]) -> list[str]:
     """A Python component's command run with this Python: the `python3` of KFP's executor
     line (the shell script before the component's source) becomes `sys.executable`."""
@@ -243,7 +257,7 @@ def _run_task(
     command = task_command(task, executor_input(task, values, root), values, ctx)
     env = {e["name"]: e["value"] for e in task.container.get("env", [])}
     for attempt in range(task.retry.count + 1):
-        root.mkdir(parents=True, exist_ok=True)
+        _make_dir(root, like=Path(ctx.pipeline_root))
         if run(task, command, env) == 0:
             return read_outputs(task, root)
         if attempt >= task.retry.count or stopped():
@@ -342,7 +356,7 @@ def run_pipeline(
         pipeline = compile_pipeline(pipeline_func, Path(tmp) / "pipeline.yaml")
         ctx = RunContext(pipeline.name, root)
         job_dir = Path(root, ctx.job_name)
-        job_dir.mkdir(parents=True, exist_ok=True)
+        _make_dir(job_dir, like=Path(root))
         pipeline = read_pipeline(Path(shutil.copy(pipeline.path, job_dir / "pipeline.yaml")))
     args = pipeline.arguments(arguments)
     env = task_env or (lambda task: {})
