@@ -402,3 +402,25 @@ def test_a_config_of_suites_alone_evaluates_and_reports(tmp_path, tiny_assets):
     assert "index.html" in paths
     report = CliRunner().invoke(main, ["report", result["root"]], catch_exceptions=False)
     assert report.exit_code == 0 and "t_greedy" in report.output
+
+
+def test_a_suite_runs_on_every_kth_evaluated_checkpoint_and_the_first_and_last():
+    from components.evaluate.stage import suites_due
+
+    cfg = RunConfig.model_validate(
+        {
+            "run": {"iterations": 13},
+            "model": {"base": "x"},
+            "data": {
+                "train": "x",
+                "eval": [
+                    {"name": "a", "lm_eval": ["t1"], "every": 3},
+                    {"name": "b", "lm_eval": ["t2"]},
+                ],
+            },
+            "evaluate": {"every": 2},
+        }
+    )
+    due = {c: [s.name for s in suites_due(cfg, c)] for c in range(14)}
+    assert [c for c in due if "a" in due[c]] == [0, 6, 12, 13]  # 13: the last checkpoint
+    assert all("b" in names for names in due.values())  # every: 1 runs on any checkpoint

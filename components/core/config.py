@@ -157,6 +157,15 @@ class LmEvalSetConfig(Strict):
     system_instruction: str | None = None
     seed: int = 1234
     """lm-eval's seeds (Python, NumPy, torch, few-shot sampling): the same for every checkpoint."""
+    every: int = Field(1, ge=1)
+    """Run on every `every`-th evaluated checkpoint (`evaluate.every` apart); the base and the
+    run's last checkpoint always. Standard suites cost more than the trained task's set."""
+
+    def due(self, checkpoint: int, evaluate_every: int, last: int) -> bool:
+        """Whether this suite runs on `checkpoint` (any checkpoint when `every` is 1)."""
+        if self.every == 1 or checkpoint in (0, last):
+            return True
+        return checkpoint % (self.every * evaluate_every) == 0
 
     @model_validator(mode="after")
     def _checks(self) -> LmEvalSetConfig:

@@ -116,14 +116,20 @@ def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> Lineage:
     )
 
 
-def _with_suites(cfg: RunConfig, inputs: Lineage) -> Lineage:
-    """The inputs of a checkpoint's whole evaluation: with the lm-eval suites' settings, task
-    files and lm-eval version where there are suites (a run without them keeps its lineage)."""
-    if not cfg.data.lm_eval:
+def suites_due(cfg: RunConfig, c: int) -> list[Any]:
+    """The lm-eval suites that run on checkpoint c (`every`)."""
+    return [s for s in cfg.data.lm_eval if s.due(c, cfg.evaluate.every, cfg.run.iterations)]
+
+
+def _with_suites(cfg: RunConfig, c: int, inputs: Lineage) -> Lineage:
+    """The inputs of checkpoint c's whole evaluation: with the settings and task files of the
+    lm-eval suites due on it, where there are any (a run without them keeps its lineage)."""
+    due = suites_due(cfg, c)
+    if not due:
         return inputs
     from components.evaluate.lm_eval_suite import suite_inputs
 
-    return with_input(inputs, "lm_eval", config_digest([suite_inputs(s) for s in cfg.data.lm_eval]))
+    return with_input(inputs, "lm_eval", config_digest([suite_inputs(s) for s in due]))
 
 
 def _sample_and_score(
@@ -284,7 +290,7 @@ class EvaluateStage(Stage):
                 inputs = with_input(inputs, "shards", content_digest(store, shards_uri))
             except StoreError:
                 return False
-        inputs = _with_suites(self.cfg, inputs)
+        inputs = _with_suites(self.cfg, c, inputs)
         return OutputDir(store, layout.evals(c), "evaluate").up_to_date(inputs)
 
     def step(self, c: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
@@ -321,7 +327,7 @@ class EvaluateStage(Stage):
             sharded = cfg.evaluate.num_shards > 1
             if sharded:
                 inputs = with_input(inputs, "shards", content_digest(store, shards_uri))
-            inputs = _with_suites(cfg, inputs)
+            inputs = _with_suites(cfg, c, inputs)
             if out.up_to_date(inputs) and not force:
                 log.info(
                     "evaluation of checkpoint %s already committed; skipping",
@@ -369,7 +375,8 @@ class EvaluateStage(Stage):
     def _suites(self, c: int, timeline: Timeline) -> dict[str, Any]:
         """Every lm-eval suite on checkpoint c ({suite name: summary}), with the policy the
         engine holds where it is a transformers model."""
-        if not self.cfg.data.lm_eval:
+        due = suites_due(self.cfg, c)
+        if not due:
             return {}
         from components.evaluate import lm_eval_suite
 
@@ -378,7 +385,7 @@ class EvaluateStage(Stage):
         with timeline.span("lm_eval"):
             model, tokenizer = self._policy(c)
             try:
-                for suite in self.cfg.data.lm_eval:
+                for suite in due:
                     log.info(
                         "evaluate %s: lm-eval %s (%s)",
                         self.label or f"{c:05d}",
