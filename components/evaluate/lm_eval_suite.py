@@ -256,8 +256,8 @@ def data_paths(suite: LmEvalSetConfig) -> list[str]:
 def _files_digest(root: Path, files: list[Path]) -> str:
     h = hashlib.sha256()
     for path in files:
-        name = path.relative_to(root) if path.is_relative_to(root) else path.resolve()
-        h.update(str(name).encode() + b"\0")
+        # relative also outside the directory (../data/x.jsonl): a moved checkout stays current
+        h.update(os.path.relpath(path, root).encode() + b"\0")
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
 
