@@ -14,6 +14,7 @@ import json
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from examples.arithmetic.data import level_pool
@@ -22,16 +23,28 @@ FILES = ("arith_choice.jsonl", "arith_greedy.jsonl")
 PER_TASK = 100
 
 
-def write_lm_eval_data(out: Path, seed: int = 7) -> Path:
-    """``out/lm_eval/*.jsonl`` (kept when already there), each file renamed into place whole."""
+def write_jsonl_once(
+    out: Path, rows: Callable[[random.Random], dict[str, list[dict]]], seed: int
+) -> Path:
+    """``out/lm_eval/<name>`` for each file `rows(rng)` gives (kept when every one is already
+    there), each renamed into place whole: an example's lm-eval task data."""
     target = Path(out) / "lm_eval"
-    if all((target / f).exists() for f in FILES):
+    tables = rows(random.Random(seed))
+    if all((target / name).exists() for name in tables):
         return target
     target.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
-    pool = level_pool(1) + level_pool(2)
-    problems = rng.sample(pool, 2 * PER_TASK)
-    choice_rows, greedy_rows = [], []
+    for name, table in tables.items():
+        fd, tmp = tempfile.mkstemp(dir=target, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in table)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target / name)
+    return target
+
+
+def _rows(rng: random.Random) -> dict[str, list[dict]]:
+    problems = rng.sample(level_pool(1) + level_pool(2), 2 * PER_TASK)
+    choice_rows = []
     for p in problems[:PER_TASK]:
         answer = int(p.answer)
         options = [answer, answer + 1, answer - 1, answer + 10]
@@ -43,12 +56,12 @@ def write_lm_eval_data(out: Path, seed: int = 7) -> Path:
                 "label": options.index(answer),
             }
         )
-    for p in problems[PER_TASK:]:
-        greedy_rows.append({"question": p.prompt_text, "target": f"\\boxed{{{p.answer}}}"})
-    for name, rows in zip(FILES, (choice_rows, greedy_rows), strict=True):
-        fd, tmp = tempfile.mkstemp(dir=target, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target / name)
-    return target
+    greedy_rows = [
+        {"question": p.prompt_text, "target": f"\\boxed{{{p.answer}}}"} for p in problems[PER_TASK:]
+    ]
+    return dict(zip(FILES, (choice_rows, greedy_rows), strict=True))
+
+
+def write_lm_eval_data(out: Path, seed: int = 7) -> Path:
+    """``out/lm_eval/*.jsonl`` (kept when already there), each file renamed into place whole."""
+    return write_jsonl_once(out, _rows, seed)

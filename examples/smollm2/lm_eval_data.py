@@ -9,12 +9,10 @@ prepare step in lm-eval's JSON-lines form:
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import tempfile
 from pathlib import Path
 
+from examples.arithmetic.lm_eval_data import write_jsonl_once
 from examples.smollm2.task import FAMILY_WEIGHTS, Problem, number_pairs
 
 FILES = ("capitals_choice.jsonl", "sums_greedy.jsonl")
@@ -62,13 +60,7 @@ CAPITALS = {
 }
 
 
-def write_lm_eval_data(out: Path, seed: int = 11) -> Path:
-    """``out/lm_eval/*.jsonl`` (kept when already there), each file renamed into place whole."""
-    target = Path(out) / "lm_eval"
-    if all((target / f).exists() for f in FILES):
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
+def _rows(rng: random.Random) -> dict[str, list[dict]]:
     capitals = sorted(CAPITALS.values())
     choice_rows = []
     for country, capital in CAPITALS.items():
@@ -84,10 +76,9 @@ def write_lm_eval_data(out: Path, seed: int = 11) -> Path:
         a, b = rng.choice(number_pairs(family))
         p = Problem(family, a, b)
         greedy_rows.append({"question": p.prompt_text, "answer": str(p.answer)})
-    for name, rows in zip(FILES, (choice_rows, greedy_rows), strict=True):
-        fd, tmp = tempfile.mkstemp(dir=target, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target / name)
-    return target
+    return dict(zip(FILES, (choice_rows, greedy_rows), strict=True))
+
+
+def write_lm_eval_data(out: Path, seed: int = 11) -> Path:
+    """``out/lm_eval/*.jsonl`` (kept when already there), each file renamed into place whole."""
+    return write_jsonl_once(out, _rows, seed)
