@@ -325,6 +325,18 @@ def test_installer_tooling_is_not_held_and_if_missing_follows_the_base():
     assert pip_install.missing_from_base(["torch"], {}) == ["torch"]
 
 
+def _installed(site: Path, name: str, version: str, files: dict[str, str], monkeypatch) -> None:
+    """A distribution installed into `site` (on sys.path): its files and a RECORD listing them."""
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files))
+    monkeypatch.syspath_prepend(str(site))
+
+
 def test_prune_removes_tests_and_build_only_files_of_what_it_installed(tmp_path, monkeypatch):
     site = tmp_path / "site"
     files = {
@@ -338,14 +350,7 @@ def test_prune_removes_tests_and_build_only_files_of_what_it_installed(tmp_path,
         "torch/testing/_internal/common.py": "",
         "torch/utils/tests/t.py": "x" * 10,
     }
-    for rel, text in files.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(text)
-    info = site / "torch-2.13.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0\n")
-    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files))
-    monkeypatch.syspath_prepend(str(site))
+    _installed(site, "torch", "2.13.0", files, monkeypatch)
     freed = pip_install.prune(["torch"])
     assert freed == 50 + 70 + 30 + 20 + 10
     left = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file())
@@ -597,14 +602,7 @@ def test_prune_keeps_the_test_files_numpy_testing_imports(tmp_path, monkeypatch)
         "numpy/_core/tests/_natype.py": "x" * 10,
         "numpy/linalg/tests/test_linalg.py": "x" * 40,
     }
-    for rel, text in files.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(text)
-    info = site / "numpy-2.2.6.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 2.2.6\n")
-    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files))
-    monkeypatch.syspath_prepend(str(site))
+    _installed(site, "numpy", "2.2.6", files, monkeypatch)
     assert pip_install.prune(["numpy"]) == 40
     assert (site / "numpy/_core/tests/_natype.py").is_file()
     assert not (site / "numpy/linalg/tests").exists()
