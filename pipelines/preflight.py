@@ -114,6 +114,7 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
     """Every problem of a run config; `inputs=False` skips what needs the datasets, checkpoint
     and store (compile / submit)."""
     from components.core.tracking import check_tracking
+    from components.generate.image_checks import check_images
     from components.train.checks import (
         check_checkpointing,
         check_lora,
@@ -160,6 +161,7 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
                 )
 
     base = cfg.model.base
+    images_checked = False
     if is_hub(base):
         try:
             base = materialize(base)[0]  # checked like a local directory below
@@ -182,8 +184,12 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
             check_local_dtype(cfg, problems)
         model_config = loaded["config"]
         check_generate(cfg, loaded["tokenizer"], model_config, datasets, problems)
+        check_images(cfg, datasets, model_config, Path(base), loaded["tokenizer"], problems)
         check_lora_targets(cfg, problems, model_config)
         check_checkpointing(cfg, problems, model_config)
+        images_checked = True
+    if not images_checked:  # the policy is not read here: the images on their own
+        check_images(cfg, datasets, None, None, None, problems)
     check_verify(cfg, datasets, problems)
     if "train" in datasets:
         from components.generate.checks import check_curriculum

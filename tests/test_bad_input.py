@@ -211,6 +211,76 @@ def edit_state(fn):
     return setup
 
 
+# --- image prompts (a tiny Qwen2-VL policy and the text train set with one image a row) ---
+
+
+def png(size: tuple[int, int] = (56, 56)) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, (200, 30, 30)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def vision_base(ctx: Ctx, *, preprocessor: bool = True) -> Path:
+    """A tiny untrained vision-language policy as model.base (built in a second)."""
+    from examples.vision_count.model import (
+        build_image_processor,
+        build_model,
+        build_tokenizer,
+        save_checkpoint,
+    )
+
+    out = ctx.assets / "vlm"
+    if not out.exists():
+        tok = build_tokenizer()
+        save_checkpoint(build_model(tok), tok, build_image_processor(), out)
+    if not preprocessor:
+        (out / "preprocessor_config.json").unlink()
+    ctx.set("model", base=str(out))
+    return out
+
+
+IMAGES = pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+
+
+def image_train(edit: Callable[[list[dict]], None] | None = None, *, vlm: bool = True, typ=IMAGES):
+    """data.train with an `images` column (one image, one placeholder per row), then `edit`."""
+
+    def setup(ctx: Ctx) -> None:
+        if vlm:
+            vision_base(ctx)
+        t = ctx.table("train.parquet")
+        rows = t.to_pylist()
+        for r in rows:
+            r["prompt"] = [
+                {**m, "content": "<image>" + m["content"]} if k == 0 else m
+                for k, m in enumerate(r["prompt"])
+            ]
+            r["images"] = [{"bytes": png(), "path": None}]
+        if edit is not None:
+            edit(rows)
+        schema = t.schema.append(pa.field("images", typ))
+        if typ != IMAGES:
+            for r in rows:
+                r["images"] = [e["bytes"] if isinstance(e, dict) else e for e in r["images"]]
+                if pa.types.is_string(typ.value_type):
+                    r["images"] = ["img.png" for _ in r["images"]]
+        path = ctx.write("images_train.parquet", pa.Table.from_pylist(rows, schema=schema))
+        ctx.set("data", train=str(path))
+
+    return setup
+
+
+def image_row(row: int, **values):
+    def edit(rows: list[dict]) -> None:
+        rows[row].update(values)
+
+    return edit
+
+
 TRAIN1 = ["stage", "train", "{config}", "-i", "1"]
 TRAIN0 = ["stage", "train", "{config}", "-i", "0", "--force"]
 VERIFY1 = ["stage", "verify", "{config}", "-i", "1", "--force"]
@@ -734,6 +804,67 @@ CASES: list[tuple[str, Callable[[Ctx], object], list[str], str]] = [
         )(c.run / "train_state/00001/optimizer.safetensors"),
         TRAIN1,
         "optimizer.safetensors",
+    ),
+    # --- image prompts (rlvr check) ---
+    (
+        "images/undecodable",
+        image_train(image_row(4, images=[{"bytes": b"GIF89a-not-really", "path": None}])),
+        CHECK,
+        "row 4 column 'images': 1 image(s) does not decode",
+    ),
+    (
+        "images/placeholder-count",
+        image_train(image_row(2, images=[{"bytes": png(), "path": None}] * 2)),
+        CHECK,
+        "row 2: 1 placeholders, 2 images",
+    ),
+    (
+        "images/oversized",
+        lambda c: (
+            image_train(image_row(5, images=[{"bytes": png((300, 200)), "path": None}]))(c),
+            c.set("data", max_image_pixels=50000),
+        ),
+        CHECK,
+        "row 5 image 0: 300x200 = 60000 pixels, over 50000",
+    ),
+    (
+        "images/too-many",
+        lambda c: (
+            image_train(
+                image_row(
+                    1,
+                    images=[{"bytes": png(), "path": None}] * 2,
+                    prompt=[{"role": "user", "content": "<image><image>How much is 1+1?"}],
+                )
+            )(c),
+            c.set("generate", max_images_per_prompt=1),
+        ),
+        CHECK,
+        "row 1: more than generate.max_images_per_prompt=1 images in a prompt",
+    ),
+    (
+        "images/path-without-bytes",
+        image_train(image_row(0, images=[{"bytes": None, "path": "/data/img/0.png"}])),
+        CHECK,
+        "an image has no bytes",
+    ),
+    (
+        "images/column-type",
+        image_train(typ=pa.list_(pa.string())),
+        CHECK,
+        "column 'images': has type list<element: string>; store the images as a list",
+    ),
+    (
+        "images/text-only-policy",
+        image_train(vlm=False),
+        CHECK,
+        "hold image prompts, but the policy is a text-only model (qwen2)",
+    ),
+    (
+        "images/no-image-processor",
+        lambda c: (vision_base(c, preprocessor=False), image_train()(c)),
+        CHECK,
+        "without preprocessor_config.json",
     ),
 ]
 

@@ -188,7 +188,7 @@ def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
     damaged checkpoint (truncated weights, an invalid config.json, a broken tokenizer) is a
     CheckpointError naming the file, not a library traceback."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = Path(path)
     for f in sorted(path.glob("*.safetensors")):  # cheap: the headers only
@@ -197,9 +197,11 @@ def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
             raise CheckpointError(f"{f} {why}; copy the checkpoint again or re-save it")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, use_safetensors=True, dtype=dtype or torch.float32
-        ).to(device)
+        model = (
+            model_class(path)
+            .from_pretrained(path, use_safetensors=True, dtype=dtype or torch.float32)
+            .to(device)
+        )
     except Exception as e:  # noqa: BLE001 - name the first problem the full check finds
         problems = Problems()
         check_checkpoint_dir(path, str(path), problems)
@@ -209,6 +211,19 @@ def load_policy(path: Path, *, dtype: Any = None, device: str = "cpu"):
             f"checkpoint {path} cannot be loaded ({type(e).__name__}: {e})"
         ) from None
     return model, tokenizer
+
+
+def model_class(path: Path):
+    """The Auto class that loads a checkpoint: a causal LM, or an image-text-to-text model
+    where its config has a vision tower (the Qwen2-VL family; components/core/vision.py)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return AutoModelForCausalLM  # its own load names the problem
+    vision = isinstance(config, dict) and "vision_config" in config
+    return AutoModelForImageTextToText if vision else AutoModelForCausalLM
 
 
 def portable_tokenizer_config(directory: str | Path) -> None:

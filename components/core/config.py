@@ -218,6 +218,10 @@ class DataSection(Strict):
     sampler: Literal["uniform", "curriculum"] = "uniform"
     """`uniform`: the seeded permutation above; `curriculum`: by estimated pass rate."""
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
+    max_image_pixels: int = Field(4096 * 4096, ge=1)
+    """Image prompts: the largest source image `rlvr check` accepts (width x height). The
+    processor scales every image into its own pixel range anyway; a larger one only costs
+    decoding time and memory in every stage that reads it."""
 
     @property
     def evaluates(self) -> bool:
@@ -326,15 +330,17 @@ def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
     stay up to date) it had before the feature existed."""
     multi = bool(cfg.generate.tools or cfg.generate.environment)
     return {
-        "generate": set()
-        if multi
-        else {"tools", "max_turns", "max_response_tokens", "environment"},
+        # max_images_per_prompt refuses input, it never changes a sample
+        "generate": {"max_images_per_prompt"}
+        | (set() if multi else {"tools", "max_turns", "max_response_tokens", "environment"}),
         "train": (set() if cfg.train.void_turn_filter else {"void_turn_filter", "answer_pattern"})
         | (set() if cfg.train.nodes > 1 else {"nodes"})
         # auto and recompute train alike to float precision (auto takes the sampler's
         # logprobs only where they are the trainer's): a run keeps the lineage it had before
         # the key existed; `rollout` (off-policy too) changes the update, so it enters
-        | (set() if cfg.train.old_logprobs == "rollout" else {"old_logprobs"}),
+        | (set() if cfg.train.old_logprobs == "rollout" else {"old_logprobs"})
+        # a vision tower trains only when asked; text models have none
+        | (set() if not cfg.train.freeze_vision else {"freeze_vision"}),
         "verify": set() if cfg.generate.environment else {"env_reward_weight"},
     }
 

@@ -64,6 +64,9 @@ class GenerateSection(Strict):
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    max_images_per_prompt: int = Field(4, ge=1)
+    """Image prompts: the most images one prompt may carry (`rlvr check` refuses rows with more;
+    vLLM reserves memory for this many, its `limit_mm_per_prompt`)."""
 
 
 class RewardComponent(Strict):
@@ -183,6 +186,10 @@ class TrainSection(Strict):
     """Record `train/kl_ref`, the KL of the policy to the base (kl_estimator, token mean over the
     iteration's rollouts, before the update), even with kl_coef 0. It loads the reference model
     (one more no-grad forward per iteration); with kl_coef > 0 it is always recorded."""
+    freeze_vision: bool = True
+    """Vision-language policies: keep the vision tower (and its merger) fixed and train the
+    language model only, as verl's and EasyR1's recipes do by default; false trains it too.
+    With `model.lora`, the adapters go on the language model's layers either way."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
     (transformers' non-reentrant checkpointing): about a third more compute for activation memory

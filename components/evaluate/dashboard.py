@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from components.evaluate.dashboard_style import CSS as _CSS
 from components.evaluate.dynamics import Dynamics, family_of
 from components.evaluate.dynamics_plots import (
     Panel,
@@ -57,49 +58,6 @@ _NOTES = {
     "time": "Each stage's time of one iteration, without the wait for its inputs "
     "(stages of neighbouring iterations overlap). work: sampling, scoring or updating alone.",
 }
-
-_CSS = """
-:root { --fg: #1f2328; --muted: #656d76; --line: #d8dee4; --bg: #f6f8fa; --accent: #0969da;
-        }
-* { box-sizing: border-box; }
-body { margin: 0; font: 14px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;
-       color: var(--fg); background: #fff; }
-main { max-width: 1400px; margin: 0 auto; padding: 24px 28px 48px; }
-header h1 { margin: 0 0 2px; font-size: 24px; }
-header .path { color: var(--muted); font-family: ui-monospace, Menlo, Consolas, monospace;
-               font-size: 12px; word-break: break-all; }
-.cards { display: flex; flex-wrap: wrap; gap: 12px; margin: 18px 0 6px; }
-.card { border: 1px solid var(--line); border-radius: 8px; padding: 10px 16px; min-width: 150px;
-        background: var(--bg); }
-.card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
-.card .v { font-size: 22px; font-weight: 600; }
-.card .s { color: var(--muted); font-size: 12px; }
-nav { margin: 14px 0 0; font-size: 13px; }
-nav a { color: var(--accent); text-decoration: none; margin-right: 14px; }
-h2 code { font-size: 13px; color: var(--muted); font-weight: 400; }
-h2 { font-size: 18px; margin: 34px 0 6px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
-h3 { font-size: 14px; margin: 18px 0 6px; }
-p.note { color: var(--muted); margin: 4px 0 10px; font-size: 13px; }
-img.plot { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
-table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
-th, td { padding: 4px 8px; border-bottom: 1px solid var(--line); text-align: right;
-         white-space: nowrap; }
-th { background: var(--bg); font-weight: 600; }
-td:first-child, th:first-child { text-align: left; }
-tr.best td { background: #dafbe1; }
-.scroll { overflow-x: auto; }
-.ci { color: var(--muted); font-size: 11px; }
-.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr)); gap: 8px 28px; }
-.grid > div { min-width: 0; overflow-x: auto; }
-.grid table { width: 100%; }
-td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px;
-          white-space: normal; overflow-wrap: anywhere; }
-.up { color: #0550ae; } .down { color: #953800; } .flat { color: var(--muted); }
-pre { background: var(--bg); border: 1px solid var(--line); border-radius: 6px; padding: 10px 14px;
-      overflow-x: auto; font-size: 13px; }
-footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
-code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12.5px; }
-"""
 
 
 def _e(text: object) -> str:
@@ -312,6 +270,7 @@ def render_html(
     root: str,
     plots: Mapping[str, bytes],
     extra: Mapping[str, tuple[str, bytes]] | None = None,
+    gallery: str = "",
 ) -> str:
     """The dashboard page: header, evaluation table, one plot per family (``plots``:
     ``{family: PNG bytes}``), ``extra`` plots (``{title: (note, PNG bytes)}``), the last
@@ -358,6 +317,9 @@ def render_html(
             + "</section>"
         )
         nav.append((anchor, title))
+    if gallery:  # image prompts with their responses (gallery.py)
+        sections.append(gallery)
+        nav.append(("images", "image prompts"))
     if dyn.rows:
         sections.append(
             '<section id="last"><h2>Last figures</h2><p class="note">Each figure at the last '
@@ -479,6 +441,7 @@ def write_dashboard(
     run_id: str,
     root: str,
     extra: Mapping[str, tuple[str, Path]] | None = None,
+    gallery: str = "",
 ) -> list[Path]:
     """Write ``dynamics_<family>.png`` for each family present, ``dynamics.csv``,
     ``dynamics.json`` and ``index.html`` into ``out_dir``; ``extra`` (``{title: (note, PNG)}``)
@@ -493,5 +456,5 @@ def write_dashboard(
     written += [out_dir / "dynamics.csv", out_dir / "dynamics.json"]
     pages = {t: (note, Path(p).read_bytes()) for t, (note, p) in (extra or {}).items()}
     index = out_dir / "index.html"
-    index.write_text(render_html(dyn, run_id, root, plots, pages))
+    index.write_text(render_html(dyn, run_id, root, plots, pages, gallery))
     return [*written, index]

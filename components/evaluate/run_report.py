@@ -79,7 +79,10 @@ def write_run_report(store: Store, root: str) -> dict[str, str]:
                 + format_summary(summary(timeline))
                 + "\n```\n"
             )
-        dashboard = _write_dashboard(dynamics, layout.root, names, tmp, out)
+        from components.evaluate.gallery import image_gallery
+
+        gallery = image_gallery(store, layout.root, done)
+        dashboard = _write_dashboard(dynamics, layout.root, names, tmp, out, gallery)
         md += _dynamics_markdown(dashboard)
         out.put_bytes(md.encode(), "report.md")
     finally:
@@ -89,7 +92,7 @@ def write_run_report(store: Store, root: str) -> dict[str, str]:
 
 
 def _write_dashboard(
-    dynamics: Any, root: str, names: list[str], tmp: Path, out: OutputDir
+    dynamics: Any, root: str, names: list[str], tmp: Path, out: OutputDir, gallery: str = ""
 ) -> list[str]:
     """The dashboard files into `out` (the run-level plots already written to `tmp` go into
     index.html too); their names, index.html last."""
@@ -101,7 +104,7 @@ def _write_dashboard(
     )
     extra = {title: (note, tmp / name) for name, title, note in pages if name in names}
     files = write_dashboard(
-        dynamics, tmp / "dashboard", root.rstrip("/").rsplit("/", 1)[-1], root, extra
+        dynamics, tmp / "dashboard", root.rstrip("/").rsplit("/", 1)[-1], root, extra, gallery
     )
     for f in files:
         out.put_file(f, f.name)

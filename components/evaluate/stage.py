@@ -198,6 +198,7 @@ def _sample_and_score(
                     max_turns=cfg.generate.max_turns,
                     max_response_tokens=cfg.generate.max_response_tokens,
                     environment=cfg.generate.environment,
+                    run_root=layout.root,
                 )
                 scratch.commit({})
                 files = committed_files(store, scratch.uri, ".parquet")

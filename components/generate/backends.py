@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 LOGPROB_DEFINITION = "log_softmax(logits/temperature) of the sampled token, before top-k/top-p"
 
@@ -55,6 +55,10 @@ class PromptRequest:
     prompt_token_ids: list[int]
     sample_seeds: list[int]
     """One seed per sample (len == n)."""
+    images: tuple = ()
+    """An image prompt's PIL images, in placeholder order (components/core/vision.py)."""
+    vision: Any = None
+    """Their `VisionInputs` (pixel values, grids), as the prompt's token ids were expanded for."""
 
 
 @dataclass

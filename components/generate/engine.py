@@ -40,9 +40,15 @@ def make_backend(
 ) -> tuple[Backend, Any]:
     """The configured backend and its tokenizer; `max_lora_rank`: the policy is `ckpt_dir` (a
     base) with LoRA adapters of up to that rank (vLLM starts with LoRA enabled)."""
+    from components.core.vision import VisionProcessor, is_vision_config
+
     if gen.backend == "vllm":
+        from transformers import AutoConfig
+
         from components.generate.vllm_backend import VLLMBackend
 
+        config = AutoConfig.from_pretrained(ckpt_dir)
+        vision = is_vision_config(config)
         b = VLLMBackend(
             str(ckpt_dir),
             tensor_parallel_size=gen.tensor_parallel_size,
@@ -52,14 +58,25 @@ def make_backend(
             dtype=gen.dtype,
             seed=seed,
             max_lora_rank=max_lora_rank,
+            max_images_per_prompt=gen.max_images_per_prompt if vision else None,
         )
+        b.vision = VisionProcessor.of_checkpoint(ckpt_dir, b.tokenizer, config)
+        if b.vision is not None:
+            from components.core.vision import placeholder_ids
+
+            b.placeholder_ids = placeholder_ids(config)
         return b, b.tokenizer
     from components.generate.hf_backend import TransformersBackend
 
     device, dtype = device_and_dtype(gen.dtype)
     model, tokenizer = load_policy(ckpt_dir, dtype=dtype, device=device)
     backend = TransformersBackend(
-        model, tokenizer, batch_size=gen.batch_size, batch_tokens=gen.batch_tokens, device=device
+        model,
+        tokenizer,
+        batch_size=gen.batch_size,
+        batch_tokens=gen.batch_tokens,
+        device=device,
+        vision=VisionProcessor.of_checkpoint(ckpt_dir, tokenizer, model.config),
     )
     return backend, tokenizer
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from components.core.errors import UserError
@@ -158,6 +159,7 @@ class TransformersBackend:
         batch_size: int = 64,
         batch_tokens: int | None = None,
         device: str = "cpu",
+        vision=None,
     ) -> None:
         import transformers
 
@@ -171,7 +173,14 @@ class TransformersBackend:
         self.batch_size = batch_size
         self.batch_tokens = batch_tokens
         self.device = device
+        self.vision = vision
+        """A vision-language policy's `VisionProcessor` (image prompts), else None."""
         self.eos_ids = _eos_ids(model, tokenizer)
+        if vision is not None:  # a sampled image placeholder ends the response (the trainer
+            # could not feed it back as text: the model takes it for an image's place)
+            from components.core.vision import placeholder_ids
+
+            self.eos_ids |= placeholder_ids(model)
         self.cache_kwarg = cache_kwarg(model)
         self.last_logits_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
         weight = next(model.parameters())
@@ -196,11 +205,12 @@ class TransformersBackend:
         with torch.no_grad():
             for f in sorted(Path(checkpoint_dir).glob("*.safetensors")):
                 with safe_open(str(f), framework="pt", device="cpu") as st:
-                    for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                        if name not in state:
-                            unexpected.append(name)
+                    names = saved_names(list(st.keys()), state)
+                    for saved, name in names.items():
+                        if name is None:
+                            unexpected.append(saved)
                             continue
-                        tensor = st.get_tensor(name)
+                        tensor = st.get_tensor(saved)
                         if tensor.shape != state[name].shape:
                             raise ValueError(
                                 f"checkpoint {checkpoint_dir}: {name} has shape "
@@ -249,17 +259,27 @@ class TransformersBackend:
             batches.append(cur)
         return batches
 
-    def _prefill(self, ids, attn, pos, n: int):
+    def _prefill(self, ids, attn, pos, n: int, vision=None):
         """The prompts' forward: (KV cache, last position's logits) for every row. Rows come in
         runs of `n` copies of one prompt; each run is computed once and its cache repeated,
-        unless the model's cache cannot be repeated (kv_cache.rows_movable): then every row."""
+        unless the model's cache cannot be repeated (kv_cache.rows_movable): then every row.
+        `pos` is [B, P], or [3, B, P] for M-RoPE; `vision`: each row's VisionInputs (image
+        prompts), whose pixel values go in for the rows computed."""
+        from components.core.vision import VisionInputs
+
         rows = slice(None, None, n) if n > 1 else slice(None)
+        extra = {}
+        if vision is not None:
+            picked = VisionInputs.cat(vision[rows])
+            if picked is not None:
+                extra = picked.kwargs(self.device, next(self.model.parameters()).dtype)
         out = self.model(
             input_ids=ids[rows],
             attention_mask=attn[rows],
-            position_ids=pos[rows],
+            position_ids=pos[..., rows, :],
             use_cache=True,
             **self.last_logits_only,
+            **extra,
         )
         past, logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
         if n == 1:
@@ -268,7 +288,22 @@ class TransformersBackend:
             past.batch_repeat_interleave(n)
             return past, logits.repeat_interleave(n, dim=0)
         del out, past, logits
-        return self._prefill(ids, attn, pos, 1)
+        return self._prefill(ids, attn, pos, 1, vision)
+
+    def _positions(self, batch: list[PromptRequest], ids, attn, pos, n: int):
+        """(prefill positions, each row's next position, each row's VisionInputs) of a batch:
+        text positions for a text policy; M-RoPE positions for image prompts (computed once per
+        prompt), whose decode positions run on from the prompt's largest."""
+        if self.vision is None or all(r.vision is None for r in batch):
+            return pos, pos[:, -1] + 1, None
+        from components.core.vision import VisionInputs, rope_index
+
+        per_prompt = VisionInputs.cat([r.vision for r in batch])
+        pos3, delta = rope_index(self.model, ids[::n], attn[::n], per_prompt)
+        pos3 = pos3.to(self.device).repeat_interleave(n, dim=1)
+        delta = delta.to(self.device).repeat_interleave(n)
+        vision = np.array([r.vision for r in batch for _ in range(n)], dtype=object)
+        return pos3, pos[:, -1] + 1 + delta, vision
 
     @torch.inference_mode()
     def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
@@ -285,6 +320,8 @@ class TransformersBackend:
         uniforms = sample_uniforms([r.sample_seeds[j] for r, j in rows], T)
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        pos, next_pos, vision = self._positions(batch, ids, attn, pos, spec.n)
+        mrope = pos.dim() == 3
         # The mask for all steps, allocated once; step t feeds a view of its first P+t+1 columns.
         attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)
         attn_all[:, :P] = attn
@@ -292,10 +329,9 @@ class TransformersBackend:
         # repeated n times after (prefilling every row was n times the work, as much as the whole
         # decode for short answers). Only the last position's logits are needed: at a 49k
         # vocabulary the head over every prompt position is most of the prefill's work.
-        past, logits = self._prefill(ids, attn, pos, spec.n)
+        past, logits = self._prefill(ids, attn, pos, spec.n, vision)
         # Room for every step's keys and values, written in place (kv_cache.py).
         reserve(past, P + T)
-        next_pos = pos[:, -1] + 1
 
         eos = torch.tensor(
             sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
@@ -341,10 +377,11 @@ class TransformersBackend:
                 act, tok, done = act[keep], tok[keep], done[keep]
                 attn_all, next_pos, uniforms = attn_all[keep], next_pos[keep], uniforms[keep]
             feed = torch.where(done, pad, tok)
+            step_pos = next_pos.unsqueeze(-1)
             out = self.model(
                 input_ids=feed.unsqueeze(-1),
                 attention_mask=attn_all[:, : P + t + 1],
-                position_ids=next_pos.unsqueeze(-1),
+                position_ids=step_pos.expand(3, -1, -1) if mrope else step_pos,
                 use_cache=True,
                 **{self.cache_kwarg: past},
             )
@@ -370,6 +407,27 @@ class TransformersBackend:
                 )
             )
         return samples
+
+
+def saved_names(keys: list[str], state: dict) -> dict[str, str | None]:
+    """{name in the file: name in the loaded model, or None}. transformers saves some models
+    under their original checkpoint names (a Qwen2-VL's `model.layers.*` is the loaded model's
+    `model.language_model.layers.*`, its `visual.*` is `model.visual.*`): a name not in the model
+    maps to the one model name that ends with it less its first component, where exactly one
+    does, never a name another key already took; the caller checks shapes and completeness."""
+    out: dict[str, str | None] = {k: (k if k in state else None) for k in keys}
+    taken = {v for v in out.values() if v is not None}
+    missing = [k for k in keys if out[k] is None]
+    if not missing:
+        return out
+    free = [s for s in state if s not in taken]
+    for k in missing:
+        tail = "." + k.split(".", 1)[-1]
+        hits = [s for s in free if s.endswith(tail)]
+        if len(hits) == 1 and hits[0] not in taken:
+            out[k] = hits[0]
+            taken.add(hits[0])
+    return out
 
 
 def stop_window(stop: tuple[str, ...]) -> int:

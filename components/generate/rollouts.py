@@ -25,6 +25,7 @@ from components.core.config import GenerateSection
 from components.core.errors import StageError
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
 from components.core.store import Store
+from components.core.vision import IMAGES_REF
 from components.generate.backends import Backend, PromptRequest, SamplingSpec, sample_seed
 
 log = logging.getLogger("rlvr.generate")
@@ -37,6 +38,10 @@ class PromptRow:
     ground_truth: str
     prompt: Any  # list of {role, content} or a string
     extra_info: str | None  # JSON
+    images: list | None = None
+    """An image prompt's `images` entries (encoded bytes, components/core/vision.py)."""
+    images_ref: str | None = None
+    """Where they are: `<dataset uri>#<row>` (rollouts carry it relative to the run)."""
 
 
 def dataset_uri(store: Store, committed_dir: str) -> str:
@@ -67,8 +72,11 @@ def prompts_from(table, uri: str, prefix: str, indices: list[int] | None = None)
         table = table.take(indices)
     else:
         indices = list(range(table.num_rows))
+    from components.core.vision import IMAGE_COLUMN, image_bytes
+
     cols = {c: table.column(c).to_pylist() for c in ("data_source", "prompt", "reward_model")}
     extra = table.column("extra_info").to_pylist() if "extra_info" in table.column_names else None
+    images = table.column(IMAGE_COLUMN).to_pylist() if IMAGE_COLUMN in table.column_names else None
     rows = []
     for k, idx in enumerate(indices):
         rows.append(
@@ -78,9 +86,28 @@ def prompts_from(table, uri: str, prefix: str, indices: list[int] | None = None)
                 ground_truth=ground_truth_of(cols["reward_model"][k], uri, idx),
                 prompt=cols["prompt"][k],
                 extra_info=json.dumps(extra[k], default=str) if extra and extra[k] else None,
+                images=[image_bytes(e) for e in images[k]] if images and images[k] else None,
+                images_ref=f"{uri}#{idx}" if images and images[k] else None,
             )
         )
     return rows
+
+
+def render_request(tokenizer, vision, row: PromptRow) -> tuple[str, list[int], tuple, Any]:
+    """(text, token ids, PIL images, VisionInputs) of a prompt row: an image prompt through the
+    policy's `VisionProcessor`, a text prompt through `render_prompt`."""
+    if not row.images:
+        return (*render_prompt(tokenizer, row.prompt), (), None)
+    from components.core.vision import decode_image
+
+    if vision is None:
+        raise StageError(
+            f"{row.images_ref}: an image prompt, but the policy is a text-only model; use a "
+            "vision-language checkpoint (model.base) or drop the images column"
+        )
+    images = tuple(decode_image(b, f"{row.images_ref} image {k}") for k, b in enumerate(row.images))
+    text, ids, vi = vision.render(row.prompt, list(images))
+    return text, ids, images, vi
 
 
 def render_prompt(tokenizer, prompt: Any) -> tuple[str, list[int]]:
@@ -95,6 +122,13 @@ def render_prompt(tokenizer, prompt: Any) -> tuple[str, list[int]]:
     else:
         text = "\n".join(m["content"] for m in messages)
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def relative_ref(ref: str, root: str) -> str:
+    """`<uri>#<row>` with the uri relative to the run's root where it lies under it."""
+    uri, _, row = ref.rpartition("#")
+    prefix = root.rstrip("/") + "/"
+    return f"{uri[len(prefix) :] if root and uri.startswith(prefix) else uri}#{row}"
 
 
 def spec_from(gen: GenerateSection, seed: int, **override: Any) -> SamplingSpec:
@@ -130,6 +164,7 @@ def generate_rollouts(
     max_turns: int = 1,
     max_response_tokens: int | None = None,
     environment: Any = None,
+    run_root: str = "",
 ) -> dict[str, Any]:
     """Sample, stream Parquet parts into `out` and return the stats (does not commit).
 
@@ -140,8 +175,9 @@ def generate_rollouts(
     texts: dict[str, tuple[str, list[int]]] = {}
     requests: list[PromptRequest] = []
     skipped: list[str] = []
+    vision = getattr(backend, "vision", None)
     for p in prompts:
-        text, ids = render_prompt(tokenizer, p.prompt)
+        text, ids, images, vi = render_request(tokenizer, vision, p)
         if len(ids) > max_prompt_tokens:
             log.warning(
                 "skipping prompt %s: %d tokens > generate.max_prompt_tokens=%d",
@@ -153,13 +189,16 @@ def generate_rollouts(
             continue
         by_id[p.prompt_id], texts[p.prompt_id] = p, (text, ids)
         seeds = [sample_seed(spec.seed, iteration, p.prompt_id, j) for j in range(spec.n)]
-        requests.append(PromptRequest(p.prompt_id, ids, seeds))
+        requests.append(PromptRequest(p.prompt_id, ids, seeds, images, vi))
 
     if prompts and not requests:
         raise StageError(
             f"all {len(prompts)} prompts are longer than generate.max_prompt_tokens="
             f"{max_prompt_tokens}; raise it"
         )
+    # image prompts: each row points at its images in the run's copy of the dataset (relative
+    # to the run, so a store seen at another path, as in a container, writes the same bytes)
+    refs = {p.prompt_id: relative_ref(p.images_ref, run_root) for p in prompts if p.images_ref}
     out.begin(force=True)  # inputs are good: clear any partial output, then stream
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-gen-"))
     buf: dict[str, list] = {}
@@ -177,7 +216,9 @@ def generate_rollouts(
             return
         path = tmp / f"part-{parts:05d}.parquet"
         optional = ("response_mask", "turns") if multi else ()
-        w = PartWriter(path, "rollouts", optional + (("env_reward",) if environment else ()))
+        optional += ("env_reward",) if environment else ()
+        optional += (IMAGES_REF,) if refs else ()
+        w = PartWriter(path, "rollouts", optional)
         w.write(buf)
         w.close()
         out.put_file(path, path.name)
@@ -224,6 +265,8 @@ def generate_rollouts(
                         "extra_info": row.extra_info,
                         "policy_version": policy_version,
                     }
+                    if refs:
+                        values[IMAGES_REF] = refs.get(s.prompt_id)
                     if multi:
                         values["response_mask"] = s.mask
                         values["turns"] = s.turns

@@ -138,6 +138,7 @@ class GenerateStage(Stage):
                 max_turns=cfg.generate.max_turns,
                 max_response_tokens=cfg.generate.max_response_tokens,
                 environment=cfg.generate.environment,
+                run_root=layout.root,
             )
         stats.update(load.stats())
         if sampler_figures:

@@ -53,6 +53,7 @@ class VLLMBackend:
         dtype: str = "auto",
         seed: int = 0,
         max_lora_rank: int | None = None,
+        max_images_per_prompt: int | None = None,
     ) -> None:
         import vllm
 
@@ -71,6 +72,13 @@ class VLLMBackend:
             kwargs.update(
                 enable_lora=True, max_lora_rank=vllm_max_lora_rank(max_lora_rank), max_loras=1
             )
+        if max_images_per_prompt is not None:  # a vision-language policy: its per-prompt limit
+            kwargs["limit_mm_per_prompt"] = {"image": max_images_per_prompt}
+        self.vision = None
+        """The policy's `VisionProcessor` (image prompts), set by `make_backend`."""
+        self.placeholder_ids: set[int] = set()
+        """Image / video placeholder ids: a sampled one ends the response, as in the
+        transformers backend (components/train/update.py, `model_inputs`)."""
         self.lora_request = None
         self._lora_version = 0
         # Every worker process gets `load_checkpoint` (components/generate/vllm_worker.py), so a
@@ -128,25 +136,44 @@ class VLLMBackend:
             top_k=spec.top_k if spec.top_k > 0 else -1,
             max_tokens=spec.max_new_tokens,
             stop=list(spec.stop) or None,
-            stop_token_ids=list(spec.stop_token_ids) or None,
+            stop_token_ids=sorted(set(spec.stop_token_ids) | self.placeholder_ids) or None,
             include_stop_str_in_output=True,
             seed=seed,
             logprobs=0,
         )
 
-    def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
+    @staticmethod
+    def prompt(request: PromptRequest):
+        """A request as vLLM's `TokensPrompt`. An image prompt's ids already hold each image's
+        pad tokens, expanded as the checkpoint's processor does (components/core/vision.py);
+        its images go in `multi_modal_data`, and vLLM finds their placeholders already in
+        place rather than expanding them again."""
         from vllm.inputs import TokensPrompt
 
+        if not request.images:
+            return TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+        return TokensPrompt(
+            prompt_token_ids=request.prompt_token_ids,
+            multi_modal_data={"image": list(request.images)},
+        )
+
+    def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
         chunk = 256  # prompts per generate call: bounded memory, streaming parts
         for start in range(0, len(requests), chunk):
             batch = requests[start : start + chunk]
-            prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in batch]
+            prompts = [self.prompt(r) for r in batch]
             params = [self.sampling_params(spec, r.sample_seeds[0]) for r in batch]
             outputs = self.llm.generate(
                 prompts, params, use_tqdm=False, lora_request=self.lora_request
             )
             samples = []
             for req, out in zip(batch, outputs, strict=True):
+                if req.images and list(out.prompt_token_ids or []) != req.prompt_token_ids:
+                    raise RuntimeError(
+                        f"vLLM expanded the images of prompt {req.prompt_id} to "
+                        f"{len(out.prompt_token_ids or [])} prompt tokens, rlvr's processor to "
+                        f"{len(req.prompt_token_ids)}: the trainer would not see what was sampled"
+                    )
                 for j, comp in enumerate(out.outputs):
                     token_ids = list(comp.token_ids)
                     if comp.logprobs is None or len(comp.logprobs) != len(token_ids):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +16,7 @@ import torch
 
 from components.core.errors import StageError
 from components.core.turns import has_void_turn
+from components.core.vision import IMAGES_REF
 
 
 @dataclass
@@ -32,6 +34,10 @@ class Rollouts:
     environment wrote (`response_mask`); None when every token was sampled (single-turn)."""
     turns: list[list[dict]] | None = None
     """Multi-turn rollouts: each row's turns ({role, content, start, end}); None otherwise."""
+    images_ref: list[str | None] | None = None
+    """Image prompts: each row's `images_ref` (components/core/vision.py); None otherwise."""
+    vision: list | None = None
+    """Image prompts: each row's VisionInputs, once the stage has read them (`resolve_images`)."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -72,6 +78,9 @@ class Rollouts:
             truncated=np.asarray(table.column("finish_reason").to_pylist()) == "length",
             sampled=sampled,
             turns=table.column("turns").to_pylist() if "turns" in table.column_names else None,
+            images_ref=(
+                table.column(IMAGES_REF).to_pylist() if IMAGES_REF in table.column_names else None
+            ),
         )
 
     def void(self, answer_pattern: str) -> np.ndarray:
@@ -100,6 +109,9 @@ class MicroBatch:
     response_index: torch.Tensor  # [b, L] position in the sequence whose logits predict token t
     response_tokens: torch.Tensor  # [b, L]
     response_mask: torch.Tensor  # [b, L] bool, True = token counts
+    vision: Any = None
+    """Image prompts: the rows' VisionInputs, concatenated in row order; None otherwise."""
+    prompt_lengths: torch.Tensor | None = None  # [b]
 
     @property
     def padded_tokens(self) -> int:
@@ -155,6 +167,11 @@ def collate(ro: Rollouts, rows: list[int], pad_id: int) -> MicroBatch:
     tokens = np.full((b, L), pad_id, np.int64)
     # Response tokens sit in input_ids right after the prompt.
     tokens[mask] = input_ids[np.arange(b)[:, None], np.where(mask, index + 1, 0)][mask]
+    vision = None
+    if ro.vision is not None:
+        from components.core.vision import VisionInputs
+
+        vision = VisionInputs.cat([ro.vision[r] for r in rows])
     return MicroBatch(
         rows,
         torch.from_numpy(input_ids),
@@ -162,6 +179,8 @@ def collate(ro: Rollouts, rows: list[int], pad_id: int) -> MicroBatch:
         torch.from_numpy(index),
         torch.from_numpy(tokens),
         torch.from_numpy(mask),
+        vision,
+        torch.from_numpy(p_len),
     )
 
 

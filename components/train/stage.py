@@ -39,6 +39,7 @@ from components.core.errors import StageError, UserError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
 from components.core.timing import Timeline
+from components.core.vision import VisionProcessor, resolve_images, vision_tower
 from components.core.warm import Stage
 from components.generate.backends import LOGPROB_DEFINITION
 from components.train import algorithms as algos
@@ -170,6 +171,8 @@ class TrainStage(Stage):
         self.store, self.layout = store_for(cfg), RunLayout.of(cfg)
         self.engine: Any = None
         self.tokenizer: Any = None
+        self.vision: Any = None
+        """A vision-language policy's VisionProcessor (image prompts), else None."""
         self.ref_model: Any = None
         self.base_digest: str | None = None  # model.lora: the base the adapters belong to
         self.rank, self.world = 0, 1
@@ -248,6 +251,16 @@ class TrainStage(Stage):
         else:
             model = self._adapted(ckpt_dir, iteration, device)
         self.tokenizer_files = TokenizerFiles(ckpt_dir)
+        self.vision = VisionProcessor.of_checkpoint(
+            ckpt_dir if cfg.model.lora is None else local_checkpoint(store, layout.checkpoint(0)),
+            self.tokenizer,
+            model.config,
+        )
+        if self.vision is not None and t.freeze_vision:
+            # the tower and its merger stay as they are; only the language model trains
+            tower = vision_tower(model)
+            if tower is not None:
+                tower.requires_grad_(False)
         masters = (
             {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
             if dtype != torch.float32
@@ -387,6 +400,9 @@ class TrainStage(Stage):
                 self._build(iteration)
             self.holds = position
         start_step = iteration * steps_per_iteration(t)
+        if ro.images_ref is not None:  # image prompts: their pixel values, once per prompt
+            with timeline.span("images"):
+                ro.vision = resolve_images(store, layout.root, ro.images_ref, self.vision)
 
         # --- train ---
         torch.manual_seed(cfg.run.seed + iteration)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,6 +75,7 @@ def sequence_logprobs(
     """
     idx = mb.response_index.to(device)
     tokens = mb.response_tokens.to(device)
+    inputs = model_inputs(model, mb, device)
     head = output_head(model)
     if head is not None:
         decoder, weight = head
@@ -86,12 +88,7 @@ def sequence_logprobs(
         try:
             # logits_to_keep=1: the model's own head computes the last position only, which
             # checks that its logits are hidden @ W^T (`head_matches`)
-            out = model(
-                input_ids=mb.input_ids.to(device),
-                attention_mask=mb.attention_mask.to(device),
-                use_cache=False,
-                logits_to_keep=1,
-            )
+            out = model(**inputs, use_cache=False, logits_to_keep=1)
         finally:
             hook.remove()
         hidden = captured[-1]
@@ -108,11 +105,7 @@ def sequence_logprobs(
             )
         # a transform of the logits that no config attribute names: the model's own logits
         del out, hidden, captured
-    out = model(
-        input_ids=mb.input_ids.to(device),
-        attention_mask=mb.attention_mask.to(device),
-        use_cache=False,
-    )
+    out = model(**inputs, use_cache=False)
     logits = out.logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1]))
     logits = logits.float()
     if temperature > 0:
@@ -122,6 +115,31 @@ def sequence_logprobs(
     if with_entropy:
         ent = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
     return lp, ent
+
+
+def model_inputs(model, mb: MicroBatch, device: str) -> dict[str, Any]:
+    """The forward's inputs of a micro-batch: token ids and mask; with image prompts also their
+    pixel values and grids, and M-RoPE positions computed as the sampler computed them
+    (components/core/vision.py), so teacher forcing sees what the sampler saw. An image
+    placeholder token the policy sampled ends its response (the sampler stops there), so it is
+    only ever a response's last token, read by nothing scored: it goes in as padding, or the
+    model would take it for an image's place."""
+    ids = mb.input_ids
+    if mb.vision is None:
+        return {"input_ids": ids.to(device), "attention_mask": mb.attention_mask.to(device)}
+    from components.core.vision import placeholder_ids, rope_index
+
+    in_response = torch.arange(ids.shape[1])[None, :] >= mb.prompt_lengths[:, None]
+    sampled = torch.isin(ids, torch.tensor(sorted(placeholder_ids(model)))) & in_response
+    if bool(sampled.any()):
+        ids = ids.masked_fill(sampled, 0)  # the attention mask keeps it; nothing reads it
+    inputs = {"input_ids": ids.to(device), "attention_mask": mb.attention_mask.to(device)}
+    dtype = next(p for p in model.parameters()).dtype
+    inputs.update(mb.vision.kwargs(device, dtype))
+    inputs["position_ids"] = rope_index(
+        model, inputs["input_ids"], inputs["attention_mask"], mb.vision
+    )[0]
+    return inputs
 
 
 HEAD_CHUNK_ELEMENTS = 1 << 24
