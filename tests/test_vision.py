@@ -261,3 +261,69 @@ def test_rollouts_point_at_the_dataset_row_not_copies(tmp_path, loaded):
         want = vision.pixels([Image.open(io.BytesIO(png(k + 1))).convert("RGB")])
         torch.testing.assert_close(vi.pixel_values, want.pixel_values, rtol=0, atol=0)
     assert got[0] is got[1]  # two samples of one prompt: read and processed once
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    ("train", "tower_trains"),
+    [({}, False), ({"freeze_vision": False, "zero_stage": 3}, True)],
+    ids=["frozen-tower-zero0", "trained-tower-zero3"],
+)
+def test_an_iteration_through_the_stages(tmp_path, vlm, train, tower_trains):
+    """generate -> verify -> train on image prompts, in process: the rollouts carry references,
+    the trainer recomputes the sampler's logprobs (train/rollout_lp_diff_max), the language model
+    changes, and the vision tower changes only when `train.freeze_vision` is off."""
+    import json
+
+    import pyarrow.parquet as pq
+    import yaml
+
+    from components.core import run_setup
+    from components.core.config import load_config
+    from components.generate.stage import run as generate
+    from components.train.stage import run as train_stage
+    from components.verify.stage import run as verify
+
+    table = pa.table(
+        {
+            "data_source": ["vision_count"] * 6,
+            "prompt": [[{"role": "user", "content": "<image>How many?"}]] * 6,
+            "images": [[{"bytes": png(k % 5 + 1), "path": None}] for k in range(6)],
+            "reward_model": [{"ground_truth": str(k % 5 + 1)} for k in range(6)],
+        }
+    )
+    pq.write_table(table, tmp_path / "train.parquet")
+    cfg = {
+        "run": {"store": str(tmp_path / "runs"), "run_id": "v", "iterations": 1, "seed": 0},
+        "model": {"base": str(vlm)},
+        "data": {"train": str(tmp_path / "train.parquet"), "prompts_per_iteration": 4},
+        "generate": {"n": 4, "max_new_tokens": 6, "temperature": 1.0},
+        "verify": {
+            "rewards": {"vision_count": "tests.vision_reward:compute_score"},
+            "num_workers": 1,
+        },
+        "train": {"lr": 1e-2, "micro_batch_tokens": 512, **train},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    config = load_config(tmp_path / "config.yaml")
+    run_setup.run(config)
+    generate(config, 0)
+    verify(config, 0)
+    train_stage(config, 0)
+    run = tmp_path / "runs" / "v"
+    rollouts = pq.read_table(sorted((run / "iterations/00000/rollouts").glob("*.parquet"))[0])
+    assert set(rollouts.column("images_ref").to_pylist()) <= {
+        f"data/train/train.parquet#{k}" for k in range(6)
+    }
+    metrics = json.loads((run / "train_state/00001/metrics.json").read_text())
+    assert metrics["train/rollout_lp_diff_max"] <= LOGPROB_TOL
+    before, after = _weights(run / "checkpoints/00000"), _weights(run / "checkpoints/00001")
+    assert before.keys() == after.keys()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert any(not k.startswith("visual.") for k in changed)
+    assert any(k.startswith("visual.") for k in changed) == tower_trains, sorted(changed)[:5]

@@ -99,6 +99,12 @@ def lora_config(section: LoraSection, model=None):
             )
         if _leaf(head) not in targets:
             targets = [*targets, _leaf(head)]
+    extra = {}
+    if model is not None and not section.vision_tower:
+        from components.core.vision import is_vision_config
+
+        if is_vision_config(model.config):  # the language model only (model.lora.vision_tower)
+            extra["exclude_modules"] = r".*\bvisual\b.*"
     return LoraConfig(
         r=section.rank,
         lora_alpha=section.alpha,
@@ -106,6 +112,7 @@ def lora_config(section: LoraSection, model=None):
         target_modules=targets,
         bias="none",
         task_type="CAUSAL_LM",
+        **extra,
     )
 
 
@@ -165,10 +172,13 @@ def adapter_parameter_count(model_config, section: LoraSection) -> tuple[int, in
     """(adapter parameters, base parameters) of a model config, counted on the meta device (no
     weight is allocated), e.g. for a 7B shape on a laptop."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from components.core.vision import is_vision_config
+
+    auto = AutoModelForImageTextToText if is_vision_config(model_config) else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config)
+        model = auto.from_config(model_config)
     base = sum(p.numel() for p in model.parameters())
     peft_model = attach(model, section)
     adapter = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
@@ -294,6 +304,10 @@ def load_adapter(base_model, adapter_dir: Path, digest: str):
     return model
 
 
+#: Files of a base's processor that a merged checkpoint keeps (vision-language policies).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "chat_template.json")
+
+
 def merge(base_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: Any = None) -> Path:
     """A full HF checkpoint of base + adapter (`rlvr export --merge`): it loads with
     `AutoModelForCausalLM.from_pretrained` and serves without PEFT. Built in a scratch directory
@@ -318,6 +332,9 @@ def merge(base_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: Any = None
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         portable_tokenizer_config(tmp)
+        for name in PROCESSOR_FILES:  # a vision-language base's image processor
+            if (base_dir / name).is_file():
+                shutil.copyfile(base_dir / name, tmp / name)
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above)
         tmp.rename(out_dir)

@@ -89,6 +89,9 @@ class LoraSection(Strict):
     """Adapt the output head (`lm_head`) too. Worth it on small models, whose head is a large
     share of what RL changes (the demo: pass@1 0.58 with it against 0.48 without); the merge
     unties a head tied to the input embeddings first, so only the head changes."""
+    vision_tower: bool = False
+    """Vision-language policies: adapt the vision tower's linear layers too. By default only
+    the language model gets adapters (the tower stays as the base has it)."""
 
     @model_validator(mode="after")
     def _head_with_named_targets(self) -> LoraSection:

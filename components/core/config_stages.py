@@ -189,7 +189,8 @@ class TrainSection(Strict):
     freeze_vision: bool = True
     """Vision-language policies: keep the vision tower (and its merger) fixed and train the
     language model only, as verl's and EasyR1's recipes do by default; false trains it too.
-    With `model.lora`, the adapters go on the language model's layers either way."""
+    With `model.lora` the base stays frozen and `model.lora.vision_tower` decides whether the
+    tower gets adapters."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
     (transformers' non-reentrant checkpointing): about a third more compute for activation memory

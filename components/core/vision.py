@@ -235,11 +235,17 @@ def rope_index(model, input_ids, attention_mask, vision: VisionInputs | None):
     return pos, torch.as_tensor(delta, device=input_ids.device).reshape(-1)
 
 
+def _unwrapped(model):
+    """The transformers model under a DeepSpeed engine (`module`), the trainer's KL reference
+    with its adapter off (`peft_model`) and PEFT (`get_base_model`)."""
+    m = getattr(model, "module", model)
+    m = getattr(m, "peft_model", m)
+    return m.get_base_model() if hasattr(m, "get_base_model") else m
+
+
 def _inner_model(model):
     """The module that owns `get_rope_index` under DeepSpeed, PEFT and ForConditionalGeneration."""
-    m = getattr(model, "module", model)  # a DeepSpeed engine
-    if hasattr(m, "get_base_model"):  # PEFT
-        m = m.get_base_model()
+    m = _unwrapped(model)
     for candidate in (getattr(m, "model", None), m):
         if candidate is not None and hasattr(candidate, "get_rope_index"):
             return candidate
@@ -250,9 +256,7 @@ def placeholder_ids(model_or_config) -> set[int]:
     """The token ids a model replaces with image or video features (`image_token_id`,
     `video_token_id`): the sampler ends a response at one, as at EOS. Takes a config or a
     model (under DeepSpeed and PEFT too)."""
-    m = getattr(model_or_config, "module", model_or_config)  # a DeepSpeed engine
-    if hasattr(m, "get_base_model"):  # PEFT
-        m = m.get_base_model()
+    m = _unwrapped(model_or_config)
     config = getattr(m, "config", m)
     return {
         int(v)
@@ -263,9 +267,7 @@ def placeholder_ids(model_or_config) -> set[int]:
 
 def vision_tower(model):
     """The vision encoder's module of a vision-language model (`visual`), or None."""
-    m = getattr(model, "module", model)
-    if hasattr(m, "get_base_model"):
-        m = m.get_base_model()
+    m = _unwrapped(model)
     for owner in (getattr(m, "model", None), m):
         tower = getattr(owner, "visual", None) if owner is not None else None
         if tower is not None:

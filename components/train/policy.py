@@ -83,6 +83,9 @@ class AdapterOff:
     def modules(self):
         return iter(())
 
+    def parameters(self):
+        return self.peft_model.parameters()
+
     def __call__(self, *args, **kwargs):
         model = self.peft_model
         with eval_modes(model), torch.no_grad(), model.disable_adapter():

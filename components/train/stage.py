@@ -256,7 +256,7 @@ class TrainStage(Stage):
             self.tokenizer,
             model.config,
         )
-        if self.vision is not None and t.freeze_vision:
+        if self.vision is not None and t.freeze_vision and cfg.model.lora is None:
             # the tower and its merger stay as they are; only the language model trains
             tower = vision_tower(model)
             if tower is not None:
@@ -348,7 +348,11 @@ class TrainStage(Stage):
             "seed": cfg.run.seed,
         }
         if cfg.model.lora is not None:  # absent for full fine-tuning: its lineage is unchanged
-            settings["lora"] = cfg.model.lora.model_dump(mode="json")
+            # vision_tower only where set: LoRA runs keep the lineage they had before it
+            lora = cfg.model.lora
+            settings["lora"] = lora.model_dump(
+                mode="json", exclude=set() if lora.vision_tower else {"vision_tower"}
+            )
         inputs = lineage(store, sources, settings, root=layout.root)
         return ckpt_out, state_out, inputs
 
