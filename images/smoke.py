@@ -65,7 +65,7 @@ DATA = re.compile(
     r"config\.json|generation_config\.json|plan\.json|state\.json|run\.yaml)$"
 )
 #: The runs compared across the runners (each as <name>-subprocess and <name>-docker).
-RUNS = ("demo", "lora", "nodes", "tools", "code")
+RUNS = ("demo", "lora", "nodes", "tools", "vision", "code")
 #: Written by the host process, not by the tasks: not compared.
 HOST_ONLY = ("kfp/", "logs/", "status/")
 
@@ -240,70 +240,60 @@ def both_runners(
 Leg = tuple[str, float, float]  # what a leg ran, its wall time under each runner
 
 
-def all_legs(rlvr: Path, store: Path, image_sets: list[str], failures: list[str]) -> list[Leg]:
-    """The demo, then one leg per feature whose packages or launcher live in the images."""
-    legs = [
-        (
-            "demo (12 iterations)",
-            *both_runners(
-                rlvr, "examples/arithmetic/config.yaml", store, "demo", image_sets, failures
-            ),
-        )
-    ]
-    print("the demo with a LoRA adapter (model.lora; peft at the images' pin), 4 iterations:")
-    lora_sets = [
-        *image_sets,
-        "--iterations",
-        "4",
-        "--set",
-        "model.lora={rank: 8, alpha: 8}",
-        "--set",
-        "train.lr=5e-3",
-    ]
-    legs.append(
-        (
-            "LoRA demo (4 iterations)",
-            *both_runners(
-                rlvr, "examples/arithmetic/config.yaml", store, "lora", lora_sets, failures
-            ),
-        )
-    )
-    print("the demo on two train nodes (train.nodes=2: two node agents, ZeRO-3), 2 iterations:")
-    legs.append(
-        (
+def all_legs(
+    rlvr: Path, store: Path, image_sets: list[str], failures: list[str], only: str | None = None
+) -> list[Leg]:
+    """The demo, then one leg per feature whose packages or launcher live in the images
+    (`only`: that leg alone, by its name in LEGS)."""
+
+    def leg(label: str, config: str, name: str, sets: list[str]) -> Leg:
+        return (label, *both_runners(rlvr, config, store, name, sets, failures))
+
+    arith = "examples/arithmetic/config.yaml"
+    plan = {
+        "demo": ("demo (12 iterations)", arith, "demo", image_sets),
+        # model.lora; peft at the images' pin
+        "lora": ("LoRA demo (4 iterations)", arith, "lora", [*image_sets, *LORA_SETS]),
+        # train.nodes=2: two node agents, ZeRO-3
+        "nodes": (
             "two train nodes (2 iterations)",
-            *both_runners(
-                rlvr,
-                "examples/arithmetic/config.yaml",
-                store,
-                "nodes",
-                [
-                    *image_sets,
-                    *NODES_SETS,
-                    "--iterations",
-                    "2",
-                    "--set",
-                    "data.eval.0.max_prompts=50",
-                ],
-                failures,
-            ),
-        )
-    )
-    print("the tool demo (the python tool's sandbox in the generate container), 2 iterations:")
-    legs.append(
-        (
+            arith,
+            "nodes",
+            [*image_sets, *NODES_SETS, "--iterations", "2", "--set", "data.eval.0.max_prompts=50"],
+        ),
+        # the python tool's sandbox in the generate container
+        "tools": (
             "tool demo (2 iterations)",
-            *both_runners(
-                rlvr,
-                "examples/tool_arithmetic/config.yaml",
-                store,
-                "tools",
-                [*image_sets, *TOOL_SETS],
-                failures,
-            ),
-        )
-    )
+            "examples/tool_arithmetic/config.yaml",
+            "tools",
+            [*image_sets, *TOOL_SETS],
+        ),
+        # image prompts: Pillow and a Qwen2-VL policy in every stage's container
+        "vision": (
+            "image-prompt demo (4 iterations)",
+            "examples/vision_count/config.yaml",
+            "vision",
+            [*image_sets, "--iterations", "4"],
+        ),
+    }
+    legs = []
+    for key, (label, config, name, sets) in plan.items():
+        if only is None or key == only:
+            print(f"{label}:")
+            legs.append(leg(label, config, name, sets))
     return legs
+
+
+#: What `--leg` picks from (all_legs).
+LEGS = ("demo", "lora", "nodes", "tools", "vision")
+LORA_SETS = [
+    "--iterations",
+    "4",
+    "--set",
+    "model.lora={rank: 8, alpha: 8}",
+    "--set",
+    "train.lr=5e-3",
+]
 
 
 def quick_legs(rlvr: Path, store: Path, image_sets: list[str], failures: list[str]) -> list[Leg]:
@@ -361,6 +351,12 @@ def main() -> int:
         "(the sandbox probes and tests/test_images_built.py cover the verify image)",
     )
     ap.add_argument(
+        "--leg",
+        choices=LEGS,
+        default=None,
+        help="run this leg of step 5 alone (the code demo of step 6 is left out)",
+    )
+    ap.add_argument(
         "--only",
         choices=("images", "venv"),
         default=None,
@@ -411,10 +407,17 @@ def main() -> int:
     image_sets = ["--set", "cluster.image_repo=rlvr.local", "--set", f"cluster.image_tag={tag}"]
     configs = ["examples/arithmetic/config.yaml"]
     if not args.quick:
-        configs += ["examples/tool_arithmetic/config.yaml", "examples/arithmetic_code/config.yaml"]
+        configs += [
+            "examples/tool_arithmetic/config.yaml",
+            "examples/arithmetic_code/config.yaml",
+            "examples/vision_count/config.yaml",
+        ]
     for config in configs:
         sh(str(rlvr), "check", str(ROOT / config))  # builds the inputs now, outside the timings
-    legs = (quick_legs if args.quick else all_legs)(rlvr, store, image_sets, failures)
+    if args.quick:
+        legs = quick_legs(rlvr, store, image_sets, failures)
+    else:
+        legs = all_legs(rlvr, store, image_sets, failures, args.leg)
 
     step("6. code rewards in the verify image, no capabilities")
     code, text = sandbox_probe(docker, images["verify"], None)
@@ -440,8 +443,8 @@ def main() -> int:
     if code != 0:
         failures.append("the sandbox is not available under the shipped profile")
     code_sub_s = code_s = None
-    if args.quick:
-        print("--quick: the code demo runs are left out")
+    if args.quick or args.leg:
+        print("--quick / --leg: the code demo runs are left out")
     else:
         print("the code demo, with the subprocess runner, then in containers:")
         # the host's sandbox (as root: a fresh uid per run) and the container's (uid 10001: a
