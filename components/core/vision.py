@@ -50,7 +50,12 @@ def decode_image(data: bytes, where: str):
         with Image.open(io.BytesIO(data)) as im:
             im.load()
             return im.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+    except UnidentifiedImageError:
+        raise UserError(
+            f"{where}: not an image Pillow reads ({len(data)} bytes); store PNG or JPEG bytes "
+            "in the images column"
+        ) from None
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise UserError(
             f"{where}: the image does not decode ({type(e).__name__}: {e}); store PNG or JPEG "
             "bytes in the images column"

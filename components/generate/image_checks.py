@@ -146,6 +146,8 @@ def image_problem(data: bytes, max_pixels: int) -> tuple[str, str] | None:
             if w * h > max_pixels:
                 return "large", f"{w}x{h} = {w * h} pixels, over {max_pixels}"
             im.load()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+    except UnidentifiedImageError:
+        return "decode", f"not an image Pillow reads ({len(data)} bytes, starting {data[:8]!r})"
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
         return "decode", f"{type(e).__name__}: {e}"
     return None
