@@ -77,7 +77,9 @@ def check_generate(
             "save the model's chat template with the checkpoint (chat_template.jinja, or "
             "chat_template in tokenizer_config.json), or write the prompts as plain strings",
         )
-    context = getattr(model_config, "max_position_embeddings", None)
+    context = getattr(model_config, "max_position_embeddings", None) or getattr(
+        getattr(model_config, "text_config", None), "max_position_embeddings", None
+    )  # a vision-language model keeps it in its text config
     max_new = {"train": g.max_new_tokens}
     for ev in cfg.data.eval:
         max_new[ev.name] = ev.max_new_tokens or g.max_new_tokens
