@@ -74,6 +74,8 @@ class VLLMBackend:
             )
         if max_images_per_prompt is not None:  # a vision-language policy: its per-prompt limit
             kwargs["limit_mm_per_prompt"] = {"image": max_images_per_prompt}
+            # the slow (PIL) image processor, as rlvr's trainer uses (components/core/vision.py)
+            kwargs["mm_processor_kwargs"] = {"use_fast": False}
         self.vision = None
         """The policy's `VisionProcessor` (image prompts), set by `make_backend`."""
         self.placeholder_ids: set[int] = set()
