@@ -263,7 +263,10 @@ def image_train(edit: Callable[[list[dict]], None] | None = None, *, vlm: bool =
         if edit is not None:
             edit(rows)
         schema = t.schema.append(pa.field("images", typ))
-        if typ != IMAGES:
+        if typ != IMAGES and pa.types.is_struct(typ.value_type):  # text where bytes belong
+            for r in rows:
+                r["images"] = [{"bytes": "iVBORw0KGgo=", "path": None} for _ in r["images"]]
+        elif typ != IMAGES:
             for r in rows:
                 r["images"] = [e["bytes"] if isinstance(e, dict) else e for e in r["images"]]
                 if pa.types.is_string(typ.value_type):
@@ -859,6 +862,26 @@ CASES: list[tuple[str, Callable[[Ctx], object], list[str], str]] = [
         image_train(vlm=False),
         CHECK,
         "hold image prompts, but the policy is a text-only model (qwen2)",
+    ),
+    (
+        "images/bytes-as-text",
+        image_train(
+            typ=pa.list_(pa.struct([("bytes", pa.string()), ("path", pa.string())])),
+        ),
+        CHECK,
+        "column 'images': has type list<element: struct<bytes: string, path: string>>",
+    ),
+    (
+        "images/over-the-context",
+        lambda c: (image_train()(c), c.set("generate", max_new_tokens=120)),
+        CHECK,
+        "plus 120 new tokens exceeds the model's context of 128 positions",
+    ),
+    (
+        "images/with-tools",
+        lambda c: (image_train()(c), c.set("generate", tools=["python"], max_turns=2)),
+        CHECK,
+        "image prompts are sampled single-turn only",
     ),
     (
         "images/no-image-processor",

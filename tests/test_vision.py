@@ -327,3 +327,39 @@ def test_an_iteration_through_the_stages(tmp_path, vlm, train, tower_trains):
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert any(not k.startswith("visual.") for k in changed)
     assert any(k.startswith("visual.") for k in changed) == tower_trains, sorted(changed)[:5]
+
+
+def test_check_counts_image_tokens_in_prompt_lengths(loaded):
+    """`rlvr check` counts each image's tokens at the size the processor scales it to (a 448 x
+    448 image under max_pixels 448^2: 256 tokens), which the text alone (`<image>`: 7 tokens
+    here) would miss."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    from components.core.config import RunConfig
+    from components.core.errors import Problems
+    from components.generate.image_checks import check_prompt_lengths
+
+    model, tok, _ = loaded
+    big = VisionProcessor(
+        tok, Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=448 * 448), model.config
+    )
+    table = pa.table({"prompt": [[{"role": "user", "content": "<image>How many?"}]] * 2})
+    cfg = RunConfig.model_validate(
+        {
+            "run": {"store": "/tmp/x", "run_id": "x"},
+            "model": {"base": "/tmp/b"},
+            "data": {"train": "/tmp/t.parquet"},
+            "generate": {"max_prompt_tokens": 200, "max_new_tokens": 8},
+        }
+    )
+    sizes = {0: [(448, 448)], 1: [(56, 56)]}
+    problems = Problems()
+    check_prompt_lengths(cfg, "train", "t.parquet", table, sizes, big, model.config, problems)
+    assert not problems.errors and len(problems.warnings) == 1
+    assert "row 0:" in str(problems.warnings[0]) or "row 0" in str(problems.warnings[0])
+    sizes[1] = [(448, 448)]
+    problems = Problems()
+    check_prompt_lengths(cfg, "train", "t.parquet", table, sizes, big, model.config, problems)
+    assert "with its image tokens (the shortest: 2" in str(problems.errors[0])

@@ -190,7 +190,8 @@ class TrainSection(Strict):
     """Vision-language policies: keep the vision tower (and its merger) fixed and train the
     language model only, as verl's and EasyR1's recipes do by default; false trains it too.
     With `model.lora` the base stays frozen and `model.lora.vision_tower` decides whether the
-    tower gets adapters."""
+    tower gets adapters. Under bf16 training a frozen tower is saved from DeepSpeed's bf16
+    copy: an fp32 base's tower is rounded to bf16 once, at the first checkpoint."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
     (transformers' non-reentrant checkpointing): about a third more compute for activation memory

@@ -217,10 +217,12 @@ def _token(tokenizer, token_id) -> str:
 
 
 def _pixels(image_processor, name: str, size_key: str) -> int | None:
+    """`min_pixels` / `max_pixels` of a Qwen2-VL image processor: an attribute (transformers
+    4.x), or its `size`'s shortest / longest edge, a dict (4.x) or a SizeDict (5.x)."""
     value = getattr(image_processor, name, None)
     if value is None:
-        size = getattr(image_processor, "size", None) or {}
-        value = size.get(size_key) if isinstance(size, dict) else None
+        size = getattr(image_processor, "size", None)
+        value = size.get(size_key) if isinstance(size, dict) else getattr(size, size_key, None)
     return int(value) if value is not None else None
 
 
@@ -260,16 +262,17 @@ def _inner_model(model):
 
 
 def placeholder_ids(model_or_config) -> set[int]:
-    """The token ids a model replaces with image or video features (`image_token_id`,
-    `video_token_id`): the sampler ends a response at one, as at EOS. Takes a config or a
-    model (under DeepSpeed and PEFT too)."""
+    """The token ids of `PLACEHOLDER_KEYS`: the sampler ends a response at one, as at EOS, and
+    the trainer feeds it as padding. Takes a config or a model (under DeepSpeed and PEFT too)."""
     m = _unwrapped(model_or_config)
     config = getattr(m, "config", m)
-    return {
-        int(v)
-        for k in ("image_token_id", "video_token_id")
-        if (v := getattr(config, k, None)) is not None
-    }
+    return {int(v) for k in PLACEHOLDER_KEYS if (v := getattr(config, k, None)) is not None}
+
+
+#: Config keys of the tokens a model gives special meaning in a prompt: the image and video pad
+#: tokens it replaces with features, and the vision-start token after which transformers 4.x's
+#: `get_rope_index` reads the next token (out of range when it is a sequence's last).
+PLACEHOLDER_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id")
 
 
 def vision_tower(model):
@@ -282,9 +285,12 @@ def vision_tower(model):
     return None
 
 
-def resolve_images(store, root: str, refs: list[str | None], vision) -> list[VisionInputs | None]:
+def resolve_images(
+    store, root: str, refs: list[str | None], vision, tables: dict | None = None
+) -> list[VisionInputs | None]:
     """Each rollout row's VisionInputs from its `images_ref` (None: a text prompt), read from
-    the run's copy of the dataset: each dataset once (its `images` column only), each distinct
+    the run's copy of the dataset: each dataset once (its `images` column only; `tables`, a
+    cache the caller keeps across iterations: a run's datasets never change), each distinct
     row's images decoded and processed once however many samples share it."""
     import pyarrow.parquet as pq
 
@@ -297,7 +303,7 @@ def resolve_images(store, root: str, refs: list[str | None], vision) -> list[Vis
             f"rollouts carry images ({next(r for r in refs if r)}), but the policy is a "
             "text-only model; train a vision-language checkpoint on them"
         )
-    tables: dict[str, Any] = {}
+    tables = {} if tables is None else tables
     done: dict[str, VisionInputs] = {}
     out: list[VisionInputs | None] = []
     for ref in refs:
@@ -311,6 +317,11 @@ def resolve_images(store, root: str, refs: list[str | None], vision) -> list[Vis
                 local = store.local_path(uri)
                 source = local if local is not None else io.BytesIO(store.read_bytes(uri))
                 tables[uri] = pq.ParquetFile(source).read(columns=[IMAGE_COLUMN])
+            if not row.isdigit() or int(row) >= tables[uri].num_rows:
+                raise UserError(
+                    f"images_ref {ref!r}: {uri} has {tables[uri].num_rows} rows; the rollouts do "
+                    "not belong to this run's dataset (regenerate them)"
+                )
             entries = tables[uri].column(IMAGE_COLUMN)[int(row)].as_py() or []
             images = [
                 decode_image(image_bytes(e) or b"", f"{uri} row {row} image {k}")

@@ -21,12 +21,14 @@ SAMPLES = 4
 def _samples(store: Store, layout: RunLayout, c: int, name: str):
     import pyarrow.parquet as pq
 
+    from components.core.store import StoreError
+
     uri = join(layout.eval_set(c, name), "samples.parquet")
     local = store.local_path(uri)
     try:
         source = local if local is not None else io.BytesIO(store.read_bytes(uri))
         t = pq.ParquetFile(source).read()
-    except (OSError, FileNotFoundError):
+    except (OSError, StoreError):
         return None
     return t if "images_ref" in t.column_names else None
 
@@ -58,8 +60,19 @@ def _thumbnails(store: Store, root: str, ref: str) -> list[bytes]:
 
 
 def image_gallery(store: Store, root: str, checkpoints: list[int]) -> str:
-    """The dashboard section (HTML), or "" when no evaluated set has image prompts.
-    `checkpoints`: the evaluated ones, in order; the first and the last are shown."""
+    """The dashboard section (HTML), or "" when no evaluated set has image prompts (or they
+    cannot be read: the gallery never stops the report). `checkpoints`: the evaluated ones, in
+    order; the first and the last are shown."""
+    import logging
+
+    try:
+        return _gallery(store, root, checkpoints)
+    except Exception as e:  # noqa: BLE001 - a picture on a page; the report goes on without it
+        logging.getLogger("rlvr.report").warning("no image gallery on the dashboard: %s", e)
+        return ""
+
+
+def _gallery(store: Store, root: str, checkpoints: list[int]) -> str:
     from components.evaluate.dashboard import _data_uri
 
     if not checkpoints:
@@ -77,10 +90,22 @@ def image_gallery(store: Store, root: str, checkpoints: list[int]) -> str:
         if late is None:
             continue
         early = _samples(store, layout, first, name) if first != last else None
-        ids = list(dict.fromkeys(late.column("prompt_id").to_pylist()))[:PROMPTS]
+        with_images = [
+            p
+            for p, ref in zip(
+                late.column("prompt_id").to_pylist(),
+                late.column("images_ref").to_pylist(),
+                strict=True,
+            )
+            if ref
+        ]
+        ids = list(dict.fromkeys(with_images))[:PROMPTS]
         rows = []
         for pid in ids:
-            got = {c: _responses(t, pid) for c, t in ((first, early), (last, late)) if t}
+            shown = (first, last) if early is not None else (last,)
+            got = {
+                c: _responses(t, pid) for c, t in ((first, early), (last, late)) if t is not None
+            }
             ref = got[last]["ref"]
             imgs = "".join(
                 f'<img src="{_data_uri(png)}" alt="{html.escape(pid)}" width="{THUMBNAIL}" '
@@ -88,9 +113,9 @@ def image_gallery(store: Store, root: str, checkpoints: list[int]) -> str:
                 for png in _thumbnails(store, root, ref)
             )
             cells = "".join(
-                f'<td style="text-align: left">{_listing(got[c]["samples"])}</td>'
-                for c in (first, last)
-                if c in got
+                f'<td style="text-align: left">{_listing(got[c]["samples"]) if got.get(c) else "—"}'
+                "</td>"
+                for c in shown
             )
             truth = html.escape(got[last]["truth"])
             rows.append(f"<tr><td>{imgs}</td><td><code>{truth}</code></td>{cells}</tr>")
@@ -112,10 +137,12 @@ def image_gallery(store: Store, root: str, checkpoints: list[int]) -> str:
     )
 
 
-def _responses(table, prompt_id: str) -> dict[str, Any]:
+def _responses(table, prompt_id: str) -> dict[str, Any] | None:
     import pyarrow.compute as pc
 
     rows = table.filter(pc.equal(table.column("prompt_id"), prompt_id)).to_pylist()
+    if not rows:  # not in this checkpoint's samples (another max_prompts)
+        return None
     rows.sort(key=lambda r: r["sample_index"])
     return {
         "ref": rows[0]["images_ref"],

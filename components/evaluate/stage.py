@@ -414,16 +414,16 @@ class EvaluateStage(Stage):
         if model is not None and hasattr(model, "forward"):
             return model, tokenizer
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         from components.core.adapter import is_adapter_dir
-        from components.core.checkpoint import local_checkpoint
+        from components.core.checkpoint import local_checkpoint, model_class
 
         ckpt = local_checkpoint(self.store, self.layout.checkpoint(c))
         if is_adapter_dir(ckpt):  # refused by check() before any work
             raise UserError("lm-eval suites on a LoRA policy need generate.backend: transformers")
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype="auto").to(device).eval()
+        model = model_class(ckpt).from_pretrained(ckpt, dtype="auto").to(device).eval()
         return model, AutoTokenizer.from_pretrained(ckpt)
 
     def _load(self, c: int, timeline: Timeline) -> None:

@@ -22,7 +22,7 @@ from components.core.commit import (
     committed_files,
 )
 from components.core.config import GenerateSection
-from components.core.errors import StageError
+from components.core.errors import StageError, UserError
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
 from components.core.store import Store
 from components.core.vision import IMAGES_REF
@@ -106,7 +106,10 @@ def render_request(tokenizer, vision, row: PromptRow) -> tuple[str, list[int], t
             "vision-language checkpoint (model.base) or drop the images column"
         )
     images = tuple(decode_image(b, f"{row.images_ref} image {k}") for k, b in enumerate(row.images))
-    text, ids, vi = vision.render(row.prompt, list(images))
+    try:
+        text, ids, vi = vision.render(row.prompt, list(images))
+    except UserError as e:
+        raise UserError(f"{row.images_ref} (prompt {row.prompt_id}): {e}") from None
     return text, ids, images, vi
 
 
@@ -176,6 +179,11 @@ def generate_rollouts(
     requests: list[PromptRequest] = []
     skipped: list[str] = []
     vision = getattr(backend, "vision", None)
+    if tools is not None and any(p.images for p in prompts):
+        raise StageError(
+            "image prompts are sampled single-turn only (a trajectory's later turns would reach "
+            "the policy without its images); drop generate.tools / generate.environment"
+        )
     for p in prompts:
         text, ids, images, vi = render_request(tokenizer, vision, p)
         if len(ids) > max_prompt_tokens:

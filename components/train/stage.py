@@ -173,6 +173,8 @@ class TrainStage(Stage):
         self.tokenizer: Any = None
         self.vision: Any = None
         """A vision-language policy's VisionProcessor (image prompts), else None."""
+        self._image_tables: dict[str, Any] = {}
+        """The `images` columns of the run's datasets, read once per worker."""
         self.ref_model: Any = None
         self.base_digest: str | None = None  # model.lora: the base the adapters belong to
         self.rank, self.world = 0, 1
@@ -406,7 +408,9 @@ class TrainStage(Stage):
         start_step = iteration * steps_per_iteration(t)
         if ro.images_ref is not None:  # image prompts: their pixel values, once per prompt
             with timeline.span("images"):
-                ro.vision = resolve_images(store, layout.root, ro.images_ref, self.vision)
+                ro.vision = resolve_images(
+                    store, layout.root, ro.images_ref, self.vision, self._image_tables
+                )
 
         # --- train ---
         torch.manual_seed(cfg.run.seed + iteration)
