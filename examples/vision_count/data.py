@@ -1,14 +1,14 @@
-"""Synthetic image questions for the vision RLVR demo, drawn with Pillow, in verl's Parquet format.
+"""Synthetic "count the shapes" images for the vision RLVR demo, drawn with Pillow, in verl's
+Parquet format.
 
-Every problem is one small RGB image (``IMAGE_SIZE`` x ``IMAGE_SIZE`` pixels on a white ground)
-and a question whose answer is a small integer, graded by the ``math`` verifier on
-``\\boxed{N}``. Two kinds share the one data source ``vision_count``:
-
-* ``count`` (the main one): 1..``MAX_SHAPES`` shapes (square, circle, triangle; one of six
-  colours each) at random positions, never touching (at least ``GAP`` pixels apart); the answer
-  is how many there are;
-* ``bars``: two vertical bars of different heights, left and right; the answer is 1 if the left
-  one is taller, else 2.
+Every problem is one small RGB image (``IMAGE_SIZE`` x ``IMAGE_SIZE`` pixels on a black ground)
+holding 1..``MAX_SHAPES`` shapes (square, circle or triangle; one of six bright colours each) at
+random positions, never touching (at least ``GAP`` pixels apart); the question is how many there
+are, the answer graded by the ``math`` verifier on ``\\boxed{N}``. The ground is black because
+the demo's image processor does not normalise (``examples.vision_count.model``): a patch of
+ground is all zeros, so a freshly initialised vision tower's features differ between images as
+much as the shapes do. On a white ground (or with CLIP's normalisation) the shapes are a small
+change on a large constant and the tiny model did not learn to count in the warm-up's budget.
 
 Generation is deterministic in the seed. Splits never share an image: images are deduplicated
 by their pixels, and no image of the eval (or dev) split appears in train.
@@ -18,8 +18,8 @@ Each row has the columns verl expects, with the images in HF datasets' Image lay
 * ``data_source`` (string): ``"vision_count"``;
 * ``prompt`` (list<struct<role, content>>): one user message, ``<image>`` marking the image;
 * ``images`` (list<struct<bytes: binary, path: string>>): one PNG, path null;
-* ``reward_model`` (struct<ground_truth, style>): the answer string and ``"rule"``;
-* ``extra_info`` (struct<index, kind, split, shapes>): ``shapes``, a short description.
+* ``reward_model`` (struct<ground_truth, style>): the count as a string and ``"rule"``;
+* ``extra_info`` (struct<index, split, shapes>): ``shapes``, what was drawn where.
 
 Run it on its own to write ``train.parquet`` and ``eval.parquet``::
 
@@ -44,15 +44,15 @@ from examples.arithmetic.data import PROMPT_TYPE, REWARD_MODEL_TYPE
 
 DATA_SOURCE = "vision_count"
 IMAGE_SIZE = 56
-BACKGROUND = (255, 255, 255)
-#: Shape colours, far from white and from each other.
+BACKGROUND = (0, 0, 0)
+#: Shape colours, bright and far from each other.
 COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
-    "green": (30, 160, 40),
-    "blue": (30, 60, 220),
-    "orange": (240, 140, 0),
-    "purple": (140, 40, 180),
-    "black": (20, 20, 20),
+    "red": (230, 40, 40),
+    "green": (40, 200, 60),
+    "blue": (60, 100, 255),
+    "yellow": (240, 220, 40),
+    "white": (240, 240, 240),
+    "magenta": (220, 60, 220),
 }
 SHAPES = ("square", "circle", "triangle")
 MAX_SHAPES = 6
@@ -62,20 +62,12 @@ MIN_SIDE, MAX_SIDE = 7, 12
 GAP = 2
 #: Problems held out of both files for the warm-up's dev checks (see ``prepare``).
 N_DEV = 200
-#: The share of ``bars`` problems in every split.
-BARS_SHARE = 0.2
 
-COUNT_PROMPT = "<image>How many shapes?"
-BARS_PROMPT = "<image>Taller bar: 1 (left) or 2 (right)?"
+PROMPT = "<image>How many shapes?"
 
 IMAGE_TYPE = pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
 EXTRA_INFO_TYPE = pa.struct(
-    [
-        ("index", pa.int64()),
-        ("kind", pa.string()),
-        ("split", pa.string()),
-        ("shapes", pa.string()),
-    ]
+    [("index", pa.int64()), ("split", pa.string()), ("shapes", pa.string())]
 )
 SCHEMA = pa.schema(
     [
@@ -99,21 +91,18 @@ class Shape:
 
 @dataclass(frozen=True)
 class Problem:
-    """One image question: ``count`` (the shapes) or ``bars`` (two bars, left and right)."""
+    """One image of shapes; the answer is how many."""
 
-    kind: str
     shapes: tuple[Shape, ...]
 
     @property
     def prompt_text(self) -> str:
-        return COUNT_PROMPT if self.kind == "count" else BARS_PROMPT
+        """The user message: the image, then the question."""
+        return PROMPT
 
     @property
     def answer(self) -> str:
-        if self.kind == "count":
-            return str(len(self.shapes))
-        left, right = (s.box[3] - s.box[1] for s in self.shapes)
-        return "1" if left > right else "2"
+        return str(len(self.shapes))
 
     @property
     def description(self) -> str:
@@ -130,23 +119,23 @@ class Problem:
                 draw.ellipse(s.box, fill=fill)
             elif s.kind == "triangle":
                 draw.polygon([((x0 + x1) // 2, y0), (x0, y1), (x1, y1)], fill=fill)
-            else:  # square, and bars
+            else:
                 draw.rectangle(s.box, fill=fill)
         return im
 
     def png(self) -> bytes:
         buf = io.BytesIO()
-        self.image().save(buf, format="PNG", optimize=False)
+        self.image().save(buf, format="PNG")
         return buf.getvalue()
 
 
 def _apart(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
-    """The boxes are at least ``GAP`` pixels apart on one axis."""
+    """The boxes are more than ``GAP`` pixels apart on one axis."""
     return a[2] + GAP < b[0] or b[2] + GAP < a[0] or a[3] + GAP < b[1] or b[3] + GAP < a[1]
 
 
-def draw_count(rng: random.Random, max_shapes: int = MAX_SHAPES) -> Problem:
-    """1..``max_shapes`` shapes at random positions, none touching another."""
+def draw_problem(rng: random.Random, max_shapes: int = MAX_SHAPES) -> Problem:
+    """1..``max_shapes`` shapes (the count uniform) at random positions, none touching another."""
     n = rng.randint(1, max_shapes)
     while True:  # a fresh layout if one of them does not fit (rare)
         shapes: list[Shape] = []
@@ -160,31 +149,11 @@ def draw_count(rng: random.Random, max_shapes: int = MAX_SHAPES) -> Problem:
                     shapes.append(Shape(rng.choice(SHAPES), rng.choice(sorted(COLOURS)), box))
                     break
         if len(shapes) == n:
-            return Problem("count", tuple(shapes))
-
-
-def draw_bars(rng: random.Random) -> Problem:
-    """Two bars standing on the bottom edge, left and right halves, of different heights."""
-    low, high = sorted(rng.sample(range(8, IMAGE_SIZE - 6), 2))
-    if rng.random() < 0.5:
-        low, high = high, low
-    bars = []
-    for half, height in ((0, low), (1, high)):
-        width = rng.randint(6, 14)
-        x0 = half * IMAGE_SIZE // 2 + rng.randint(2, IMAGE_SIZE // 2 - width - 2)
-        box = (x0, IMAGE_SIZE - 2 - height, x0 + width - 1, IMAGE_SIZE - 3)
-        bars.append(Shape("bar", rng.choice(sorted(COLOURS)), box))
-    return Problem("bars", tuple(bars))
+            return Problem(tuple(shapes))
 
 
 def make_splits(
-    *,
-    seed: int,
-    n_train: int,
-    n_eval: int,
-    n_dev: int = 0,
-    bars_share: float = BARS_SHARE,
-    max_shapes: int = MAX_SHAPES,
+    *, seed: int, n_train: int, n_eval: int, n_dev: int = 0, max_shapes: int = MAX_SHAPES
 ) -> dict[str, list[Problem]]:
     """Draw the ``eval``, ``dev`` and ``train`` problem lists, deterministic in ``seed``; every
     image is distinct (by its pixels) within and across splits."""
@@ -194,8 +163,7 @@ def make_splits(
     for split, n in (("eval", n_eval), ("dev", n_dev), ("train", n_train)):
         rows: list[Problem] = []
         while len(rows) < n:
-            bars = rng.random() < bars_share
-            p = draw_bars(rng) if bars else draw_count(rng, max_shapes)
+            p = draw_problem(rng, max_shapes)
             key = hashlib.sha1(p.image().tobytes()).digest()
             if key not in seen:
                 seen.add(key)
@@ -212,8 +180,7 @@ def to_table(problems: Sequence[Problem], split: str) -> pa.Table:
         "images": [[{"bytes": p.png(), "path": None}] for p in problems],
         "reward_model": [{"ground_truth": p.answer, "style": "rule"} for p in problems],
         "extra_info": [
-            {"index": i, "kind": p.kind, "split": split, "shapes": p.description}
-            for i, p in enumerate(problems)
+            {"index": i, "split": split, "shapes": p.description} for i, p in enumerate(problems)
         ],
     }
     return pa.Table.from_pydict(rows, schema=SCHEMA)
