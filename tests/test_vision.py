@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw
 from components.core.vision import (
     VisionInputs,
     VisionProcessor,
+    pil_image_processor_class,
     placeholder_count,
     rope_index,
     split_placeholders,
@@ -333,17 +334,15 @@ def test_check_counts_image_tokens_in_prompt_lengths(loaded):
     """`rlvr check` counts each image's tokens at the size the processor scales it to (a 448 x
     448 image under max_pixels 448^2: 256 tokens), which the text alone (`<image>`: 7 tokens
     here) would miss."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
-
     from components.core.config import RunConfig
     from components.core.errors import Problems
     from components.generate.image_checks import check_prompt_lengths
 
     model, tok, _ = loaded
     big = VisionProcessor(
-        tok, Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=448 * 448), model.config
+        tok,
+        pil_image_processor_class()(min_pixels=56 * 56, max_pixels=448 * 448),
+        model.config,
     )
     table = pa.table({"prompt": [[{"role": "user", "content": "<image>How many?"}]] * 2})
     cfg = RunConfig.model_validate(

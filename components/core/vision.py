@@ -208,6 +208,22 @@ class VisionProcessor:
         return text, ids, vi
 
 
+def pil_image_processor_class():
+    """Qwen2-VL's PIL (slow) image processor class: `Qwen2VLImageProcessorPil` in transformers
+    5, `Qwen2VLImageProcessor` in 4.x (the images' pin), where the fast one is a separate
+    class. Both save as `Qwen2VLImageProcessor`, so a checkpoint loads under either."""
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil,
+        )
+
+        return Qwen2VLImageProcessorPil
+    except ImportError:  # transformers 4.x
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+        return Qwen2VLImageProcessor
+
+
 def is_vision_config(config) -> bool:
     return getattr(config, "vision_config", None) is not None and hasattr(config, "image_token_id")
 
@@ -227,9 +243,11 @@ def _pixels(image_processor, name: str, size_key: str) -> int | None:
 
 
 def rope_index(model, input_ids, attention_mask, vision: VisionInputs | None):
-    """M-RoPE positions of padded sequences with images: (positions [3, B, S], each row's
-    offset of text positions [B]), from the model's own `get_rope_index`. Padding (mask 0) gets
-    position 0; a row without images gets 1D positions in all three sections."""
+    """M-RoPE positions of padded sequences with images: (positions [3, B, S], the model's
+    position deltas [B]), from the model's own `get_rope_index`. A row without images gets 1D
+    positions in all three sections; what padding gets differs by version (0 or 1), as does the
+    delta's reference (the row's own length in transformers 5, the padded length in 4.x): the
+    sampler takes a row's next position as one past its largest instead."""
     import torch
 
     inner = _inner_model(model)

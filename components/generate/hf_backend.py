@@ -299,11 +299,13 @@ class TransformersBackend:
         from components.core.vision import VisionInputs, rope_index
 
         per_prompt = VisionInputs.cat([r.vision for r in batch])
-        pos3, delta = rope_index(self.model, ids[::n], attn[::n], per_prompt)
+        pos3 = rope_index(self.model, ids[::n], attn[::n], per_prompt)[0]
         pos3 = pos3.to(self.device).repeat_interleave(n, dim=1)
-        delta = delta.to(self.device).repeat_interleave(n)
         vision = np.array([r.vision for r in batch for _ in range(n)], dtype=object)
-        return pos3, pos[:, -1] + 1 + delta, vision
+        # Each row's next position: one past its largest (its last token is text, the same in
+        # all three sections). Not `pos + delta`: transformers 4.x measures its delta against
+        # the padded length, 5.x against the row's own, so a left-padded row would be off.
+        return pos3, pos3.amax(dim=(0, 2)) + 1, vision
 
     @torch.inference_mode()
     def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:

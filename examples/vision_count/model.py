@@ -31,9 +31,9 @@ from transformers import (
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
 )
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from components.core.checkpoint import portable_tokenizer_config
+from components.core.vision import pil_image_processor_class
 from examples.arithmetic.model import build_tokenizer as build_text_tokenizer
 from examples.vision_count.data import IMAGE_SIZE
 
@@ -93,13 +93,13 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def build_image_processor() -> Qwen2VLImageProcessorPil:
+def build_image_processor():
     """Qwen2-VL's PIL image processor sized for the demo: a 56x56 image is one 4x4 patch grid.
 
     Pixel values are only rescaled to [0, 1], not normalised: the demo draws on a black ground,
     so a patch of ground is all zeros and the shapes are all of the signal (with CLIP's mean and
     std the ground is a large constant that the tiny model did not learn to see past)."""
-    return Qwen2VLImageProcessorPil(
+    return pil_image_processor_class()(
         do_normalize=False,
         patch_size=PATCH_SIZE,
         merge_size=MERGE_SIZE,
@@ -147,6 +147,9 @@ def build_config(
                 "rope_theta": 10000.0,
                 "mrope_section": mrope,
             },
+            # transformers 4.x (the images' pin) reads the sections from rope_scaling
+            "rope_scaling": {"type": "mrope", "mrope_section": mrope},
+            "rope_theta": 10000.0,
             "tie_word_embeddings": True,
             "use_cache": True,
             "initializer_range": init_std,
@@ -201,7 +204,7 @@ def count_parameters(model: torch.nn.Module) -> int:
 def save_checkpoint(
     model: Qwen2VLForConditionalGeneration,
     tokenizer: PreTrainedTokenizerFast,
-    image_processor: Qwen2VLImageProcessorPil,
+    image_processor,
     out_dir: str | Path,
 ) -> Path:
     """Save model (safetensors), tokenizer, image processor (``preprocessor_config.json``) and
