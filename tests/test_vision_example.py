@@ -240,7 +240,8 @@ def test_the_config_and_readme_describe_the_demo():
     assert cfg.model.base.endswith("examples/vision_count/.build/base")
     readme = (ROOT / "examples/vision_count/README.md").read_text()
     assert f"{count_parameters(build_model(build_tokenizer())):,} parameters" in readme
-    assert "(filled in by the run)" in readme
+    results = readme.split("## RL results", 1)[1]
+    assert "| 0 (the base) |" in results and "| 10 |" in results  # the run's table
 
 
 @pytest.mark.parametrize("seed", [0, 3])
