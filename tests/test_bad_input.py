@@ -263,6 +263,8 @@ def image_train(edit: Callable[[list[dict]], None] | None = None, *, vlm: bool =
         if edit is not None:
             edit(rows)
         schema = t.schema.append(pa.field("images", typ))
+        if any("videos" in r for r in rows):  # a verl video column beside the images
+            schema = schema.append(pa.field("videos", pa.list_(pa.binary())))
         if typ != IMAGES and pa.types.is_struct(typ.value_type):  # text where bytes belong
             for r in rows:
                 r["images"] = [{"bytes": "iVBORw0KGgo=", "path": None} for _ in r["images"]]
@@ -882,6 +884,12 @@ CASES: list[tuple[str, Callable[[Ctx], object], list[str], str]] = [
         lambda c: (image_train()(c), c.set("generate", tools=["python"], max_turns=2)),
         CHECK,
         "image prompts are sampled single-turn only",
+    ),
+    (
+        "images/videos",
+        image_train(image_row(0, videos=[b"frames"])),
+        CHECK,
+        "column 'videos': video prompts are not supported",
     ),
     (
         "images/no-image-processor",

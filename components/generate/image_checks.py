@@ -51,6 +51,14 @@ def check_images(
     problems: Problems,
 ) -> None:
     """`datasets`: name -> (uri, table) of the sets generate or evaluate will sample."""
+    for uri, table in datasets.values():
+        if "videos" in table.column_names:
+            problems.error(
+                f"{uri} column 'videos'",
+                "video prompts are not supported: only images reach the policy, so the videos "
+                "would be silently left out",
+                "give the frames as images (one <image> each), or drop the videos column",
+            )
     with_images = {n: v for n, v in datasets.items() if IMAGE_COLUMN in v[1].column_names}
     if not with_images:
         return
