@@ -231,7 +231,9 @@ def test_features_a_run_does_not_use_stay_out_of_its_lineage():
         {**base, "generate": {"tools": ["python"]}, "train": {"void_turn_filter": True}}
     )
     used = unused_keys(tools)
-    assert used["generate"] == set() and used["train"] == {"nodes", "old_logprobs"}
+    # max_images_per_prompt only refuses input: it is never in the lineage
+    assert used["generate"] == {"max_images_per_prompt"}
+    assert used["train"] == {"nodes", "old_logprobs", "freeze_vision"}
     assert used["verify"] == {"env_reward_weight"}  # no environment: its weight changes nothing
     # old_logprobs: auto and recompute train alike (within float precision), rollout does not
     assert "old_logprobs" not in plain.train.model_dump(exclude=unused["train"])
