@@ -310,16 +310,7 @@ def quick_legs(rlvr: Path, store: Path, image_sets: list[str], failures: list[st
                 "examples/arithmetic/config.yaml",
                 store,
                 "nodes",
-                [
-                    *image_sets,
-                    *NODES_SETS,
-                    "--iterations",
-                    "4",
-                    "--set",
-                    "model.lora={rank: 8, alpha: 8}",
-                    "--set",
-                    "train.lr=5e-3",
-                ],
+                [*image_sets, *NODES_SETS, *LORA_SETS],
                 failures,
             ),
         )

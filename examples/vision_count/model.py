@@ -21,21 +21,30 @@ Usage (from Python)::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from transformers import (
-    GenerationConfig,
     PreTrainedTokenizerFast,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
 )
 
-from components.core.checkpoint import portable_tokenizer_config
 from components.core.vision import pil_image_processor_class
 from examples.arithmetic.model import build_tokenizer as build_text_tokenizer
+from examples.arithmetic.model import count_parameters, generation_config
+from examples.arithmetic.model import save_checkpoint as save_text_checkpoint
 from examples.vision_count.data import IMAGE_SIZE
+
+__all__ = [
+    "build_config",
+    "build_image_processor",
+    "build_model",
+    "build_tokenizer",
+    "count_parameters",
+    "generation_config",
+    "save_checkpoint",
+]
 
 VISION_START = "<|vision_start|>"
 IMAGE_PAD = "<|image_pad|>"
@@ -188,35 +197,14 @@ def build_model(
     return model.float()
 
 
-def generation_config(tokenizer: PreTrainedTokenizerFast) -> GenerationConfig:
-    return GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-    )
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    """Distinct parameters (tied weights counted once)."""
-    return sum(p.numel() for p in model.parameters())
-
-
 def save_checkpoint(
     model: Qwen2VLForConditionalGeneration,
     tokenizer: PreTrainedTokenizerFast,
     image_processor,
     out_dir: str | Path,
 ) -> Path:
-    """Save model (safetensors), tokenizer, image processor (``preprocessor_config.json``) and
-    ``generation_config.json`` into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.generation_config = generation_config(tokenizer)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    portable_tokenizer_config(out)  # loads in transformers 4.x (the images) and 5.x alike
+    """Save what the arithmetic demo's checkpoint holds (model in safetensors, tokenizer,
+    ``generation_config.json``) plus the image processor (``preprocessor_config.json``)."""
+    out = save_text_checkpoint(model, tokenizer, out_dir)
     image_processor.save_pretrained(out)
-    gen_path = out / "generation_config.json"
-    if not gen_path.exists():  # save_pretrained writes it; make sure regardless of version
-        gen_path.write_text(json.dumps(generation_config(tokenizer).to_dict(), indent=2) + "\n")
     return out
