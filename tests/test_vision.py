@@ -362,3 +362,67 @@ def test_check_counts_image_tokens_in_prompt_lengths(loaded):
     problems = Problems()
     check_prompt_lengths(cfg, "train", "t.parquet", table, sizes, big, model.config, problems)
     assert "with its image tokens (the shortest: 2" in str(problems.errors[0])
+
+
+def test_next_positions_do_not_depend_on_the_versions_delta(loaded, monkeypatch):
+    """transformers 4.x measures get_rope_index's delta against the padded length, 5.x against
+    the row's own: the sampler must not use it. With 4.x's delta under 5.x, a left-padded text
+    row batched with image rows still samples what the trainer recomputes."""
+    model, tok, vision = loaded
+    inner = model.model
+    own = inner.get_rope_index
+
+    def padded_delta(input_ids, mm_token_type_ids=None, attention_mask=None, **kwargs):
+        pos, delta = own(
+            input_ids, mm_token_type_ids=mm_token_type_ids, attention_mask=attention_mask, **kwargs
+        )
+        pad = input_ids.shape[1] - attention_mask.sum(-1, keepdim=True)
+        return pos, delta - pad.to(delta.dtype)  # 4.x's reference
+
+    monkeypatch.setattr(inner, "get_rope_index", padded_delta)
+    test_sampler_logprobs_equal_the_trainers_with_images(loaded)
+
+
+def test_the_dashboard_shows_image_prompts_and_skips_text_rows(tmp_path, loaded):
+    """The gallery: a thumbnail per image prompt with the base's and the last checkpoint's
+    responses; text rows are left out; an unreadable reference costs the section, not the
+    report."""
+    import pyarrow.parquet as pq
+
+    from components.core.store import get_store
+    from components.evaluate.gallery import image_gallery
+
+    root = tmp_path / "run"
+    (root / "data" / "eval" / "heldout").mkdir(parents=True)
+    pq.write_table(
+        pa.table(
+            {"images": [[{"bytes": png(2), "path": None}], [{"bytes": png(3), "path": None}]]}
+        ),
+        root / "data/eval/heldout/eval.parquet",
+    )
+    ref = "data/eval/heldout/eval.parquet#"
+    for c, reward in ((0, 0.0), (4, 1.0)):
+        d = root / "evals" / f"{c:05d}" / "heldout"
+        d.mkdir(parents=True)
+        pq.write_table(
+            pa.table(
+                {
+                    "prompt_id": ["h-0", "h-0", "h-1", "h-2"],
+                    "sample_index": [0, 1, 0, 0],
+                    "images_ref": [ref + "0", ref + "0", None, ref + "1"],
+                    "ground_truth": ["2", "2", "4", "3"],
+                    "response": ["\\boxed{2}", "\\boxed{5}", "\\boxed{4}", "\\boxed{3}"],
+                    "reward": [reward, 0.0, 1.0, reward],
+                }
+            ),
+            d / "samples.parquet",
+        )
+    page = image_gallery(get_store(str(tmp_path)), str(root), [0, 4])
+    assert page.count("<img ") == 2  # h-0 and h-2; the text row h-1 has none
+    assert "checkpoint 0" in page and "checkpoint 4" in page and "\\boxed{5}" in page
+    assert page.count("&#10003;") == 1 + 2  # h-1 (text) not shown: base none, last h-0 + h-2
+    pq.write_table(
+        pa.table({"images": [[{"bytes": b"broken", "path": None}]] * 2}),
+        root / "data/eval/heldout/eval.parquet",
+    )
+    assert image_gallery(get_store(str(tmp_path)), str(root), [0, 4]) == ""
