@@ -434,6 +434,29 @@ def test_sample_step_is_the_inverse_cdf_draw_and_its_logprob(temperature, top_p,
     torch.testing.assert_close(lp, ref.gather(-1, want[:, None])[:, 0].float(), rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize(
+    "temperature, top_p, top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5), (0.0, 1.0, 0)]
+)
+def test_sample_step_in_row_chunks_equals_one_piece(monkeypatch, temperature, top_p, top_k):
+    """sample_step splits the rows into chunks (to keep its float64 temporaries small); every
+    operation is per row, so the tokens and logprobs equal the one-piece result bit for bit,
+    with a last chunk shorter than the others (70 rows in chunks of 16)."""
+    from components.generate import hf_backend
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(70, 500, generator=g) * 4
+    u = torch.rand(70, generator=g, dtype=torch.float64)
+    spec = SamplingSpec(n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=1)
+    whole = hf_backend.sample_rows(logits, u, spec)
+    calls = []
+    real = hf_backend.sample_rows
+    monkeypatch.setattr(hf_backend, "SAMPLER_CHUNK_ELEMENTS", 16 * 500)
+    monkeypatch.setattr(hf_backend, "sample_rows", lambda x, *a: calls.append(len(x)) or real(x, *a))
+    tok, lp = hf_backend.sample_step(logits, u, spec)
+    assert calls == [16, 16, 16, 16, 6]
+    assert torch.equal(tok, whole[0]) and torch.equal(lp, whole[1])
+
+
 def test_sample_step_never_draws_a_zero_probability_token():
     """Rows whose tail underflows to probability 0 (logits 1e4 apart) and a uniform at the top
     of the CDF still draw a token of positive probability."""
