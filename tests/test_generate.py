@@ -451,7 +451,9 @@ def test_sample_step_in_row_chunks_equals_one_piece(monkeypatch, temperature, to
     calls = []
     real = hf_backend.sample_rows
     monkeypatch.setattr(hf_backend, "SAMPLER_CHUNK_ELEMENTS", 16 * 500)
-    monkeypatch.setattr(hf_backend, "sample_rows", lambda x, *a: calls.append(len(x)) or real(x, *a))
+    monkeypatch.setattr(
+        hf_backend, "sample_rows", lambda x, *a: calls.append(len(x)) or real(x, *a)
+    )
     tok, lp = hf_backend.sample_step(logits, u, spec)
     assert calls == [16, 16, 16, 16, 6]
     assert torch.equal(tok, whole[0]) and torch.equal(lp, whole[1])
