@@ -13,6 +13,9 @@
    shape (batch rows x hidden x intermediate) reaches here, timed in the same run. Goal (a
    real model, `--model`): at least half of the fp32 matmul. `--dtype bfloat16` runs the model
    in bf16 (the smollm2 example's generate.dtype) and also prints the ratio to a bf16 matmul.
+   With `--model` it also prints the ceiling the step's matmuls set by themselves: the model's
+   own weights (streamed from memory, unlike the reference's one cached weight) at the full
+   batch and at a quarter of it.
 3. Memory (the default tiny model only): peak RSS of the generate stage run as a subprocess with
    P and 10 x P prompts. Goal: ratio < 1.3 (rollouts stream to Parquet parts, so memory does not
    grow with prompts).
@@ -81,6 +84,33 @@ def matmul_gflops(
         torch.nn.functional.linear(a, w)
         n += 1
     return 2 * rows * hidden * inter * n / (time.perf_counter() - t0) / 1e9
+
+
+def model_matmul_gflops(model, rows: int, seconds: float = 2.0) -> float:
+    """GFLOP/s of the model's own matmuls at `rows` rows, alone: each 2-D weight counted by
+    `matmul_params` (the output head included) times a `[rows, in]` input, one after another as
+    a decode step runs them. Unlike `matmul_gflops`, whose one small weight stays in cache, these
+    weights stream from memory at every step: this is what the matmuls of a decode step can reach
+    here with nothing else in the step."""
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    weights = [p.detach() for p in model.parameters() if p.dim() == 2 and p is not emb]
+    if head is emb:
+        weights.append(head.detach())
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
+    flops = sum(2 * rows * w.numel() for w in weights)
+
+    def step() -> None:
+        for w in weights:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+
+    step()
+    n, t0 = 0, time.perf_counter()
+    with torch.inference_mode():
+        while time.perf_counter() - t0 < seconds:
+            step()
+            n += 1
+    return flops * n / (time.perf_counter() - t0) / 1e9
 
 
 def bare_generate(model, tok, prompts: list[PromptRow], spec: SamplingSpec, batch: int) -> int:
@@ -210,6 +240,18 @@ def main() -> None:
         f"x n={args.n}, max_new_tokens={args.max_new_tokens}, batch {args.batch}"
     )
 
+    cfg = model.config
+    rows = min(args.batch, len(prompts) * args.n)
+    inter = getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)
+    flops_per_token = 2 * matmul_params(model)
+    # The goal's reference is the fp32 matmul (the dtype the goal was set in); a bf16 model is
+    # also put against a bf16 matmul, which on a CPU with AMX is several times faster. Each is
+    # timed right after each round's stage side, and each round gives its own ratio: on a shared
+    # host the machine's speed drifts by a quarter within minutes, which a reference timed once
+    # at the end put into the ratio.
+    ref_dtypes = sorted({torch.float32, model.dtype}, key=str, reverse=True)
+    refs: dict[torch.dtype, list[float]] = {d: [] for d in ref_dtypes}
+
     stage_rates, bare_rates = [], []
     stage_generate(model, tok, prompts[:2], replace(spec, max_new_tokens=4), args.batch)  # warm
     for r in range(args.rounds):
@@ -221,28 +263,41 @@ def main() -> None:
             rate = tokens / (time.perf_counter() - t0)
             rates.append(rate)
             print(f"  round {r} {side:5s}: {tokens} tokens, {rate:,.1f} tokens/s", flush=True)
+            if side == "stage":
+                for d in ref_dtypes:
+                    refs[d].append(matmul_gflops(rows, cfg.hidden_size, inter, d, seconds=1.0))
     s, b = statistics.median(stage_rates), statistics.median(bare_rates)
     print(
         f"\nthroughput  stage {s:,.1f} tok/s   bare model.generate {b:,.1f} tok/s   "
         f"stage/bare = {s / b:.2f}   (goal >= 0.9)"
     )
 
-    cfg = model.config
-    rows = min(args.batch, len(prompts) * args.n)
-    inter = getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)
-    flops_per_token = 2 * matmul_params(model)
     useful = s * flops_per_token / 1e9
     print(f"machine     useful {useful:.1f} GFLOP/s ({flops_per_token / 1e6:.0f} MFLOP per token)")
-    # The goal's reference is the fp32 matmul (the dtype the goal was set in); a bf16 model is
-    # also put against a bf16 matmul, which on a CPU with AMX is several times faster.
-    for dtype in sorted({torch.float32, model.dtype}, key=str, reverse=True):
-        ref = matmul_gflops(rows, cfg.hidden_size, inter, dtype)
+    for dtype in ref_dtypes:
+        ratios = [
+            rate * flops_per_token / 1e9 / ref
+            for rate, ref in zip(stage_rates, refs[dtype], strict=True)
+        ]
         print(
             f"  vs a decode-step matmul [{rows}x{cfg.hidden_size}]x[{cfg.hidden_size}x{inter}] "
-            f"{str(dtype).removeprefix('torch.')} {ref:.1f} GFLOP/s   ratio = {useful / ref:.2f}"
+            f"{str(dtype).removeprefix('torch.')} {statistics.median(refs[dtype]):.1f} GFLOP/s   "
+            f"ratio = {statistics.median(ratios):.2f} (rounds: "
+            + ", ".join(f"{x:.2f}" for x in ratios)
+            + ")"
             + ("   (goal >= 0.5 on a real model)" if dtype == torch.float32 else "")
         )
     if args.model:
+        # The ceiling a decode step's matmuls set by themselves: the model's own weights, read
+        # from memory at each step, at the full batch and at a batch a quarter full (the rows
+        # left when most answers have ended).
+        for r in (rows, max(1, rows // 4)):
+            own = model_matmul_gflops(model, r)
+            print(
+                f"  vs the model's own matmuls alone at {r} rows "
+                f"{str(model.dtype).removeprefix('torch.')} {own:.1f} GFLOP/s   "
+                f"ratio = {useful / own:.2f}"
+            )
         return
 
     with tempfile.TemporaryDirectory() as tmp:
