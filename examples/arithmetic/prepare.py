@@ -29,15 +29,13 @@ already exist, nothing is done. Takes about a minute on 2 CPU cores::
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -58,6 +56,7 @@ from examples.arithmetic.model import (
     count_parameters,
     save_checkpoint,
 )
+from examples.prepare_cli import prepare_main
 
 OUTPUTS = ("train.parquet", "eval.parquet", "base/config.json", "base/model.safetensors")
 
@@ -321,27 +320,16 @@ def main(
     defaults: WarmupConfig | None = None,
     description: str | None = None,
 ) -> None:
-    parser = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    defaults = defaults or WarmupConfig()
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    for name in ("n_train", "n_eval", "max_steps", "eval_every", "batch_size"):
-        parser.add_argument(
-            f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
-        )
-    for name in ("lr", "target", "label_smoothing"):
-        flag = f"--{name.replace('_', '-')}"
-        parser.add_argument(flag, type=float, default=getattr(defaults, name))
-    args = parser.parse_args(argv)
-    # the warm-up runs on the CPU; saving a checkpoint imports DeepSpeed (through transformers),
-    # which otherwise warns "Setting accelerator to CPU. If you have GPU ..." on every CPU machine
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # the caller's defaults for what has no flag (max_new_tokens, sizes), flags over them
-    cfg = replace(
-        defaults, **{k: v for k, v in vars(args).items() if k != "out" and k in asdict(defaults)}
+    prepare_main(
+        lambda out, cfg: prepare(out, cfg, task),
+        defaults or WarmupConfig(),
+        description=description or __doc__.splitlines()[0],
+        argv=argv,
+        flags=(
+            ("seed", "n_train", "n_eval", "max_steps", "eval_every", "batch_size")
+            + ("lr", "target", "label_smoothing")
+        ),
     )
-    torch.set_num_threads(min(torch.get_num_threads(), cfg.threads))
-    prepare(args.out, cfg, task)
 
 
 if __name__ == "__main__":

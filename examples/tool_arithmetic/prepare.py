@@ -14,13 +14,11 @@ the policy samples dev trajectories through rlvr's own multi-turn loop with the 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +28,7 @@ from tqdm import tqdm
 from components.generate.multiturn import observation_encoder
 from examples.arithmetic.model import build_model, count_parameters, save_checkpoint
 from examples.arithmetic.prepare import chat_prompt, outputs_exist, publish
+from examples.prepare_cli import prepare_main
 from examples.tool_arithmetic.task import (
     MAX_POSITIONS,
     build_tokenizer,
@@ -206,16 +205,7 @@ def prepare(out: Path, cfg: ToolWarmup) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    defaults = ToolWarmup()
-    for name, value in asdict(defaults).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
-    args = vars(parser.parse_args(argv))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as examples/arithmetic/prepare.py says why
-    out = args.pop("out")
-    torch.set_num_threads(min(torch.get_num_threads(), 2))
-    prepare(out, replace(defaults, **args))
+    prepare_main(prepare, ToolWarmup(), description=__doc__.splitlines()[0], argv=argv, threads=2)
 
 
 if __name__ == "__main__":

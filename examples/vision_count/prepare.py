@@ -30,14 +30,12 @@ already exist, nothing is done. Takes about a minute on 2 CPU cores::
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -48,6 +46,7 @@ from components.core.vision import VisionInputs, VisionProcessor, rope_index
 from components.generate.hf_backend import cache_kwarg
 from components.verify.math import compute_score
 from examples.arithmetic.prepare import outputs_exist, publish
+from examples.prepare_cli import prepare_main
 from examples.vision_count.data import MAX_SHAPES, N_DEV, Problem, make_splits, write_table
 from examples.vision_count.model import (
     HIDDEN_SIZE,
@@ -388,26 +387,14 @@ def prepare(out: Path, cfg: VisionWarmup) -> Path:
 
 
 def main(argv: Sequence[str] | None = None, defaults: VisionWarmup | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    defaults = defaults or VisionWarmup()
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    for name in ("n_train", "n_eval", "n_dev", "max_steps", "eval_every", "batch_size"):
-        parser.add_argument(
-            f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
-        )
-    for name in ("lr", "label_smoothing"):
-        flag = f"--{name.replace('_', '-')}"
-        parser.add_argument(flag, type=float, default=getattr(defaults, name))
-    args = parser.parse_args(argv)
-    # the warm-up runs on the CPU; saving a checkpoint imports DeepSpeed (through transformers),
-    # which otherwise warns "Setting accelerator to CPU. If you have GPU ..." on every CPU machine
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    cfg = replace(
-        defaults, **{k: v for k, v in vars(args).items() if k != "out" and k in asdict(defaults)}
+    prepare_main(
+        prepare,
+        defaults or VisionWarmup(),
+        description=__doc__.splitlines()[0],
+        argv=argv,
+        flags=("seed", "n_train", "n_eval", "n_dev", "max_steps", "eval_every", "batch_size")
+        + ("lr", "label_smoothing"),
     )
-    torch.set_num_threads(min(torch.get_num_threads(), cfg.threads))
-    prepare(args.out, cfg)
 
 
 if __name__ == "__main__":
