@@ -79,8 +79,9 @@ def sample_step(
     Rows go through `sample_rows` in chunks of about 16 MB of float64 (42 rows at a 49k
     vocabulary). Every operation is per row, so the result is the same as in one piece, bit for
     bit; but a [128, 49152] float64 temporary is 50 MB, which the allocator maps fresh from the
-    kernel and faults in page by page at every step (at 128 rows that was 50 ms a step on a
-    2-core CPU, a sixth of an fp32 decode step; in chunks, 14 ms). On a GPU, whose allocator keeps
+    kernel and faults in page by page. Measured on SmolLM2-135M (2-core CPU, bf16, 128 rows, 48
+    new tokens): the sampler's share of the generate stage fell from 0.80 s to 0.54 s of about
+    6 s (alone, on one `[128, 49152]` input: 50 ms against 14 ms). On a GPU, whose allocator keeps
     its blocks, the rows go in one piece.
     """
     rows = max(1, SAMPLER_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
