@@ -437,26 +437,42 @@ def test_sample_step_is_the_inverse_cdf_draw_and_its_logprob(temperature, top_p,
 @pytest.mark.parametrize(
     "temperature, top_p, top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5), (0.0, 1.0, 0)]
 )
-def test_sample_step_in_row_chunks_equals_one_piece(monkeypatch, temperature, top_p, top_k):
-    """sample_step splits the rows into chunks (to keep its float64 temporaries small); every
-    operation is per row, so the tokens and logprobs equal the one-piece result bit for bit,
-    with a last chunk shorter than the others (70 rows in chunks of 16)."""
+@pytest.mark.parametrize(
+    "rows, vocab, per_chunk, sizes",
+    [(70, 500, 16, [14] * 5), (9, 40_000, 4, [3, 3, 3]), (5, 40_000, 4, [3, 2])],
+)
+@pytest.mark.parametrize("offset", [-30.0, -45.0])
+def test_sample_step_in_row_chunks_equals_one_piece(
+    monkeypatch, temperature, top_p, top_k, rows, vocab, per_chunk, sizes, offset
+):
+    """sample_step splits the rows into even chunks (to keep its float64 temporaries small);
+    every operation is per row, so the tokens and logprobs equal the one-piece result bit for
+    bit. Run on two threads with a vocabulary over PyTorch's parallel grain (32,768), where a
+    one-row chunk would reduce its row in another order (its logprob's last bits would move:
+    chunks of 4 and 1 fail this test at top-p with the tail at -30, at top-k and greedy at -45),
+    with near-certain rows (logprobs near 0, where those bits show)."""
     from components.generate import hf_backend
 
     g = torch.Generator().manual_seed(1)
-    logits = torch.randn(70, 500, generator=g) * 4
-    u = torch.rand(70, generator=g, dtype=torch.float64)
+    logits = torch.randn(rows, vocab, generator=g) * 0.5 + offset
+    logits[:, 0] = 0.0  # near-certain: the tail's sum sits in the total's last bits
+    u = torch.rand(rows, generator=g, dtype=torch.float64)
     spec = SamplingSpec(n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=1)
-    whole = hf_backend.sample_rows(logits, u, spec)
-    calls = []
-    real = hf_backend.sample_rows
-    monkeypatch.setattr(hf_backend, "SAMPLER_CHUNK_ELEMENTS", 16 * 500)
-    monkeypatch.setattr(
-        hf_backend, "sample_rows", lambda x, *a: calls.append(len(x)) or real(x, *a)
-    )
-    tok, lp = hf_backend.sample_step(logits, u, spec)
-    assert calls == [16, 16, 16, 16, 6]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        whole = hf_backend.sample_rows(logits, u, spec)
+        calls = []
+        real = hf_backend.sample_rows
+        monkeypatch.setattr(hf_backend, "SAMPLER_CHUNK_ELEMENTS", per_chunk * vocab)
+        monkeypatch.setattr(
+            hf_backend, "sample_rows", lambda x, *a: calls.append(len(x)) or real(x, *a)
+        )
+        tok, lp = hf_backend.sample_step(logits, u, spec)
+    finally:
+        torch.set_num_threads(threads)
     assert torch.equal(tok, whole[0]) and torch.equal(lp, whole[1])
+    assert calls == sizes
 
 
 def test_sample_step_never_draws_a_zero_probability_token():
