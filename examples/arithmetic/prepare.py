@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -259,13 +260,42 @@ def publish(out: Path, write: Callable[[Path], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def already_prepared(out: Path) -> bool:
+    """Whether `out` already holds a demo's inputs (said so: then a prepare does nothing)."""
+    if outputs_exist(out):
+        print(f"{out} already holds train.parquet, eval.parquet and base/; nothing to do")
+        return True
+    return False
+
+
+def publish_demo(
+    out: Path,
+    splits: dict[str, Any],
+    write_split: Callable[[Any, str, Path], Path],
+    save_base: Callable[[Path], None],
+    summary: dict[str, Any],
+    started: float,
+) -> Path:
+    """Publish a demo's inputs (`publish`): train.parquet and eval.parquet from `splits` by
+    `write_split`, the base checkpoint by `save_base(dir)`, and prepare.json."""
+
+    def write(tmp: Path) -> None:
+        write_split(splits["train"], "train", tmp / "train.parquet")
+        write_split(splits["eval"], "eval", tmp / "eval.parquet")
+        save_base(tmp / "base")
+        (tmp / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    publish(out, write)
+    print(f"wrote {out} in {time.time() - started:.0f}s")
+    return out
+
+
 def prepare(out: Path, cfg: WarmupConfig, task: Task = ARITHMETIC) -> Path:
     """Write datasets and the warmed base policy under ``out`` (skipped if already there)."""
     out = Path(out)
     if task is ARITHMETIC:  # the standard-benchmark suite's data (lm_eval_tasks/), apart
         write_lm_eval_data(out)
-    if outputs_exist(out):
-        print(f"{out} already holds train.parquet, eval.parquet and base/; nothing to do")
+    if already_prepared(out):
         return out
     torch.manual_seed(cfg.seed)
     started = time.time()
@@ -302,16 +332,14 @@ def prepare(out: Path, cfg: WarmupConfig, task: Task = ARITHMETIC) -> Path:
         "dev_greedy": greedy,
         "seconds": round(time.time() - started, 1),
     }
-
-    def write(tmp: Path) -> None:
-        task.write_table(splits["train"], "train", tmp / "train.parquet")
-        task.write_table(splits["eval"], "eval", tmp / "eval.parquet")
-        save_checkpoint(model, tokenizer, tmp / "base")
-        (tmp / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n")
-
-    publish(out, write)
-    print(f"wrote {out} in {time.time() - started:.0f}s")
-    return out
+    return publish_demo(
+        out,
+        splits,
+        task.write_table,
+        lambda base: save_checkpoint(model, tokenizer, base),
+        summary,
+        started,
+    )
 
 
 def main(

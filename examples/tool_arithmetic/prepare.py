@@ -14,7 +14,6 @@ the policy samples dev trajectories through rlvr's own multi-turn loop with the 
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from tqdm import tqdm
 
 from components.generate.multiturn import observation_encoder
 from examples.arithmetic.model import build_model, count_parameters, save_checkpoint
-from examples.arithmetic.prepare import chat_prompt, outputs_exist, publish
+from examples.arithmetic.prepare import already_prepared, chat_prompt, publish_demo
 from examples.prepare_cli import prepare_main
 from examples.tool_arithmetic.task import (
     MAX_POSITIONS,
@@ -164,8 +163,7 @@ def warm_up(model, tokenizer, train, dev, cfg: ToolWarmup) -> list[dict]:
 
 def prepare(out: Path, cfg: ToolWarmup) -> Path:
     out = Path(out)
-    if outputs_exist(out):
-        print(f"{out} already holds train.parquet, eval.parquet and base/; nothing to do")
+    if already_prepared(out):
         return out
     torch.manual_seed(cfg.seed)
     started = time.time()
@@ -193,15 +191,14 @@ def prepare(out: Path, cfg: ToolWarmup) -> Path:
         "seconds": round(time.time() - started, 1),
     }
 
-    def write(tmp: Path) -> None:
-        write_table(splits["train"], "train", tmp / "train.parquet")
-        write_table(splits["eval"], "eval", tmp / "eval.parquet")
-        save_checkpoint(model, tokenizer, tmp / "base")
-        (tmp / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n")
-
-    publish(out, write)
-    print(f"wrote {out} in {time.time() - started:.0f}s")
-    return out
+    return publish_demo(
+        out,
+        splits,
+        write_table,
+        lambda base: save_checkpoint(model, tokenizer, base),
+        summary,
+        started,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

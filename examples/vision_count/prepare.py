@@ -30,7 +30,6 @@ already exist, nothing is done. Takes about a minute on 2 CPU cores::
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -45,7 +44,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2VLForConditionalGeneratio
 from components.core.vision import VisionInputs, VisionProcessor, rope_index
 from components.generate.hf_backend import cache_kwarg
 from components.verify.math import compute_score
-from examples.arithmetic.prepare import outputs_exist, publish
+from examples.arithmetic.prepare import already_prepared, publish_demo
 from examples.prepare_cli import prepare_main
 from examples.vision_count.data import MAX_SHAPES, N_DEV, Problem, make_splits, write_table
 from examples.vision_count.model import (
@@ -322,8 +321,7 @@ def warm_up(
 def prepare(out: Path, cfg: VisionWarmup) -> Path:
     """Write datasets and the warmed base policy under ``out`` (skipped if already there)."""
     out = Path(out)
-    if outputs_exist(out):
-        print(f"{out} already holds train.parquet, eval.parquet and base/; nothing to do")
+    if already_prepared(out):
         return out
     torch.manual_seed(cfg.seed)
     started = time.time()
@@ -375,15 +373,14 @@ def prepare(out: Path, cfg: VisionWarmup) -> Path:
         "seconds": round(time.time() - started, 1),
     }
 
-    def write(tmp: Path) -> None:
-        write_table(splits["train"], "train", tmp / "train.parquet")
-        write_table(splits["eval"], "eval", tmp / "eval.parquet")
-        save_checkpoint(model, tokenizer, image_processor, tmp / "base")
-        (tmp / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n")
-
-    publish(out, write)
-    print(f"wrote {out} in {time.time() - started:.0f}s")
-    return out
+    return publish_demo(
+        out,
+        splits,
+        write_table,
+        lambda base: save_checkpoint(model, tokenizer, image_processor, base),
+        summary,
+        started,
+    )
 
 
 def main(argv: Sequence[str] | None = None, defaults: VisionWarmup | None = None) -> None:
