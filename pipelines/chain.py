@@ -85,7 +85,7 @@ def chain_next_segment(
     store = store_for(cfg)
     wait_committed(
         store,
-        [layout.checkpoint(stop), layout.train_state(stop)],
+        [layout.checkpoint(stop)],
         status=RunStatus.of(cfg, attempt),
         task="next-segment",
         timeout_s=cfg.run.wait_timeout_s * max(1, cfg.run.segment_iterations),

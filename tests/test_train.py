@@ -24,8 +24,9 @@ from components.core.schemas import read_records
 from components.core.store import LocalStore
 from components.generate.backends import LOGPROB_DEFINITION
 from components.generate.stage import run as generate
+from components.train import distributed, update
+from components.train import inputs as train_inputs
 from components.train import stage as train
-from components.train import update
 from components.train.batching import Rollouts, learning_rate, plan_micro_batches
 from components.verify.stage import run as verify
 from tests.conftest import write_config
@@ -66,6 +67,13 @@ def weights(cfg, c: int) -> dict[str, torch.Tensor]:
     return load_file(f"{RunLayout.of(cfg).checkpoint(c)}/model.safetensors")
 
 
+def engine_weights(engine) -> dict[str, torch.Tensor]:
+    """The engine's weights in fp32 as a checkpoint stores them (components/train/handoff.py)."""
+    from components.train.handoff import WeightPlan
+
+    return dict(WeightPlan(engine, torch.float32).tensors(keep=True))
+
+
 def reference_engine(cfg, *, iterations: int, total_steps: int):
     """One process, one engine from checkpoint 0, the run's rollouts of `iterations` trained
     back to back (the stage's own choice of old logprobs): what N stage invocations must
@@ -75,11 +83,11 @@ def reference_engine(cfg, *, iterations: int, total_steps: int):
     from components.core.checkpoint import load_policy
 
     model, tok = load_policy(Path(RunLayout.of(cfg).checkpoint(0)))
-    train.init_distributed("cpu")
+    distributed.init_distributed("cpu")
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=list(model.parameters()),
-        config=train.deepspeed_config(cfg.train, 1, torch.float32),
+        config=distributed.deepspeed_config(cfg.train, 1, torch.float32),
     )
     step = 0
     for i in range(iterations):
@@ -96,7 +104,7 @@ def reference_engine(cfg, *, iterations: int, total_steps: int):
             iteration=i,
             pad_id=tok.pad_token_id,
             device="cpu",
-            old_from_rollout=train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
+            old_from_rollout=train_inputs.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
             check_rollout=True,
         )
     return engine, tok
@@ -146,7 +154,7 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
 
     # Reference: one process, one engine, the same rollouts, the iterations back to back.
     engine, tok = reference_engine(cfg, iterations=3, total_steps=6)
-    assert train.old_logprobs_from_rollout(cfg, sampled_stats(cfg, 0), 0)
+    assert train_inputs.old_logprobs_from_rollout(cfg, sampled_stats(cfg, 0), 0)
     got = weights(cfg, 3)
     base = weights(cfg, 0)
     for name, ref in engine.module.state_dict().items():
@@ -326,7 +334,7 @@ def test_two_processes_in_one_pod_match_one(train_cfg, tmp_path):
     train.run(cfg, 0)
     single = weights(cfg, 1)
     layout = RunLayout.of(cfg)
-    single_stats = json.loads(Path(layout.train_state(1), "metrics.json").read_text())
+    single_stats = json.loads(Path(layout.checkpoint(1), "_SUCCESS").read_text())["stats"]
     shutil.rmtree(layout.checkpoint(1))
     shutil.rmtree(layout.train_state(1))
     config = tmp_path / "resolved.yaml"
@@ -347,10 +355,11 @@ def test_two_processes_in_one_pod_match_one(train_cfg, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (
-        json.loads(Path(layout.train_state(1), "metrics.json").read_text())["train/world_size"] == 2
+        json.loads(Path(layout.checkpoint(1), "_SUCCESS").read_text())["stats"]["train/world_size"]
+        == 2
     )
     two = weights(cfg, 1)
-    two_stats = json.loads(Path(layout.train_state(1), "metrics.json").read_text())
+    two_stats = json.loads(Path(layout.checkpoint(1), "_SUCCESS").read_text())["stats"]
     # The same global loss and pre-clip gradient norm (exact gradients across world sizes are
     # proven in test_train_zero). Adam's first step is ~lr*sign(g), so a gradient component at
     # round-off level may flip: compare weights by the share that agree.
@@ -417,7 +426,9 @@ def test_zero3_stage_writes_a_standard_checkpoint(train_cfg):
 
 
 def test_train_state_from_another_architecture_is_refused(train_cfg, tmp_path):
-    """A checkpoint whose architecture does not match the train state fails before any update."""
+    """A train state whose architecture does not match the run's base fails before any update
+    (train builds from the base and the newest state); a checkpoint swapped under a state is
+    not trained from (the state records the checkpoint it belongs to)."""
     import shutil
 
     from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint
@@ -426,15 +437,15 @@ def test_train_state_from_another_architecture_is_refused(train_cfg, tmp_path):
     run_setup.run(cfg)
     generate(cfg, 0)
     verify(cfg, 0)
-    train.run(cfg, 0)
+    train.run(cfg, 0)  # checkpoint 1 and, on leaving, train state 1
     generate(cfg, 1)
     verify(cfg, 1)
-    # Swap checkpoint 1 for a differently shaped model (as a mixed-up run would).
+    # Swap the base for a differently shaped model (as a mixed-up run would).
     layout = RunLayout.of(cfg)
     other = tmp_path / "other"
     tok = build_tokenizer()
     save_checkpoint(build_model(tok, hidden_size=48, num_layers=1, num_heads=2), tok, other)
-    ckpt = Path(layout.checkpoint(1))
+    ckpt = Path(layout.checkpoint(0))
     manifest = json.loads((ckpt / "_SUCCESS").read_text())
     shutil.copy(other / "model.safetensors", ckpt / "model.safetensors")
     shutil.copy(other / "config.json", ckpt / "config.json")
@@ -463,7 +474,7 @@ def test_bf16_keeps_adam_moments_and_fp32_masters(train_cfg):
         verify(cfg, i)
         train.run(cfg, i)
     layout = RunLayout.of(cfg)
-    state = load(f"{layout.train_state(2)}/optimizer.safetensors")
+    state = load(f"{layout.train_state(2)}/state-00000-of-00001.safetensors")
     names = [k for k in weights(cfg, 0)]
     assert all(
         f"exp_avg.{n}" in state and f"exp_avg_sq.{n}" in state for n in names if "lm_head" not in n
@@ -489,7 +500,7 @@ def test_zero2_state_restores_exactly(train_cfg):
         train.run(cfg, i)
     engine, _ = reference_engine(cfg, iterations=2, total_steps=4)
     got = weights(cfg, 2)
-    for name, ref in train.full_state_dict(engine).items():
+    for name, ref in engine_weights(engine).items():
         # Same layout on both sides (see test_stage_continuity_and_micro_batch_invariance).
         torch.testing.assert_close(got[name], ref, rtol=0, atol=1e-6, msg=name)
 
@@ -512,8 +523,9 @@ def test_cpu_start_compiles_no_deepspeed_op(tmp_path):
     assert SHM_COMM_OP in deepspeed.ops.__compatible_ops__
     assert "__compatible_ops__" in inspect.getsource(ds_torch.build_shm_op)
     code = (
-        "from components.train import stage as train\n"
-        "train.init_distributed('cpu')\n"
+        "from components.train import stage  # noqa: F401 - a worker's imports\n"
+        "from components.train.distributed import init_distributed\n"
+        "init_distributed('cpu')\n"
         "import importlib\n"
         "print('shm op:', importlib.import_module('deepspeed.comm.comm').cdb.shm_comm_op)\n"
     )
@@ -636,7 +648,7 @@ def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_trainers(tra
     from components.train.checks import check_train
 
     cfg = train_cfg
-    decide = train.old_logprobs_from_rollout
+    decide = train_inputs.old_logprobs_from_rollout
     fp32 = {
         "logprob_definition": LOGPROB_DEFINITION,
         "backend": "transformers",
@@ -681,7 +693,7 @@ def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_trainers(tra
 
 def sampled_stats(cfg, iteration: int) -> dict:
     """What iteration's rollouts record of how their logprobs were computed (the manifest)."""
-    return train.generation_stats(store_for(cfg), RunLayout.of(cfg).rollouts(iteration))
+    return train_inputs.generation_stats(store_for(cfg), RunLayout.of(cfg).rollouts(iteration))
 
 
 def test_auto_recomputes_when_its_check_finds_the_sampler_off(train_cfg, monkeypatch):

@@ -103,9 +103,16 @@ def test_gradient_and_state_invariant_to_zero_stage_and_world_size(scored, tmp_p
         # of the same per-token terms (bucket flattening, gloo reduce-scatter / all-reduce), whose
         # relative rounding is ~1e-7 for this model; 1e-5 on the norm leaves two orders of margin.
         assert rel(got["grads"], ref["grads"]) < 1e-5, (zero, world)
-        # Adam moments (v ~ g^2, then a division) double the relative error; hence 1e-4. after the step, gathered per parameter name: the same for every layout.
+        # The state after the step, gathered per parameter name: the same for every layout.
+        # Adam moments (v ~ g^2, then a division) double the relative error; hence 1e-4. The
+        # fp32 masters moved by lr x a normalised step of that error: far below 1e-5 of them.
         assert set(got["state"]) == set(ref["state"]), (zero, world)
-        assert rel(got["state"], ref["state"]) < 1e-4, (zero, world)
+        moments = [k for k in ref["state"] if k.startswith("exp_avg")]
+        masters = [k for k in ref["state"] if k.startswith("master.")]
+        assert moments and masters
+        part = lambda d, ks: {k: d[k] for k in ks}  # noqa: E731
+        assert rel(part(got["state"], moments), part(ref["state"], moments)) < 1e-4, (zero, world)
+        assert rel(part(got["state"], masters), part(ref["state"], masters)) < 1e-5, (zero, world)
 
 
 @pytest.mark.slow

@@ -23,7 +23,6 @@ from safetensors.torch import save_file
 from components.core.checkpoint import load_policy
 from components.core.config import TrainSection
 from components.train import distributed, update
-from components.train import stage as train
 from components.train import state as train_state
 from components.train.batching import Rollouts, plan_micro_batches, shard_rows
 from components.train.objective import build_targets, pad_rows, response_mask_of
@@ -44,11 +43,11 @@ def main() -> None:
     t = TrainSection(zero_stage=zero, lr=1e-3, micro_batch_tokens=budget)
     torch.manual_seed(0)
     model, tok = load_policy(ckpt)
-    rank, world = train.init_distributed("cpu")
+    rank, world = distributed.init_distributed("cpu")
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=list(model.parameters()),
-        config=train.deepspeed_config(t, world, torch.float32),
+        config=distributed.deepspeed_config(t, world, torch.float32),
     )
     ro = Rollouts.from_table(pq.read_table(scored), scored)
     mask = response_mask_of([len(r) for r in ro.response_tokens])
@@ -86,11 +85,13 @@ def main() -> None:
     )
     grads = {n: full_grad(engine, p) for n, p in engine.module.named_parameters()}
     engine.step()
-    tensors, meta = train_state.collect(engine, 1, {})
+    # the whole state on rank 0, to compare (the stage shares it out among the ranks)
+    everything = {name: 0 for name, _ in train_state.trainable(engine.module)}
+    tensors = train_state.snapshot(engine, rank, world, everything)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         save_file(grads, str(out / "grads.safetensors"))
-        tensors.pop("rng.torch")
+        tensors.pop(f"rng.torch.{rank}")
         save_file(tensors, str(out / "state.safetensors"))
 
 

@@ -9,6 +9,7 @@ weights load with `use_safetensors=True` and a directory holding pickle weights 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import struct
 import tempfile
@@ -161,6 +162,17 @@ def device_and_dtype(name: str):
     return device, dtype
 
 
+def sampler_dtype_name(backend: str, dtype: str) -> str:
+    """The dtype generate and evaluate sample in, by name: `generate.dtype`, with auto resolved
+    as the backend resolves it (transformers: bf16 on a GPU, fp32 on a CPU; vLLM: bf16, which
+    rlvr passes it explicitly so that what it samples in is what the handoff is written in)."""
+    if dtype != "auto":
+        return dtype
+    if backend == "vllm":
+        return "bfloat16"
+    return str(device_and_dtype("auto")[1]).removeprefix("torch.")
+
+
 #: The x86 flags under which oneDNN multiplies a dtype natively (AMX tiles or AVX-512).
 NATIVE_MATMUL_FLAGS = {
     "bfloat16": {"amx_bf16", "avx512_bf16"},
@@ -224,6 +236,57 @@ def model_class(path: Path):
         return AutoModelForCausalLM  # its own load names the problem
     vision = isinstance(config, dict) and "vision_config" in config
     return AutoModelForImageTextToText if vision else AutoModelForCausalLM
+
+
+def saved_names(model, names: list[str]) -> dict[str, str]:
+    """{name in the model's state dict: the name `save_pretrained` stores it under}.
+
+    transformers saves some models under their original checkpoint names (a Qwen2-VL's
+    `model.language_model.layers.*` as `model.layers.*`, `model.visual.*` as `visual.*`), which
+    transformers 4.x (the GPU images) and vLLM load. A checkpoint streamed one tensor at a time
+    (components/core/weights.py) uses the same names: transformers 5's own reversal, run on
+    empty tensors to learn the renaming alone, or 4.x's reverse key mapping. Where the reversal
+    is more than a renaming (weights fused or split on save), the model's own names are kept,
+    which transformers 5 loads as they are."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion  # transformers 5
+    except ImportError:
+        return _reverse_key_mapping(model, names)
+    import torch
+
+    probe = {n: torch.empty(0, device="meta") for n in names}
+    back = {id(t): n for n, t in probe.items()}
+    try:
+        out = revert_weight_conversion(model, dict(probe))
+    except Exception:  # noqa: BLE001 - a converter that needs real tensors: not a renaming
+        return {n: n for n in names}
+    if len(out) != len(probe) or any(id(t) not in back for t in out.values()):
+        logging.getLogger("rlvr.checkpoint").warning(
+            "%s saves weights converted, not only renamed: the streamed checkpoint keeps the "
+            "model's own names (transformers 5 loads them; an older loader may not)",
+            type(model).__name__,
+        )
+        return {n: n for n in names}
+    return {back[id(t)]: k for k, t in out.items()}
+
+
+def _reverse_key_mapping(model, names: list[str]) -> dict[str, str]:
+    """transformers 4.x's renaming on save: its vision-language models' reversed
+    `_checkpoint_conversion_mapping`, the first pattern that matches a name winning."""
+    import re
+
+    mapping = getattr(model, "_checkpoint_conversion_mapping", None) or {}
+    reverse = {v: k for k, v in mapping.items()}
+    out = {}
+    for name in names:
+        key = name
+        for pattern, replacement in reverse.items():
+            replacement = re.sub(r"\(.*\)", "", replacement.lstrip("^"))
+            key, n = re.subn(pattern, replacement, key)
+            if n:
+                break
+        out[name] = key
+    return out
 
 
 def portable_tokenizer_config(directory: str | Path) -> None:

@@ -42,6 +42,38 @@ class NotCommittedError(StoreError):
     """A reader was pointed at a directory that has no `_SUCCESS` (missing or partial output)."""
 
 
+RETIRED = "retired"
+"""The manifest key of an output whose files the retention policy deleted
+(components/core/retention.py): its manifest, and with it its lineage, stays."""
+
+
+def is_retired(manifest: dict[str, Any]) -> bool:
+    return bool(manifest.get(RETIRED))
+
+
+class RetiredError(UserError):
+    """A stage needs the files of a checkpoint or train state the retention policy deleted."""
+
+    def __init__(self, uri: str) -> None:
+        kind, number = uri.rstrip("/").rsplit("/", 2)[-2:]
+        if kind == "checkpoints" and number.isdigit():
+            fix = (
+                f"rebuild it with `rlvr stage train CONFIG --run-id ID --iteration "
+                f"{int(number) - 1} --force` (it replays from the newest kept train state and "
+                "writes the same checkpoint), or keep more (retention.keep_last, "
+                "retention.milestone_every; retention.enabled: false keeps everything)"
+            )
+        else:
+            fix = (
+                "a resume replays from an older train state or from the base; keep more "
+                "with retention.keep_states"
+            )
+        super().__init__(
+            f"{uri} was deleted by the run's retention policy (its manifest is kept, its "
+            f"files are not); {fix}"
+        )
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -68,7 +100,12 @@ class OutputDir:
         if not self.is_committed():
             return False
         stored = read_manifest(self.store, self.uri).get("inputs") or {}
-        changed = stale_inputs(stored, inputs, getattr(inputs, "alternatives", None))
+        changed = stale_inputs(
+            stored,
+            inputs,
+            getattr(inputs, "alternatives", None),
+            getattr(inputs, "dropped", ()),
+        )
         if changed:
             log.warning("%s: recomputing, %s", self.uri, "; ".join(changed))
         return not changed
@@ -93,11 +130,24 @@ class OutputDir:
             for old in path.parent.glob(f".{path.name}.*.tmp"):
                 shutil.rmtree(old, ignore_errors=True)
 
-    def put_file(self, local: Path, name: str) -> str:
+    def put_file(
+        self, local: Path, name: str, *, sha256: str | None = None, move: bool = False
+    ) -> str:
+        """Add a local file. `sha256`: its digest, already computed as it was written (not read
+        again); `move`: moved rather than copied where the store allows (a rename on a local
+        store's filesystem)."""
         uri = join(self.uri, name)
-        self.store.upload_file(local, uri)
-        self.files[name] = {"bytes": local.stat().st_size, "sha256": sha256_file(local)}
+        info = {"bytes": local.stat().st_size, "sha256": sha256 or sha256_file(local)}
+        if move:
+            self.store.move_file(local, uri)
+        else:
+            self.store.upload_file(local, uri)
+        self.files[name] = info
         return uri
+
+    def record(self, name: str, nbytes: int, sha256: str) -> None:
+        """List a file another process wrote into the directory (a train rank's own part)."""
+        self.files[name] = {"bytes": nbytes, "sha256": sha256}
 
     def put_bytes(self, data: bytes, name: str) -> str:
         uri = join(self.uri, name)
@@ -260,10 +310,14 @@ class Lineage(dict):
     ``up_to_date`` so that an upgrade does not recompute a finished run. Not stored."""
 
     alternatives: dict[str, str]
+    dropped: tuple[str, ...]
+    """Prefixes of inputs an older rlvr recorded that are inputs no longer: their absence
+    from the current inputs does not make an output stale."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.alternatives = {}
+        self.dropped = ()
 
 
 def config_digest(config: Any) -> str:
@@ -295,15 +349,20 @@ def with_input(inputs: Lineage, key: str, digest: str) -> Lineage:
     """`inputs` plus one more input digest, keeping the older rlvr's alternatives."""
     out = Lineage({**inputs, key: digest})
     out.alternatives = dict(getattr(inputs, "alternatives", {}))
+    out.dropped = tuple(getattr(inputs, "dropped", ()))
     return out
 
 
 def stale_inputs(
-    stored: dict[str, str], inputs: dict[str, str], alternatives: dict[str, str] | None = None
+    stored: dict[str, str],
+    inputs: dict[str, str],
+    alternatives: dict[str, str] | None = None,
+    dropped: tuple[str, ...] = (),
 ) -> list[str]:
     """Why a committed output no longer matches ``inputs`` (empty: it does). A key recorded
-    by an older rlvr as an absolute URI matches its run-relative successor by suffix, and a
-    digest in ``alternatives`` (what an older rlvr computed) counts as equal."""
+    by an older rlvr as an absolute URI matches its run-relative successor by suffix, a
+    digest in ``alternatives`` (what an older rlvr computed) counts as equal, and a stored key
+    under a ``dropped`` prefix (an input no longer) is not missed."""
 
     def find(key: str) -> str | None:
         if key in stored:
@@ -321,7 +380,9 @@ def stale_inputs(
         if stored[old] != digest and stored[old] != (alternatives or {}).get(key):
             what = "the stage's config" if key == "config" else f"input {key}"
             changed.append(f"{what} changed ({stored[old]} -> {digest})")
-    changed += [f"input {k} is gone" for k in stored if k not in seen]
+    changed += [
+        f"input {k} is gone" for k in stored if k not in seen and not any(p in k for p in dropped)
+    ]
     return changed
 
 
@@ -343,6 +404,8 @@ def materialize(store: Store, uri: str, cache_root: Path | None = None) -> Path:
     by the URI and the manifest's content hash, so a re-committed directory is fetched again.
     """
     manifest = read_manifest(store, uri)
+    if is_retired(manifest):
+        raise RetiredError(uri)
     if not is_s3(uri):
         root = Path(uri[len("file://") :] if uri.startswith("file://") else uri)
         for f in manifest["files"]:

@@ -25,6 +25,7 @@ from components.core.config_stages import (  # noqa: F401 - re-exported
     EnvironmentSection,
     EvaluateSection,
     GenerateSection,
+    HandoffSection,
     OverlongPenalty,
     RewardComponent,
     RewardSpec,
@@ -257,6 +258,26 @@ class TrackingSection(Strict):
     """Default: W&B's own (the WANDB_MODE environment variable, else online)."""
 
 
+class RetentionSection(Strict):
+    """What a run keeps in the store (components/core/retention.py; docs/contracts.md,
+    "Retention"). The base checkpoint, the scored rollouts (a resume replays from them), the
+    evaluations and every manifest are always kept; a checkpoint or train state past this
+    policy has its files deleted once every stage that reads it has committed, and its
+    manifest stays, marked retired, so lineage, reports and the dashboard are unaffected."""
+
+    enabled: bool = True
+    """false: keep every checkpoint and train state."""
+    keep_last: int = Field(2, ge=1)
+    """The newest checkpoints kept (the policy generate samples next is always among them)."""
+    milestone_every: int = Field(50, ge=0)
+    """Also keep every checkpoint whose number is a multiple of this (0: none)."""
+    keep_states: int = Field(1, ge=1)
+    """The newest full train states kept (one suffices: a resume replays from the newest)."""
+    lease_ttl_s: float = Field(10800.0, gt=0)
+    """A reader's lease on a checkpoint (it is loading it) holds deletion off; a lease older
+    than this, or of a process gone from this host, is a crashed reader's and no longer does."""
+
+
 class RunConfig(Strict):
     run: RunSection = Field(default_factory=RunSection)
     prepare: PrepareSection | None = None
@@ -268,6 +289,7 @@ class RunConfig(Strict):
     evaluate: EvaluateSection = Field(default_factory=EvaluateSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+    retention: RetentionSection = Field(default_factory=RetentionSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

@@ -135,6 +135,28 @@ class VerifySection(Strict):
     """The pipeline fans verification out over this many shards (dsl.ParallelFor)."""
 
 
+class HandoffSection(Strict):
+    """`train.handoff`: how each new policy reaches generate and evaluate (docs/design.md,
+    "The policy handoff")."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The dtype of the weights handed over: auto, the dtype generate samples in (bfloat16
+    where `generate.dtype` is bfloat16, and for vLLM; float32 on a CPU by default), which is
+    all a sampler reads. The fp32 masters live in the full train state only."""
+    channel: Literal["store", "broadcast"] = "store"
+    """store: generate loads each checkpoint from the store. broadcast: train's rank 0 also
+    sends the weights straight to the generate workers over torch.distributed (gloo on CPU,
+    NCCL on GPU) in buckets, the checkpoint still landing in the store as the durable record;
+    any peer missing or failing falls back to the store path within `timeout_s`."""
+    port: int = Field(29650, ge=0, le=65535)
+    """broadcast: the port train's rank 0 listens on (0: any free port); on a cluster the
+    generate pods reach it at the train pod's IP, which train publishes in the store."""
+    bucket_mb: int = Field(256, ge=1)
+    """broadcast: weights go in buckets of about this many MB (bounded memory on both ends)."""
+    timeout_s: float = Field(60.0, gt=0)
+    """broadcast: the longest any side waits for its peer before it falls back to the store."""
+
+
 class TrainSection(Strict):
     zero_stage: int = Field(0, ge=0, le=3)
     lr: float = Field(1e-5, gt=0)
@@ -231,6 +253,14 @@ class TrainSection(Strict):
     """Correct binary rewards for a noisy verifier with known error rates (arXiv 2510.00915)."""
     noisy_fp_rate: float = Field(0.0, ge=0.0, lt=1.0)
     noisy_fn_rate: float = Field(0.0, ge=0.0, lt=1.0)
+    state_every: int = Field(10, ge=1)
+    """Write the full train state (fp32 masters, Adam moments, step, RNG), sharded by rank and
+    in the background, every this many iterations, at the end of every segment and on a clean
+    stop; not every iteration. A resume loads the newest and replays the updates since from
+    the committed scored rollouts: the result is the same, bit for bit where the update is
+    deterministic (docs/design.md, "Resume by replay"). It never changes what is trained, so it
+    is kept out of train's lineage, like `handoff`."""
+    handoff: HandoffSection = Field(default_factory=HandoffSection)
 
 
 class EvaluateSection(Strict):

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from components.core.commit import (
+    SUCCESS,
     OutputDir,
 )
 from components.core.config import EvalSetConfig, RunConfig
@@ -107,8 +108,8 @@ def _history_row(store: Store, layout: RunLayout, c: int, m: dict) -> dict:
         row["pass@1_ci95"] = ov["pass@1_ci95"]
     if c > 0:  # the train reward of the iteration that produced checkpoint c
         try:
-            stats = json.loads(store.read_text(join(layout.train_state(c), "metrics.json")))
-            row["reward"] = stats["train/reward_mean"]
+            manifest = json.loads(store.read_text(join(layout.checkpoint(c), SUCCESS)))
+            row["reward"] = manifest["stats"]["train/reward_mean"]
         except Exception:  # noqa: BLE001 - reward is optional decoration of the history
             pass
     return row

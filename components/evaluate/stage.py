@@ -371,7 +371,18 @@ class EvaluateStage(Stage):
                 log.info("evaluate %s: %s %s", label, task, shown)
         stats["timeline"] = timeline.record()
         out.commit(stats, inputs)
+        self._sweep()
         return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
+
+    def _sweep(self) -> None:
+        """Apply the retention policy: evaluation is the last reader of most checkpoints (it
+        never fails the step)."""
+        from components.core.retention import sweep
+
+        try:
+            sweep(self.cfg, self.task)
+        except (StoreError, OSError) as e:
+            log.warning("retention sweep failed (%s); nothing was deleted that a stage needs", e)
 
     def _suites(self, c: int, timeline: Timeline) -> dict[str, Any]:
         """Every lm-eval suite on checkpoint c ({suite name: summary}), with the policy the
@@ -418,17 +429,23 @@ class EvaluateStage(Stage):
 
         from components.core.adapter import is_adapter_dir
         from components.core.checkpoint import local_checkpoint, model_class
+        from components.core.retention import reading
 
-        ckpt = local_checkpoint(self.store, self.layout.checkpoint(c))
-        if is_adapter_dir(ckpt):  # refused by check() before any work
-            raise UserError("lm-eval suites on a LoRA policy need generate.backend: transformers")
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = model_class(ckpt).from_pretrained(ckpt, dtype="auto").to(device).eval()
-        return model, AutoTokenizer.from_pretrained(ckpt)
+        uri = self.layout.checkpoint(c)
+        with reading(self.store, uri, self.task):
+            ckpt = local_checkpoint(self.store, uri)
+            if is_adapter_dir(ckpt):  # refused by check() before any work
+                raise UserError(
+                    "lm-eval suites on a LoRA policy need generate.backend: transformers"
+                )
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            # dtype auto: the checkpoint's own, the sampler's (the policy handoff's dtype)
+            model = model_class(ckpt).from_pretrained(ckpt, dtype="auto").to(device).eval()
+            return model, AutoTokenizer.from_pretrained(ckpt)
 
     def _load(self, c: int, timeline: Timeline) -> None:
         """Checkpoint c into the engine (in place when only the weights changed)."""
-        load = self.engine.ensure(self.store, self.layout.checkpoint(c))[2]
+        load = self.engine.ensure(self.store, self.layout.checkpoint(c), self.task)[2]
         timeline.add("load", load.start, load.end)
 
     def close(self) -> None:

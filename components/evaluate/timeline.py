@@ -37,8 +37,9 @@ from components.core.stages import ITERATION_STAGES, STAGES
 from components.core.store import Store, StoreError, get_store, join
 
 SPAN_KINDS = ("start", "wait", "load", "read", "work", "commit")
-#: Spans only some runs have (evaluate's standard benchmarks), shown where they occur.
-OPTIONAL_KINDS = ("lm_eval",)
+#: Spans only some runs have (evaluate's standard benchmarks; the full train state written in
+#: the background, on a row of its own, `state`), shown where they occur.
+OPTIONAL_KINDS = ("lm_eval", "state")
 
 
 def shown_kinds(present: set[str]) -> tuple[str, ...]:
@@ -55,6 +56,7 @@ COLORS = {
     "read": "#03a9f4",
     "work": "#4caf50",
     "lm_eval": "#2e7d32",
+    "state": "#795548",
     "commit": "#9c27b0",
 }
 STAGE_ORDER = STAGES
@@ -137,7 +139,7 @@ def _stage_of(task: str) -> str:
 
 def _manifest_uris(store: Store, root: str) -> Iterable[str]:
     """Every `_SUCCESS` under the run's stage outputs."""
-    for sub in ("iterations", "checkpoints", "evals", "eval_shards"):
+    for sub in ("iterations", "checkpoints", "train_state", "evals", "eval_shards"):
         base = join(root, sub)
         for f in store.list_files(base):
             if f.endswith(SUCCESS):
@@ -186,7 +188,9 @@ def critical_path(tl: RunTimeline) -> tuple[float, list[Step]]:
         by_key.setdefault((st.stage, st.iteration), []).append(st)
     # Each step's proper part begins after its inputs were committed, so ordering by that
     # moment visits every step after the steps it depends on.
-    order = sorted(tl.steps, key=lambda s: (s.spans[s._split()][2] if s.spans else 0.0, s.task))
+    # A full train state, written in the background, is no stage's input: never on the path.
+    nodes = [s for s in tl.steps if s.stage != "state"]
+    order = sorted(nodes, key=lambda s: (s.spans[s._split()][2] if s.spans else 0.0, s.task))
     finish: dict[int, float] = {}
     prev: dict[int, Step | None] = {}
     last_of_task: dict[str, Step] = {}

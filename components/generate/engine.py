@@ -26,9 +26,15 @@ from components.core.adapter import (
     is_adapter_dir,
     load_adapter,
 )
-from components.core.checkpoint import device_and_dtype, load_policy, local_checkpoint
+from components.core.checkpoint import (
+    device_and_dtype,
+    load_policy,
+    local_checkpoint,
+    sampler_dtype_name,
+)
 from components.core.commit import content_digest, read_manifest
 from components.core.config import GenerateSection
+from components.core.retention import reading
 from components.core.store import Store
 from components.generate.backends import Backend
 
@@ -55,7 +61,7 @@ def make_backend(
             gpu_memory_utilization=gen.gpu_memory_utilization,
             max_model_len=gen.max_model_len,
             enable_prefix_caching=gen.enable_prefix_caching,
-            dtype=gen.dtype,
+            dtype=sampler_dtype_name("vllm", gen.dtype),
             seed=seed,
             max_lora_rank=max_lora_rank,
             max_images_per_prompt=gen.max_images_per_prompt if vision else None,
@@ -165,12 +171,28 @@ class PolicyEngine:
             )
         return self._bases[base_uri]
 
-    def ensure(self, store: Store, checkpoint_uri: str) -> tuple[Any, Any, LoadInfo]:
+    def ensure(
+        self, store: Store, checkpoint_uri: str, who: str = "generate"
+    ) -> tuple[Any, Any, LoadInfo]:
+        """A backend holding the checkpoint's policy (module doc); while it loads, the
+        checkpoint is held against the retention policy (components/core/retention.py)."""
         t0 = time.time()
         digest = content_digest(store, checkpoint_uri)
         if self.backend is not None and digest == self.digest:
             return self.backend, self.tokenizer, LoadInfo("reuse", 0.0, 0, t0, t0)
-        manifest = read_manifest(store, checkpoint_uri)
+        with reading(store, checkpoint_uri, who) as manifest:
+            action = self._load(store, checkpoint_uri, manifest)
+        self.digest = digest
+        t1 = time.time()
+        return (
+            self.backend,
+            self.tokenizer,
+            LoadInfo(action, t1 - t0, _weight_bytes(manifest), t0, t1),
+        )
+
+    def _load(self, store: Store, checkpoint_uri: str, manifest: dict[str, Any]) -> str:
+        """Load a checkpoint: its weights in place where only they changed, else a new backend;
+        returns which (`weights`, `load`)."""
         ckpt_dir = local_checkpoint(store, checkpoint_uri)
         signature = _signature(manifest, Path(ckpt_dir))
         if is_adapter_dir(ckpt_dir):  # model.lora: the run's base with this adapter
@@ -200,13 +222,8 @@ class PolicyEngine:
             self.close()
             self.backend, self.tokenizer = make_backend(self.gen, ckpt_dir, self.seed)
             action = "load"
-        self.digest, self.signature = digest, signature
-        t1 = time.time()
-        return (
-            self.backend,
-            self.tokenizer,
-            LoadInfo(action, t1 - t0, _weight_bytes(manifest), t0, t1),
-        )
+        self.signature = signature
+        return action
 
     def close(self) -> None:
         close = getattr(self.backend, "close", None)

@@ -116,7 +116,7 @@ class GenerateStage(Stage):
             indices, sampler_figures = self.sampler.indices(table, iteration)
             prompts = prompts_from(table, train_uri, "train", indices)
             prompts = [p for p in prompts if shard_of(p.prompt_id, self.num_shards) == self.shard]
-        backend, tokenizer, load = self.engine.ensure(store, ckpt_uri)
+        backend, tokenizer, load = self.engine.ensure(store, ckpt_uri, self.task)
         timeline.add("load", load.start, load.end)
         clear_other_layouts(store, layout.rollouts(iteration), self.num_shards)
         shard_desc = f" shard {self.shard}/{self.num_shards}" if self.num_shards > 1 else ""

@@ -136,45 +136,6 @@ def adapter_state_dict(engine) -> dict[str, torch.Tensor]:
         return {k: v.detach().float().cpu().clone().contiguous() for k, v in state.items()}
 
 
-def full_state_dict(engine, *, keep: bool = True) -> dict[str, torch.Tensor]:
-    """The whole model's weights on CPU, gathered from ZeRO-3 partitions when needed.
-
-    Every rank must call it (the gathers are collectives), but only a rank with `keep` holds the
-    result (rank 0, which writes the checkpoint): the others drop each tensor at once. Under
-    ZeRO-3 parameters are gathered one at a time, so no GPU ever holds the whole model and the
-    host memory it takes is one fp32 copy on the writing rank, however many nodes train.
-    Tied weights (e.g. lm_head = embed_tokens) appear once, under their first name, as
-    save_pretrained expects."""
-    model = engine.module
-    out: dict[str, torch.Tensor] = {}
-    params = dict(model.named_parameters())  # tied parameters once, under their first name
-    bf16 = engine.bfloat16_enabled()
-    if bf16:
-        from deepspeed.utils import safe_get_full_fp32_param
-    taken = {id(q) for q in params.values()}
-    for name, value in model.state_dict(keep_vars=True).items():
-        p = params.get(name)
-        if p is None:
-            if id(value) in taken:
-                continue  # a tied alias of a parameter already taken under its first name
-            if keep:  # a buffer: not partitioned
-                out[name] = value.detach().float().cpu().clone()
-            continue
-        if bf16 and p.requires_grad:  # the fp32 master, not the rounded bf16 weight
-            master = safe_get_full_fp32_param(p)
-            if master is None:
-                raise StageError(
-                    f"DeepSpeed exposes no fp32 master for {name}; cannot save exactly"
-                )
-            if keep:
-                out[name] = master.detach().float().cpu().clone()
-            continue
-        with _gathered(engine, [p]):
-            if keep:
-                out[name] = p.detach().float().cpu().clone()
-    return out
-
-
 class TokenizerFiles:
     """Saves a checkpoint's tokenizer files by copying them from the checkpoint trained from,
     byte for byte: every checkpoint of a run then carries the base's tokenizer files unchanged
