@@ -806,9 +806,9 @@ CASES: list[tuple[str, Callable[[Ctx], object], list[str], str]] = [
         "state/truncated-moments",
         lambda c: (
             lambda f: (f.write_bytes(f.read_bytes()[:100]), manifest_sizes_follow(f.parent))
-        )(c.run / "train_state/00001/optimizer.safetensors"),
+        )(c.run / "train_state/00001/state-00000-of-00001.safetensors"),
         TRAIN1,
-        "optimizer.safetensors",
+        "state-00000-of-00001.safetensors",
     ),
     # --- image prompts (rlvr check) ---
     (

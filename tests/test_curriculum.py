@@ -364,7 +364,7 @@ def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
     # train.kl_metric only adds a figure: it is not part of train's lineage.
     with_kl = cfg.model_copy(deep=True)
     with_kl.train.kl_metric = True
-    assert TrainStage(with_kl)._plan(0)[2] == TrainStage(cfg)._plan(0)[2]
+    assert TrainStage(with_kl)._plan(0)[1] == TrainStage(cfg)._plan(0)[1]
 
     sharded = cfg.model_copy(deep=True)
     sharded.generate.num_shards = 2

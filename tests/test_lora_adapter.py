@@ -281,7 +281,7 @@ def test_a_lora_run_trains_and_samples_adapters(tmp_path, tiny_assets):
     assert (ckpt2 / "adapter_model.safetensors").stat().st_size < (
         Path(layout.checkpoint(0)) / "model.safetensors"
     ).stat().st_size / 5
-    assert Path(layout.train_state(2), "optimizer.safetensors").is_file()
+    assert Path(layout.train_state(2), "state-00000-of-00001.safetensors").is_file()
     # The adapter learned, and plain PEFT loads it on the base.
     base = load_policy(Path(layout.checkpoint(0)))[0]
     tuned = PeftModel.from_pretrained(base, str(ckpt2)).eval()

@@ -331,8 +331,10 @@ def _update(cfg: RunConfig) -> tuple[dict, dict, dict]:
     the next run computes the same update again."""
     layout = RunLayout.of(cfg)
     weights = load_file(f"{layout.checkpoint(1)}/model.safetensors")
-    state = load_file(f"{layout.train_state(1)}/optimizer.safetensors")
-    metrics = json.loads(Path(layout.train_state(1), "metrics.json").read_text())
+    state = {}  # every rank's share of the state (each rank writes its own file)
+    for shard in sorted(Path(layout.train_state(1)).glob("state-*.safetensors")):
+        state.update(load_file(str(shard)))
+    metrics = json.loads(Path(layout.checkpoint(1), "_SUCCESS").read_text())["stats"]
     shutil.rmtree(layout.checkpoint(1))
     shutil.rmtree(layout.train_state(1))
     return weights, state, metrics
@@ -342,7 +344,9 @@ def _assert_same_update(a: tuple, b: tuple) -> None:
     (wa, sa, ma), (wb, sb, mb) = a, b
     assert wa.keys() == wb.keys()
     moments = [k for k in sa if k.startswith("exp_avg.")]
-    assert moments and {k for k in sa if k != "rng.torch"} == {k for k in sb if k != "rng.torch"}
+    assert moments and {k for k in sa if not k.startswith("rng.")} == {
+        k for k in sb if not k.startswith("rng.")
+    }
     assert sum(float(sa[k].abs().sum()) for k in moments) > 0  # a real gradient to compare
     for key in moments:  # exp_avg after one step = (1 - beta1) x the clipped gradient
         assert torch.allclose(sb[key], sa[key], rtol=1e-5, atol=1e-12), key

@@ -321,7 +321,7 @@ def test_an_iteration_through_the_stages(tmp_path, vlm, train, tower_trains):
     assert set(rollouts.column("images_ref").to_pylist()) <= {
         f"data/train/train.parquet#{k}" for k in range(6)
     }
-    metrics = json.loads((run / "train_state/00001/metrics.json").read_text())
+    metrics = json.loads((run / "checkpoints/00001/_SUCCESS").read_text())["stats"]
     assert metrics["train/rollout_lp_diff_max"] <= LOGPROB_TOL
     before, after = _weights(run / "checkpoints/00000"), _weights(run / "checkpoints/00001")
     assert before.keys() == after.keys()

@@ -304,6 +304,19 @@ class RunConfig(Strict):
         tasks = [t for suite in self.data.lm_eval for t in suite.lm_eval]
         if len(set(tasks)) != len(tasks):
             raise ValueError(f"data.eval: an lm-eval task is in two suites: {tasks}")
+        if self.train.handoff.channel == "broadcast":
+            if self.train.max_staleness > 0:
+                raise ValueError(
+                    "train.handoff.channel: broadcast needs every generate worker waiting for "
+                    "the same policy at once (on-policy); with train.max_staleness > 0 use "
+                    "channel: store"
+                )
+            if self.model.lora is not None:
+                raise ValueError(
+                    "train.handoff.channel: broadcast is for whole policies; a LoRA run hands "
+                    "over an adapter of megabytes, which the store path carries: use channel: "
+                    "store"
+                )
         if self.train.void_turn_filter and not (self.generate.tools or self.generate.environment):
             raise ValueError(
                 "train.void_turn_filter drops multi-turn trajectories with a void "

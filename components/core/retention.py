@@ -118,7 +118,7 @@ def reading(
         return
     root = _root_of(uri)
     key = _key(root, uri)
-    lease = join(root, "status", "retention", "leases", key, f"{uuid.uuid4().hex}.json")
+    lease = join(root, "status", "retention", "leases", f"{key}.{uuid.uuid4().hex}.json")
     store.write_text(lease, json.dumps(_marker(who)))
     try:
         intents = join(root, "status", "retention", "retiring")
@@ -152,7 +152,7 @@ def retire(store: Store, uri: str, who: str, *, lease_ttl_s: float, reason: str 
         now = time.time()
         readers = [
             r
-            for _, r in _records(store, join(root, "status", "retention", "leases", key))
+            for _, r in _records(store, join(root, "status", "retention", "leases"), key + ".")
             if _alive(r, lease_ttl_s, now)
         ]
         if readers:

@@ -216,6 +216,7 @@ class S3Store(Store):
     """S3 through boto3; retries come from botocore's standard retry mode."""
 
     def __init__(self, endpoint_url: str | None = None) -> None:
+        self.endpoint_url = endpoint_url
         import boto3
         from botocore.config import Config
 

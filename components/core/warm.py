@@ -27,7 +27,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -85,6 +85,32 @@ class Stage:
 
     def warm(self, iteration: int) -> None:
         """With `prewarms`: load what step `iteration` needs before its inputs are in."""
+
+    def early(self, iteration: int) -> bool:
+        """Whether step `iteration` may begin before all of `needs` are committed (generate,
+        when the policy it waits for is already coming over the weight channel)."""
+        return False
+
+    serving: bool = False
+    """Set while `serve` steps the stage (a worker), not for a one-iteration run."""
+    status: RunStatus | None = None
+    """The serving attempt's markers (peers' failures), for waits inside a step."""
+    wait_s: float = 0.0
+    """`run.wait_timeout_s` while serving."""
+    served: list[int] = []  # noqa: RUF012 - set per instance by `serve`
+    """The iterations (evaluate: checkpoints) this worker serves."""
+
+    def wait_for(self, store: Store, uris: list[str]) -> float:
+        """Inside a step: block until `uris` are committed, stopping when a peer fails (as the
+        waits between steps do); a one-iteration run waits `run.wait_timeout_s`."""
+        status = self.status or RunStatus.of(self.cfg)
+        return wait_committed(
+            store,
+            uris,
+            status=status,
+            task=self.task,
+            timeout_s=self.wait_s or self.cfg.run.wait_timeout_s,
+        )
 
     def close(self) -> None:
         """Release the model, engine and pools."""
@@ -246,8 +272,10 @@ def wait_committed(
     task: str,
     timeout_s: float,
     poll_max_s: float = 1.0,
+    early: Callable[[], bool] | None = None,
 ) -> float:
-    """Block until every URI is committed; returns the seconds waited.
+    """Block until every URI is committed, or `early()` says the caller may go on before;
+    returns the seconds waited.
 
     Polls with a backoff from 20 ms to `poll_max_s` (one listing per poll on S3). Raises
     PeerFailed as soon as another task of the run records a failure, TimeoutError after
@@ -261,6 +289,8 @@ def wait_committed(
             pending = [u for u in uris if not is_committed(store, u)]
             if not pending:
                 return time.monotonic() - t0
+        if early is not None and early():
+            return time.monotonic() - t0
         # A failure that KFP may still retry (within its grace) is waited out: the retried
         # task clears its marker and carries on, and this worker with it.
         now = time.time()
@@ -343,6 +373,9 @@ def serve(
     retry the task within `grace_s`) and the error is re-raised; a retried task clears its own
     marker first."""
     status.clear(stage.task)
+    iterations = list(iterations)
+    stage.serving, stage.status, stage.wait_s = True, status, timeout_s
+    stage.served = iterations
     results = []
     i = None
     tracking = _tracking(stage)
@@ -367,7 +400,7 @@ def serve(
                 with timeline.span("load"):
                     stage.warm(i)
             t0 = time.time()
-            wait_committed(store, stage.needs(i), **wait)
+            wait_committed(store, stage.needs(i), **wait, early=lambda i=i: stage.early(i))
             timeline.add("wait", t0, time.time())
             results.append(stage.step(i, timeline=timeline))
             tracking.after_step(i, results[-1], timeline)

@@ -231,32 +231,19 @@ class TransformersBackend:
 
         # Streamed: one tensor at a time from the file straight into its parameter, so loading
         # needs no second copy of the model in memory.
-        state = self.model.state_dict()  # views of the parameters and buffers
-        seen: set[str] = set()
-        unexpected: list[str] = []
-        with torch.no_grad():
-            for f in sorted(Path(checkpoint_dir).glob("*.safetensors")):
-                with safe_open(str(f), framework="pt", device="cpu") as st:
-                    names = saved_names(list(st.keys()), state)
-                    for saved, name in names.items():
-                        if name is None:
-                            unexpected.append(saved)
-                            continue
-                        tensor = st.get_tensor(saved)
-                        if tensor.shape != state[name].shape:
-                            raise ValueError(
-                                f"checkpoint {checkpoint_dir}: {name} has shape "
-                                f"{tuple(tensor.shape)}, the loaded model {tuple(state[name].shape)}"
-                            )
-                        state[name].copy_(tensor)
-                        seen.add(name)
-        loaded = {state[k].data_ptr() for k in seen}
-        untied = [k for k in state if k not in seen and state[k].data_ptr() not in loaded]
-        if unexpected or untied:
-            raise ValueError(
-                f"checkpoint {checkpoint_dir} does not fit the loaded model: missing "
-                f"{untied[:3]}, unexpected {unexpected[:3]}"
-            )
+        loader = self.weight_loader(f"checkpoint {checkpoint_dir}")
+        for f in sorted(Path(checkpoint_dir).glob("*.safetensors")):
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                keys = list(st.keys())
+                loader.start(keys)
+                for key in keys:
+                    loader.put(key, st.get_tensor(key))
+        loader.finish()
+
+    def weight_loader(self, source: str) -> InPlace:
+        """Weights into the running model one tensor at a time, from any source (a checkpoint's
+        files, the weight channel's buckets)."""
+        return InPlace(self.model, source)
 
     def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
         # Sort by prompt length to cut padding; whole prompts per batch, so every prompt's n
@@ -441,6 +428,47 @@ class TransformersBackend:
                 )
             )
         return samples
+
+
+class InPlace:
+    """Tensors into a loaded model's parameters, by the names a checkpoint saves them under
+    (`start` learns them, `put` copies one, `finish` checks every parameter was set but those
+    tied to one that was)."""
+
+    def __init__(self, model, source: str) -> None:
+        self.state = model.state_dict()  # views of the parameters and buffers
+        self.source = source
+        self.names: dict[str, str | None] = {}
+        self.seen: set[str] = set()
+        self.unexpected: list[str] = []
+
+    def start(self, keys: list[str]) -> None:
+        self.names.update(saved_names(keys, self.state))
+
+    def put(self, saved: str, tensor: torch.Tensor) -> None:
+        name = self.names.get(saved)
+        if name is None:
+            self.unexpected.append(saved)
+            return
+        if tensor.shape != self.state[name].shape:
+            raise ValueError(
+                f"{self.source}: {name} has shape {tuple(tensor.shape)}, the loaded model "
+                f"{tuple(self.state[name].shape)}"
+            )
+        with torch.no_grad():
+            self.state[name].copy_(tensor)
+        self.seen.add(name)
+
+    def finish(self) -> None:
+        loaded = {self.state[k].data_ptr() for k in self.seen}
+        untied = [
+            k for k in self.state if k not in self.seen and self.state[k].data_ptr() not in loaded
+        ]
+        if self.unexpected or untied:
+            raise ValueError(
+                f"{self.source} does not fit the loaded model: missing {untied[:3]}, "
+                f"unexpected {self.unexpected[:3]}"
+            )
 
 
 def saved_names(keys: list[str], state: dict) -> dict[str, str | None]:

@@ -15,18 +15,21 @@ import logging
 from typing import Any
 
 from components.core.commit import (
+    NotCommittedError,
     OutputDir,
     clear_other_layouts,
     content_digest,
     lineage,
+    read_manifest,
     shard_dir,
     shard_of,
 )
 from components.core.config import RunConfig, unused_keys
+from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_dataset
 from components.core.timing import Timeline
-from components.core.warm import Stage, policy_version
+from components.core.warm import Stage, is_committed, policy_version
 from components.generate.engine import PolicyEngine
 from components.generate.rollouts import (
     dataset_uri,
@@ -59,6 +62,7 @@ class GenerateStage(Stage):
         self.engine = PolicyEngine(cfg.generate, cfg.run.seed)
         self.sampler = PromptSampler(cfg, self.store, self.layout)
         self._train: tuple[str, str, Any] | None = None
+        self._receiver = None
         self.tools = None
         if cfg.generate.tools or cfg.generate.environment:  # multi-turn: loaded once per worker
             from components.generate.tools import load_tools
@@ -66,18 +70,57 @@ class GenerateStage(Stage):
             self.tools = load_tools(cfg.generate.tools)
 
     def needs(self, iteration: int) -> list[str]:
-        return [
-            self.layout.checkpoint(policy_version(self.cfg, iteration)),
-            self.layout.train_data,
-            *self.sampler.needs(iteration),
-        ]
+        return [self.layout.checkpoint(policy_version(self.cfg, iteration)), *self._data(iteration)]
+
+    def _data(self, iteration: int) -> list[str]:
+        """The inputs besides the policy: the train set and what the prompt sampler reads."""
+        return [self.layout.train_data, *self.sampler.needs(iteration)]
+
+    def early(self, iteration: int) -> bool:
+        """With the weight channel: the policy is already on its way, and the rest is in."""
+        version = policy_version(self.cfg, iteration)
+        channel = self._channel()
+        return (
+            channel is not None
+            and version > 0
+            and all(is_committed(self.store, u) for u in self._data(iteration))
+            and channel.offered(version)
+        )
+
+    def _channel(self):
+        """The weight channel's receiving end (train.handoff.channel: broadcast), only while
+        this worker serves a run (a one-iteration rerun reads the store)."""
+        if self.cfg.train.handoff.channel != "broadcast" or not self.serving:
+            return None
+        if self._receiver is None:
+            from components.core.channel import Receiver, Settings, ranks_per_worker
+            from components.core.checkpoint import device_and_dtype
+
+            h, g = self.cfg.train.handoff, self.cfg.generate
+            per = ranks_per_worker(g.backend, g.tensor_parallel_size)
+            settings = Settings(
+                self.store,
+                self.layout.root,
+                receivers=g.num_shards * per,
+                port=h.port,
+                bucket_mb=h.bucket_mb,
+                timeout_s=h.timeout_s,
+                device=device_and_dtype(self.cfg.generate.dtype)[0],
+            )
+            self._receiver = Receiver(settings, rank=1 + self.shard * per)
+        return self._receiver
+
+    def _out(self, iteration: int) -> OutputDir:
+        return OutputDir(
+            self.store,
+            shard_dir(self.layout.rollouts(iteration), self.shard, self.num_shards),
+            "generate",
+        )
 
     def _plan(self, iteration: int) -> tuple[OutputDir, dict[str, str]]:
         """The output directory and the lineage it must carry to count as up to date."""
         cfg, store, layout = self.cfg, self.store, self.layout
-        out = OutputDir(
-            store, shard_dir(layout.rollouts(iteration), self.shard, self.num_shards), "generate"
-        )
+        out = self._out(iteration)
         version = policy_version(cfg, iteration)
         config = {
             "generate": cfg.generate.model_dump(mode="json", exclude=unused_keys(cfg)["generate"]),
@@ -101,10 +144,13 @@ class GenerateStage(Stage):
 
     def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
         cfg, store, layout = self.cfg, self.store, self.layout
-        out, inputs = self._plan(iteration)
         version = policy_version(cfg, iteration)
         ckpt_uri = layout.checkpoint(version)
-        if out.up_to_date(inputs) and not force:
+        try:
+            out, inputs = self._plan(iteration)
+        except NotCommittedError:  # the policy is coming over the weight channel, not yet
+            out, inputs = self._out(iteration), None  # committed: nothing can be up to date
+        if inputs is not None and out.up_to_date(inputs) and not force:
             log.info(
                 "rollouts of iteration %d (%s) already committed; skipping", iteration, out.uri
             )
@@ -116,7 +162,7 @@ class GenerateStage(Stage):
             indices, sampler_figures = self.sampler.indices(table, iteration)
             prompts = prompts_from(table, train_uri, "train", indices)
             prompts = [p for p in prompts if shard_of(p.prompt_id, self.num_shards) == self.shard]
-        backend, tokenizer, load = self.engine.ensure(store, ckpt_uri, self.task)
+        backend, tokenizer, load, received = self._policy(version)
         timeline.add("load", load.start, load.end)
         clear_other_layouts(store, layout.rollouts(iteration), self.num_shards)
         shard_desc = f" shard {self.shard}/{self.num_shards}" if self.num_shards > 1 else ""
@@ -140,6 +186,10 @@ class GenerateStage(Stage):
                 environment=cfg.generate.environment,
                 run_root=layout.root,
             )
+        if received is not None:  # the store's commit stays the record
+            self._check_received(version, received)
+        if inputs is None:
+            _, inputs = self._plan(iteration)
         stats.update(load.stats())
         if sampler_figures:
             stats["sampler"] = sampler_figures
@@ -162,6 +212,39 @@ class GenerateStage(Stage):
         )
         return {"skipped": False, "uri": out.uri, "stats": manifest["stats"]}
 
+    def _policy(self, version: int):
+        """The backend holding policy `version`: over the weight channel when it is coming
+        that way, else from the store (once committed). Also returns the received weight files'
+        sha256s (None from the store)."""
+        ckpt_uri = self.layout.checkpoint(version)
+        channel = self._channel()
+        if channel is not None and version > 0 and channel.offered(version):
+            from components.core.channel import ChannelError
+
+            try:
+                return self.engine.receive(
+                    self.store, self.layout.checkpoint(0), channel, version, self.task
+                )
+            except ChannelError as e:
+                log.warning("%s; loading checkpoint %05d from the store", e, version)
+        if self.serving:
+            self.wait_for(self.store, [ckpt_uri])
+        return (*self.engine.ensure(self.store, ckpt_uri, self.task), None)
+
+    def _check_received(self, version: int, received: dict[str, str]) -> None:
+        """Wait for checkpoint `version`'s commit, and refuse to commit rollouts sampled from
+        weights that are not its files' (a channel that corrupted them)."""
+        uri = self.layout.checkpoint(version)
+        self.wait_for(self.store, [uri])
+        files = {f["path"]: f["sha256"] for f in read_manifest(self.store, uri)["files"]}
+        wrong = sorted(k for k, v in received.items() if files.get(k) != v)
+        if wrong:
+            raise StageError(
+                f"the weights received over the weight channel differ from {uri} as committed "
+                f"({', '.join(wrong)}); rerun: generate then loads the checkpoint from the store"
+            )
+        self.engine.received(content_digest(self.store, uri))
+
     def _train_set(self):
         """The run's train set, read once per worker (again only if its content changed)."""
         digest = content_digest(self.store, self.layout.train_data)
@@ -179,6 +262,9 @@ class GenerateStage(Stage):
 
     def close(self) -> None:
         self.engine.close()
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
         self._train = None
         if self.tools is not None:
             self.tools.close()

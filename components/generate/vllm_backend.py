@@ -97,6 +97,32 @@ class VLLMBackend:
         self.llm.collective_rpc("load_checkpoint", args=(str(checkpoint_dir),))
         self.llm.reset_prefix_cache()
 
+    def receive(self, receiver, version: int) -> tuple[dict[str, str], int]:
+        """Policy `version` over the weight channel: every worker joins the channel's group
+        (ranks `receiver.rank` onwards, one per tensor-parallel rank) and loads what it
+        receives through the model's `load_weights`; the prefix cache is then dropped. Any
+        failure is a ChannelError: the caller loads the checkpoint from the store."""
+        from components.core.channel import ChannelError
+
+        s = receiver.s
+        try:
+            results = self.llm.collective_rpc(
+                "receive_weights",
+                args=(
+                    s.root,
+                    getattr(s.store, "endpoint_url", None),
+                    version,
+                    receiver.rank,
+                    s.receivers,
+                    s.bucket_mb,
+                    s.timeout_s,
+                ),
+            )
+        except Exception as e:  # noqa: BLE001 - vLLM wraps the worker's error in its own
+            raise ChannelError(f"weight channel: version {version} not received ({e})") from None
+        self.llm.reset_prefix_cache()
+        return results[0]
+
     def set_adapter(self, adapter_dir: Path) -> None:
         """Sample from now on with the LoRA adapter in `adapter_dir` (PEFT's format): every
         request carries a `LoRARequest` with a new id, so vLLM loads this adapter (megabytes)

@@ -1,4 +1,5 @@
-"""Runs inside each vLLM worker process: load a checkpoint directory's weights in place.
+"""Runs inside each vLLM worker process: load a checkpoint directory's weights in place, or
+receive them over rlvr's weight channel.
 
 vLLM instantiates `CheckpointLoader` as a mixin of its worker class (`LLM(...,
 worker_extension_cls=...)`), so `self.model_runner` is the worker's. `LLM.collective_rpc(
@@ -34,3 +35,44 @@ class CheckpointLoader:
     def load_checkpoint(self, checkpoint_dir: str) -> int:
         loaded = self.model_runner.model.load_weights(weights=iter_safetensors(checkpoint_dir))  # type: ignore[attr-defined]
         return len(loaded) if loaded is not None else 0
+
+    def receive_weights(
+        self,
+        root: str,
+        endpoint_url: str | None,
+        version: int,
+        first_rank: int,
+        receivers: int,
+        bucket_mb: int,
+        timeout_s: float,
+    ) -> tuple[dict[str, str], int]:
+        """Take policy `version` from train's weight channel (components/core/channel.py): this
+        worker is rank `first_rank` + its own tensor-parallel rank of the channel's group, gets
+        every tensor whole, and the model's `load_weights` keeps its own shard of each. Returns
+        the files' sha256s the sender reported and the bytes received."""
+        from components.core.channel import Receiver, Settings
+        from components.core.store import get_store
+
+        receiver = getattr(self, "_rlvr_receiver", None)
+        if receiver is None:
+            settings = Settings(
+                get_store(root, endpoint_url),
+                root,
+                receivers=receivers,
+                bucket_mb=bucket_mb,
+                timeout_s=timeout_s,
+                device="cuda",
+            )
+            receiver = Receiver(settings, rank=first_rank + int(getattr(self, "rank", 0)))
+            self._rlvr_receiver = receiver
+        model = self.model_runner.model  # type: ignore[attr-defined]
+
+        class Sink:
+            def start(self, names: list[str]) -> None:
+                pass
+
+            def put(self, name: str, tensor) -> None:
+                model.load_weights(weights=[(name, tensor)])
+
+        digests = receiver.receive(version, Sink())
+        return digests, receiver.last_bytes

@@ -28,10 +28,12 @@ from typing import Any
 
 import torch
 
+from components.core import weights as weight_files
 from components.core.checkpoint import check_hf_dir, saved_names
 from components.core.commit import OutputDir
 from components.core.errors import StageError
 from components.core.weights import (
+    INDEX_NAME,
     Entry,
     FileInfo,
     index_json,
@@ -110,7 +112,7 @@ class WeightPlan:
             )
             for s in sources
         ]
-        self.plan = shard_plan(entries)
+        self.plan = shard_plan(entries, weight_files.MAX_SHARD_BYTES)
         self.nbytes = sum(e.nbytes for e in entries)
 
     def tensors(self, *, keep: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -121,22 +123,38 @@ class WeightPlan:
             if keep:
                 yield e.name, t
 
-    def write(self, directory: Path | None, *, keep: bool = True) -> dict[str, FileInfo]:
+    def write(
+        self, directory: Path | None, *, keep: bool = True, sender=None, version: int = 0
+    ) -> dict[str, FileInfo]:
         """Write the weight files into `directory` (None: hash only); a rank without `keep`
-        takes part in the gathers and writes nothing."""
+        takes part in the gathers and writes nothing. `sender` (the weight channel,
+        components/core/channel.py) gets every tensor as it is written, in the same pass, and
+        the files' sha256s at the end."""
         if not keep:
             for _ in self.tensors(keep=False):
                 pass
             return {}
-        files = write_files(directory, self.plan, self.tensors(keep=True), METADATA)
+        stream = self.tensors(keep=True)
+        if sender is not None:
+            sender.begin(version, plan_order(self.plan))
+            stream = _teed(stream, sender.put)
+        files = write_files(directory, self.plan, stream, METADATA)
+        if sender is not None:
+            sender.end({k: v.sha256 for k, v in files.items()})
         index = index_json(self.plan)
         if index is not None:
-            from components.core.weights import INDEX_NAME
-
             if directory is not None:
                 (Path(directory) / INDEX_NAME).write_bytes(index)
             files[INDEX_NAME] = FileInfo(len(index), hashlib.sha256(index).hexdigest())
         return files
+
+
+def _teed(
+    stream: Iterator[tuple[str, torch.Tensor]], also: Callable[[str, torch.Tensor], None]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in stream:
+        also(name, tensor)
+        yield name, tensor
 
 
 def write_config(config, directory: Path, dtype: torch.dtype) -> None:
@@ -157,6 +175,8 @@ def write_handoff(
     keep: bool,
     finish: Callable[[dict[str, float]], dict[str, Any]],
     inputs: dict[str, str],
+    sender=None,
+    version: int = 0,
 ) -> dict[str, float]:
     """Stream the engine's weights into checkpoint `out` and commit it (rank 0, `keep`); the
     other ranks take part in the gathers. `finish` turns the save's figures into the manifest's
@@ -169,7 +189,7 @@ def write_handoff(
     out.begin(force=True)
     tmp = out.scratch_dir()
     try:
-        weights = plan.write(tmp)
+        weights = plan.write(tmp, sender=sender, version=version)
         write_config(module.config, tmp, plan.dtype)
         if getattr(module, "generation_config", None) is not None:
             module.generation_config.save_pretrained(tmp)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from components.core.channel import Sender, Settings, ranks_per_worker
 from components.core.checkpoint import sampler_dtype_name
 from components.core.commit import (
     NotCommittedError,
@@ -114,6 +115,9 @@ class TrainStage(Stage):
         self.state_at = 0
         """The newest full state covering the held position's past (0: the base)."""
         self.states = train_state.Background()
+        self.channel: Sender | bool | None = None
+        """The weight channel's sending end, once used (rank 0, train.handoff.channel);
+        False where it could not listen."""
 
     @property
     def engine(self):
@@ -382,6 +386,8 @@ class TrainStage(Stage):
                 keep=writer,
                 finish=finish,
                 inputs=inputs,
+                sender=self._sender(int(metrics["iteration"]) + 1) if writer else None,
+                version=int(metrics["iteration"]) + 1,
             )
             return {**figures, "handoff_dtype": dtype_name(self.weights.dtype)} if writer else {}
         weights = adapter_state_dict(self.engine)  # the adapter: kilobytes to megabytes, fp32
@@ -405,6 +411,38 @@ class TrainStage(Stage):
             )
         finally:
             module.config.use_cache = False
+
+    def _sender(self, version: int) -> Sender | None:
+        """The weight channel's sending end (train.handoff.channel: broadcast), while this
+        worker serves a run: rank 0 broadcasts each new policy to the generate workers of its
+        segment (none samples with the segment's last checkpoint). A port it cannot listen on
+        leaves every policy to the store path."""
+        h, g = self.t.handoff, self.cfg.generate
+        if h.channel != "broadcast" or not self.serving or self.channel is False:
+            return None
+        if version not in self.served:  # on-policy: generate of iteration v samples with v
+            return None
+        if self.channel is None:
+            settings = Settings(
+                self.store,
+                self.layout.root,
+                receivers=g.num_shards * ranks_per_worker(g.backend, g.tensor_parallel_size),
+                port=h.port,
+                bucket_mb=h.bucket_mb,
+                timeout_s=h.timeout_s,
+                device=self.built.device,
+            )
+            try:
+                self.channel = Sender(settings)
+            except (OSError, RuntimeError) as e:
+                log.warning(
+                    "weight channel: cannot listen on port %d (%s); every policy goes by the store",
+                    h.port,
+                    e,
+                )
+                self.channel = False
+                return None
+        return self.channel
 
     # --- the full train state ---
 
@@ -451,9 +489,13 @@ class TrainStage(Stage):
         if self.engine is not None and self.clean and self.holds[0] > self.state_at:
             try:
                 self._save_state(background=False)
-                self._sweep()
             except Exception:  # noqa: BLE001 - see the docstring
                 log.exception("train: writing the train state at close failed")
+        if self.engine is not None:
+            self._sweep()  # the state just committed retires the one before
+        if self.channel:
+            self.channel.close()
+        self.channel = None
         self._release()
 
     def _release(self) -> None:
