@@ -80,8 +80,26 @@ def main() -> int:
         )
     print(f"final / base     {final / base:.2f}x" if base > 0 else "final / base     inf")
     print(f"wall time        {wall:.0f} s   ({wall / 900:.2f} of the 15-minute goal)")
-    print(f"report           {Path(args.store) / args.run_id / 'report' / 'report.md'}")
+    run = Path(args.store) / args.run_id
+    print_handoff(run)
+    print(f"report           {run / 'report' / 'report.md'}")
     return 0
+
+
+def print_handoff(run: Path) -> None:
+    """The policy handoff's share of an iteration (train's commit and generate's load) and
+    what the run keeps in its store (issue 46's goals: <= 2% and <= 3 GB for the SmolLM2
+    example on a CPU)."""
+    from components.core.store import get_store
+    from components.evaluate.timeline import load_timeline, summary
+
+    s = summary(load_timeline(get_store(str(run)), str(run)))
+    size = sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
+    print(
+        f"handoff          {s['handoff_s']:.2f} s of a {s['iteration_s']:.1f} s iteration = "
+        f"{100 * s['handoff_share']:.1f}%"
+    )
+    print(f"run directory    {size / 1e9:.2f} GB")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
     rlvr runs --host URL                                             list cluster runs
     rlvr eval CONFIG (--checkpoint URI | --run-id ID [--watch])      evaluate locally
     rlvr report RUN_DIR                                              table of every evaluation
+    rlvr prune RUN_DIR [--dry-run]                                   apply the retention policy
 
 `run` prepares the example inputs if the config names a `prepare` module and an input is missing,
 writes the resolved config as run.yaml, then executes the same pipeline function a cluster runs,
@@ -455,6 +456,37 @@ def report(run_dir: str) -> None:
     paths = run_stage(lambda _cfg: write_run_report(get_store(run_dir), run_dir), None)
     console.print(f"plots and report: {paths['report.md']}")
     console.print(f"dashboard: {paths['index.html']}")
+
+
+@main.command(
+    help="Apply the retention policy to a run now: delete the files of the checkpoints and "
+    "train states it does not keep (their manifests stay)."
+)
+@click.argument("run_dir")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
+@click.option(
+    "--set", "overrides", multiple=True, help="Override a retention key: retention.keep_last=5"
+)
+def prune(run_dir: str, dry_run: bool, overrides: tuple[str, ...]) -> None:
+    import yaml
+
+    from components.core.config import apply_overrides
+    from components.core.retention import planned, sweep
+
+    store, root = get_store(run_dir), run_dir.rstrip("/")
+    if not store.exists(join(root, "run.yaml")):
+        click.echo(f"error: {run_dir} is not a run: it has no run.yaml", err=True)
+        sys.exit(2)
+    raw = yaml.safe_load(store.read_text(join(root, "run.yaml")))
+    raw["run"] = {**raw.get("run", {}), "store": root.rsplit("/", 1)[0] or "."}
+    raw["run"]["run_id"] = root.rsplit("/", 1)[-1]
+    cfg = RunConfig.model_validate(apply_overrides(raw, list(overrides)))
+    if dry_run:
+        ckpts, states = planned(cfg)
+        console.print(f"would delete checkpoints {ckpts} and train states {states}")
+        return
+    done = sweep(cfg, "rlvr prune")
+    console.print(f"deleted the files of {len(done)} checkpoint(s) and state(s)")
 
 
 @main.command(help="Fold a LoRA adapter checkpoint into its base: a plain HF checkpoint to serve.")

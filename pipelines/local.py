@@ -291,6 +291,9 @@ def run_local(
             print_error(e, failure_hints(task, record, config, cfg, overrides, options))
             sys.exit(2 if record.get("user_error") else 1)
     elapsed = time.perf_counter() - t0
+    from components.core.retention import sweep
+
+    sweep(cfg, "rlvr run")  # what the last workers' sweeps could not retire yet
     if cfg.data.evaluates:
         Console().print(*eval_tables(cfg))
     from components.evaluate.run_report import write_run_report

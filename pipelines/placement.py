@@ -17,6 +17,10 @@ from components.core.config_cluster import OBJECT_STORE_SECRET_KEYS, ClusterSect
 # label, which the code-sandbox overlay matches (the seccomp profile that lets the sandbox build
 # itself, narrow egress)
 RUNS_CODE_LABEL = ("rlvr.dev/runs-code", "true")
+#: train.handoff.channel: broadcast: train's and generate's pods get this label (value
+#: `sender` / `receiver`), which the weight-channel overlay's NetworkPolicy admits to each
+#: other; the sender learns the address it publishes from POD_IP (the downward API)
+WEIGHT_CHANNEL_LABEL = "rlvr.dev/weight-channel"
 #: what a task that submits a multi-node job gets on top of the job's own deadline: the time to
 #: clear an earlier submission's leftovers (components/train/jobs.py waits up to 600 s), create
 #: the job, and read its end
@@ -37,6 +41,7 @@ def place(
     iterations: int = 1,
     runs_code: bool = False,
     submits_job: bool = False,
+    channel: str | None = None,
 ) -> dsl.PipelineTask:
     """Placement of one task; `iterations` is how many iterations it serves (a segment's
     worker: `run.segment_iterations`), which scales its pod deadline; `runs_code`: the stage
@@ -44,7 +49,8 @@ def place(
     multi-node job, which carries the stage's own placement, so its pod gets init's resources
     and pool (no GPU), but keeps the stage's retries (its peers wait for them:
     components.core.warm.retry_grace_s) and the stage's deadline plus a margin, so the job's own
-    deadline (the same) fires first and its reason reaches the task's log."""
+    deadline (the same) fires first and its reason reaches the task's log. `channel`: the
+    task's end of the weight channel (`sender`, `receiver`) where the run uses it."""
     p = cluster.stages["init" if submits_job else stage]
     own = cluster.stages[stage]
     timeout_s = own.timeout_s
@@ -52,6 +58,10 @@ def place(
     task.set_caching_options(False)
     if runs_code:
         kubernetes.add_pod_label(task, *RUNS_CODE_LABEL)
+    if channel is not None:
+        kubernetes.add_pod_label(task, WEIGHT_CHANNEL_LABEL, channel)
+        if channel == "sender":  # the address train publishes in the store for its receivers
+            kubernetes.use_field_path_as_env(task, env_name="POD_IP", field_path="status.podIP")
     if p.cpu_request:
         task.set_cpu_request(p.cpu_request)
     if p.cpu_limit:

@@ -48,6 +48,9 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
     """
     ops = make_ops({s: cfg.cluster.image(s) for s in STEPS})
 
+    channel = cfg.train.handoff.channel == "broadcast"
+    ends = {"train": "sender", "generate": "receiver"} if channel else {}
+
     def placed(task: dsl.PipelineTask, stage: str, name: str, serves: bool = True):
         """Display name and placement; a task that serves the segment gets a pod deadline of
         its stage's per-iteration timeout times the segment's iterations."""
@@ -61,6 +64,7 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
                 iterations=n,
                 runs_code=stage in code_stages(cfg),
                 submits_job=submits_job(cfg, stage),
+                channel=ends.get(stage) if serves else None,
             )
         return task.set_caching_options(False)
 

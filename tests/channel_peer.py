@@ -51,13 +51,14 @@ def send(run: Path, out: Path, die_after: int | None, receivers: int) -> None:
     )
     t0 = time.monotonic()
     met = sender.begin(1, entries)
+    for k, e in enumerate(entries):  # broadcast first, as train does, then write the file
+        if die_after is not None and k == die_after:
+            os._exit(3)
+        sender.put(e.name, ts[e.name])
     with open(out.with_suffix(".safetensors"), "wb") as f:
         writer = FileWriter(f, entries)
-        for k, e in enumerate(entries):
-            if die_after is not None and k == die_after:
-                os._exit(3)
+        for e in entries:
             writer.put(e.name, ts[e.name])
-            sender.put(e.name, ts[e.name])
         info = writer.close()
     delivered = sender.end({"weights.safetensors": info.sha256})
     out.write_text(
@@ -92,8 +93,8 @@ def receive(run: Path, out: Path, die_after: int | None) -> None:
     sink = Collect(die_after)
     t0 = time.monotonic()
     try:
-        digests = receiver.receive(1, sink)
-        result = {"digests": digests, "names": sink.names}
+        receiver.receive(1, sink)
+        result = {"digests": receiver.digests(1), "names": sink.names}
         save_file(sink.got, str(out.with_suffix(".safetensors")))
     except ChannelError as e:
         result = {"error": str(e)}

@@ -33,6 +33,7 @@ KUSTOMIZATIONS = (
     "overlays/gpu-pools",
     "overlays/code-sandbox",
     "overlays/multi-node",
+    "overlays/weight-channel",
 )
 NAMESPACE = "rlvr"
 # Validated against the oldest Kubernetes still commonly run that has every field used here

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from components.core.config import load_config
 from components.core.warm import eval_checkpoints
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _compile(workspace, out, *args):
@@ -103,6 +106,55 @@ def test_generate_runs_code_with_tools(workspace, tmp_path):
         if labels.get("rlvr.dev/runs-code") == "true":
             labelled.add(task["taskInfo"]["name"].split("-")[0])
     assert labelled == {"generate", "verify", "evaluate"}
+
+
+def test_the_weight_channel_labels_its_pods_and_gives_train_its_ip(workspace, tmp_path):
+    """train.handoff.channel: broadcast: the train pod (sender) and the generate pods
+    (receivers) carry the label the weight-channel overlay's NetworkPolicy admits, and the
+    train pod gets its own IP, which it publishes for the receivers; no other pod changes."""
+    out = tmp_path / "channel.yaml"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "compile",
+            str(workspace),
+            "-o",
+            str(out),
+            "--set",
+            "train.handoff.channel=broadcast",
+            "--set",
+            "generate.num_shards=2",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ir, platform = yaml.safe_load_all(out.read_text())
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    roles, ips = {}, set()
+    for task in ir["root"]["dag"]["tasks"].values():
+        name = task["taskInfo"]["name"]
+        spec = k8s[task["componentRef"]["name"].replace("comp-", "exec-")]
+        role = spec.get("podMetadata", {}).get("labels", {}).get("rlvr.dev/weight-channel")
+        if role:
+            roles[name] = role
+        for env in spec.get("fieldPathAsEnv", []):
+            if env == {"name": "POD_IP", "fieldPath": "status.podIP"}:
+                ips.add(name)
+    assert roles == {
+        "train": "sender",
+        "generate-shard-00000-of-00002": "receiver",
+        "generate-shard-00001-of-00002": "receiver",
+    }
+    assert ips == {"train"}
+    policy = yaml.safe_load(
+        (ROOT / "manifests/overlays/weight-channel/networkpolicy.yaml").read_text()
+    )["spec"]
+    (selector,) = policy["podSelector"]["matchExpressions"]
+    assert selector["key"] == "rlvr.dev/weight-channel"
+    assert set(selector["values"]) == set(roles.values())
 
 
 def test_pipeline_size_does_not_grow_with_iterations(workspace, tmp_path):

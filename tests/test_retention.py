@@ -216,3 +216,39 @@ def test_sweep_over_s3_deletes_what_the_policy_does_not_keep(run_cfg, s3_bucket)
     assert inv.states == {5} and inv.retired_states == {3}
     assert store.list_files(layout.checkpoint(2)) == ["_SUCCESS"]
     assert sweep(run_cfg, "train") == []  # nothing more to do
+
+
+def test_rlvr_prune_applies_the_policy_to_a_run_kept_whole(run_cfg):
+    """A run that kept everything (retention off, or an older rlvr): `rlvr prune` says what the
+    policy would delete, then deletes it; manifests stay."""
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+
+    store, layout = store_for(run_cfg), RunLayout.of(run_cfg)
+    for c in range(13):
+        commit(store, layout.checkpoint(c))
+    for s in (10, 12):
+        commit(store, layout.train_state(s))
+    for i in range(12):
+        out = OutputDir(store, layout.rollouts(i), "generate")
+        out.begin(force=True)
+        out.put_bytes(b"x", "part-00000.parquet")
+        out.commit({})
+    for c in (0, 4, 8, 12):
+        out = OutputDir(store, layout.evals(c), "evaluate")
+        out.begin(force=True)
+        out.put_bytes(b"{}", "metrics.json")
+        out.commit({})
+    store.write_text(layout.run_yaml, run_cfg.to_yaml())
+    dry = CliRunner().invoke(main, ["prune", layout.root, "--dry-run"], catch_exceptions=False)
+    assert dry.exit_code == 0, dry.output
+    # kept: 0, 11 and 12 (the newest two), 5 and 10 (milestones of 5); the newest state
+    assert "checkpoints [1, 2, 3, 4, 6, 7, 8, 9]" in dry.output and "states [10]" in dry.output
+    assert (Path(layout.checkpoint(1)) / "model.safetensors").exists()
+    done = CliRunner().invoke(main, ["prune", layout.root], catch_exceptions=False)
+    assert done.exit_code == 0 and "9 checkpoint(s) and state(s)" in done.output
+    inv = Inventory.of(store, layout.root)
+    assert inv.checkpoints == {0, 5, 10, 11, 12} and inv.states == {12}
+    bad = CliRunner().invoke(main, ["prune", str(Path(layout.root).parent / "nope")])
+    assert bad.exit_code == 2 and "has no run.yaml" in bad.output

@@ -17,7 +17,9 @@ order (names, dtypes, shapes), their buckets, and the group's epoch. Every recei
 then joins a process group of its own (rank 0 the sender, ranks 1.. the receivers; independent of
 the train ranks' DeepSpeed group: a `ProcessGroupGloo`/`ProcessGroupNCCL` on a prefix of the
 TCPStore), and each bucket is broadcast from rank 0 into a buffer of `bucket_mb` on every
-receiver, which copies its tensors out. Last, `v<v>/done` carries the files' sha256s.
+receiver, which copies its tensors out and starts sampling. Only then does the sender write the
+checkpoint's files; `v<v>/done` carries their sha256s, which a receiver needs only when it
+commits.
 
 Every wait has `timeout_s`. A receiver missing or killed makes the sender's group or broadcast
 fail within it: the sender drops the channel for that version (its store write goes on) and
@@ -311,10 +313,10 @@ class Receiver:
             self._reset()
             return False
 
-    def receive(self, version: int, sink: Sink) -> dict[str, str]:
+    def receive(self, version: int, sink: Sink) -> None:
         """Receive `version`: `sink.start` gets every tensor's name first, then `sink.put` each
-        tensor (a view into the bucket, valid for the call); returns the files' sha256s the
-        sender reported. ChannelError when any part fails or takes longer than `timeout_s`."""
+        tensor (a view into the bucket, valid for the call). ChannelError when any part fails
+        or takes longer than `timeout_s`."""
         tcp = self._store()
         if tcp is None:
             raise ChannelError("no sender")
@@ -341,7 +343,6 @@ class Receiver:
                     view = buf[at : at + e.nbytes].view(e.dtype).reshape(e.shape)
                     sink.put(e.name, view)
                     at += e.nbytes
-            return json.loads(tcp.get(f"v{version}/done"))
         except ChannelError:
             raise
         except Exception as e:  # noqa: BLE001 - a peer gone, a timeout: the store path
@@ -350,6 +351,19 @@ class Receiver:
             self.group = None
             raise ChannelError(
                 f"weight channel: version {version} not received ({str(e).splitlines()[0][:200]})"
+            ) from None
+
+    def digests(self, version: int) -> dict[str, str]:
+        """The sha256s of version `version`'s files, once the sender has written them (it
+        broadcasts first and writes the checkpoint while the receivers already sample)."""
+        tcp = self._store()
+        if tcp is None:
+            raise ChannelError("weight channel: the sender is gone")
+        try:
+            return json.loads(tcp.get(f"v{version}/done"))
+        except Exception as e:  # noqa: BLE001 - the sender gone before it wrote them
+            raise ChannelError(
+                f"weight channel: the sha256s of version {version} never came ({e})"
             ) from None
 
     def _reset(self) -> None:

@@ -234,21 +234,29 @@ def to_retire(
     return ckpts, states
 
 
-def sweep(cfg: RunConfig, who: str) -> list[str]:
-    """Apply the policy to the run now: retire what it does not keep (skipping anything a
-    reader holds). Returns the URIs retired. Safe to run from several workers at once."""
+def planned(cfg: RunConfig) -> tuple[list[int], list[int]]:
+    """(checkpoints, train states) the policy would retire in the run's store now."""
     from components.core.layout import RunLayout, store_for
     from components.core.warm import is_committed
 
-    if not cfg.retention.enabled:
-        return []
     store, layout = store_for(cfg), RunLayout.of(cfg)
     inv = Inventory.of(store, layout.root)
     k = cfg.train.max_staleness
     # which of the iterations that decide a checkpoint's fate have their rollouts committed
     asked = {c + k for c in inv.checkpoints if c > 0 and c + k < cfg.run.iterations}
     generated = {j for j in asked if is_committed(store, layout.rollouts(j))}
-    ckpts, states = to_retire(cfg, inv, generated)
+    return to_retire(cfg, inv, generated)
+
+
+def sweep(cfg: RunConfig, who: str) -> list[str]:
+    """Apply the policy to the run now: retire what it does not keep (skipping anything a
+    reader holds). Returns the URIs retired. Safe to run from several workers at once."""
+    from components.core.layout import RunLayout, store_for
+
+    if not cfg.retention.enabled:
+        return []
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    ckpts, states = planned(cfg)
     done = []
     ttl = cfg.retention.lease_ttl_s
     for c in ckpts:

@@ -39,7 +39,7 @@ from components.core.store import Store, StoreError, get_store, join
 SPAN_KINDS = ("start", "wait", "load", "read", "work", "commit")
 #: Spans only some runs have (evaluate's standard benchmarks; the full train state written in
 #: the background, on a row of its own, `state`), shown where they occur.
-OPTIONAL_KINDS = ("lm_eval", "state")
+OPTIONAL_KINDS = ("lm_eval", "send", "state")
 
 
 def shown_kinds(present: set[str]) -> tuple[str, ...]:
@@ -56,6 +56,7 @@ COLORS = {
     "read": "#03a9f4",
     "work": "#4caf50",
     "lm_eval": "#2e7d32",
+    "send": "#e91e63",
     "state": "#795548",
     "commit": "#9c27b0",
 }
@@ -278,7 +279,13 @@ def handoff_times(tl: RunTimeline) -> list[tuple[int, float, float]]:
     out = []
     for i, a, b in _intervals(tl):
         steps = [st for st in tl.steps if st.iteration == i]
-        commit = sum(_inside(st, ("commit",), a, b) for st in steps if st.stage == "train")
+        # over the weight channel generate starts after train's broadcast ("send"), and
+        # train's writing of the checkpoint overlaps its sampling
+        commit = sum(
+            _inside(st, ("send",) if st.seconds("send") else ("commit",), a, b)
+            for st in steps
+            if st.stage == "train"
+        )
         loads = [_inside(st, ("load",), a, b) for st in steps if st.stage == "generate"]
         out.append((i, commit + max(loads, default=0.0), b - a))
     return out

@@ -192,25 +192,25 @@ class PolicyEngine:
 
     def receive(
         self, store: Store, base_uri: str, receiver, version: int, who: str = "generate"
-    ) -> tuple[Any, Any, LoadInfo, dict[str, str]]:
+    ) -> tuple[Any, Any, LoadInfo, bool]:
         """Policy `version` over the weight channel (components/core/channel.py), into the
         loaded backend in place (an empty engine first loads the run's base from the store: the
-        architecture); returns the weight files' sha256s the sender reported, which the caller
-        checks against the store's commit. ChannelError: load the checkpoint from the store
-        (the weights may be half replaced, so the engine forgets what it holds)."""
+        architecture); the caller checks it against the store's commit (`received`).
+        ChannelError: load the checkpoint from the store (the weights may be half replaced, so
+        the engine forgets what it holds)."""
         t0 = time.time()
         if self.backend is None:
             self.ensure(store, base_uri, who)
         self.digest = None
         if hasattr(self.backend, "receive"):  # vLLM: every worker takes part itself
-            digests, nbytes = self.backend.receive(receiver, version)
+            nbytes = self.backend.receive(receiver, version)
         else:
             loader = self.backend.weight_loader(f"policy {version} over the weight channel")
-            digests = receiver.receive(version, loader)
+            receiver.receive(version, loader)
             loader.finish()
             nbytes = receiver.last_bytes
         t1 = time.time()
-        return self.backend, self.tokenizer, LoadInfo("broadcast", t1 - t0, nbytes, t0, t1), digests
+        return self.backend, self.tokenizer, LoadInfo("broadcast", t1 - t0, nbytes, t0, t1), True
 
     def received(self, digest: str) -> None:
         """The channel's weights are those of the committed checkpoint with this digest."""

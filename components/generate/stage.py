@@ -186,8 +186,8 @@ class GenerateStage(Stage):
                 environment=cfg.generate.environment,
                 run_root=layout.root,
             )
-        if received is not None:  # the store's commit stays the record
-            self._check_received(version, received)
+        if received:  # the store's commit stays the record
+            self._check_received(version)
         if inputs is None:
             _, inputs = self._plan(iteration)
         stats.update(load.stats())
@@ -214,8 +214,8 @@ class GenerateStage(Stage):
 
     def _policy(self, version: int):
         """The backend holding policy `version`: over the weight channel when it is coming
-        that way, else from the store (once committed). Also returns the received weight files'
-        sha256s (None from the store)."""
+        that way, else from the store (once committed). Also returns whether it came over the
+        channel."""
         ckpt_uri = self.layout.checkpoint(version)
         channel = self._channel()
         if channel is not None and version > 0 and channel.offered(version):
@@ -229,12 +229,18 @@ class GenerateStage(Stage):
                 log.warning("%s; loading checkpoint %05d from the store", e, version)
         if self.serving:
             self.wait_for(self.store, [ckpt_uri])
-        return (*self.engine.ensure(self.store, ckpt_uri, self.task), None)
+        return (*self.engine.ensure(self.store, ckpt_uri, self.task), False)
 
-    def _check_received(self, version: int, received: dict[str, str]) -> None:
+    def _check_received(self, version: int) -> None:
         """Wait for checkpoint `version`'s commit, and refuse to commit rollouts sampled from
         weights that are not its files' (a channel that corrupted them)."""
+        from components.core.channel import ChannelError
+
         uri = self.layout.checkpoint(version)
+        try:
+            received = self._receiver.digests(version)
+        except ChannelError as e:
+            raise StageError(f"{e}; rerun: generate then loads {uri} from the store") from None
         self.wait_for(self.store, [uri])
         files = {f["path"]: f["sha256"] for f in read_manifest(self.store, uri)["files"]}
         wrong = sorted(k for k, v in received.items() if files.get(k) != v)

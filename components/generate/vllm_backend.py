@@ -97,11 +97,12 @@ class VLLMBackend:
         self.llm.collective_rpc("load_checkpoint", args=(str(checkpoint_dir),))
         self.llm.reset_prefix_cache()
 
-    def receive(self, receiver, version: int) -> tuple[dict[str, str], int]:
+    def receive(self, receiver, version: int) -> int:
         """Policy `version` over the weight channel: every worker joins the channel's group
         (ranks `receiver.rank` onwards, one per tensor-parallel rank) and loads what it
         receives through the model's `load_weights`; the prefix cache is then dropped. Any
-        failure is a ChannelError: the caller loads the checkpoint from the store."""
+        failure is a ChannelError: the caller loads the checkpoint from the store. Returns the
+        bytes received."""
         from components.core.channel import ChannelError
 
         s = receiver.s

@@ -45,11 +45,11 @@ class CheckpointLoader:
         receivers: int,
         bucket_mb: int,
         timeout_s: float,
-    ) -> tuple[dict[str, str], int]:
+    ) -> int:
         """Take policy `version` from train's weight channel (components/core/channel.py): this
         worker is rank `first_rank` + its own tensor-parallel rank of the channel's group, gets
         every tensor whole, and the model's `load_weights` keeps its own shard of each. Returns
-        the files' sha256s the sender reported and the bytes received."""
+        the bytes received."""
         from components.core.channel import Receiver, Settings
         from components.core.store import get_store
 
@@ -74,5 +74,5 @@ class CheckpointLoader:
             def put(self, name: str, tensor) -> None:
                 model.load_weights(weights=[(name, tensor)])
 
-        digests = receiver.receive(version, Sink())
-        return digests, receiver.last_bytes
+        receiver.receive(version, Sink())
+        return receiver.last_bytes

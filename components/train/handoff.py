@@ -123,38 +123,34 @@ class WeightPlan:
             if keep:
                 yield e.name, t
 
-    def write(
-        self, directory: Path | None, *, keep: bool = True, sender=None, version: int = 0
-    ) -> dict[str, FileInfo]:
+    def send(self, sender, version: int, *, keep: bool = True) -> bool:
+        """Broadcast every tensor over the weight channel (components/core/channel.py), before
+        anything is written: the receivers sample while the files are written. Every rank
+        takes part in the gathers; rank 0 (`keep`) sends, unless it has no `sender` (it could
+        not listen). True when every receiver got everything."""
+        if not keep or sender is None:
+            for _ in self.tensors(keep=False):
+                pass
+            return False
+        sender.begin(version, plan_order(self.plan))
+        for name, tensor in self.tensors(keep=True):
+            sender.put(name, tensor)
+        return sender.live
+
+    def write(self, directory: Path | None, *, keep: bool = True) -> dict[str, FileInfo]:
         """Write the weight files into `directory` (None: hash only); a rank without `keep`
-        takes part in the gathers and writes nothing. `sender` (the weight channel,
-        components/core/channel.py) gets every tensor as it is written, in the same pass, and
-        the files' sha256s at the end."""
+        takes part in the gathers and writes nothing."""
         if not keep:
             for _ in self.tensors(keep=False):
                 pass
             return {}
-        stream = self.tensors(keep=True)
-        if sender is not None:
-            sender.begin(version, plan_order(self.plan))
-            stream = _teed(stream, sender.put)
-        files = write_files(directory, self.plan, stream, METADATA)
-        if sender is not None:
-            sender.end({k: v.sha256 for k, v in files.items()})
+        files = write_files(directory, self.plan, self.tensors(keep=True), METADATA)
         index = index_json(self.plan)
         if index is not None:
             if directory is not None:
                 (Path(directory) / INDEX_NAME).write_bytes(index)
             files[INDEX_NAME] = FileInfo(len(index), hashlib.sha256(index).hexdigest())
         return files
-
-
-def _teed(
-    stream: Iterator[tuple[str, torch.Tensor]], also: Callable[[str, torch.Tensor], None]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in stream:
-        also(name, tensor)
-        yield name, tensor
 
 
 def write_config(config, directory: Path, dtype: torch.dtype) -> None:
@@ -175,13 +171,21 @@ def write_handoff(
     keep: bool,
     finish: Callable[[dict[str, float]], dict[str, Any]],
     inputs: dict[str, str],
+    channel: bool = False,
     sender=None,
     version: int = 0,
+    timeline=None,
 ) -> dict[str, float]:
     """Stream the engine's weights into checkpoint `out` and commit it (rank 0, `keep`); the
     other ranks take part in the gathers. `finish` turns the save's figures into the manifest's
     stats once every file is in place (the step's timeline then has its commit span). Returns
-    the figures."""
+    the figures. `channel`: this version goes over the weight channel first (the same on every
+    rank: each takes part in its gathers), rank 0's `sender` broadcasting it (a `send` span)."""
+    if channel:
+        t0 = time.time()
+        plan.send(sender, version, keep=keep)
+        if timeline is not None:
+            timeline.add("send", t0, time.time())
     if not keep:
         plan.write(None, keep=False)
         return {}
@@ -189,7 +193,9 @@ def write_handoff(
     out.begin(force=True)
     tmp = out.scratch_dir()
     try:
-        weights = plan.write(tmp, sender=sender, version=version)
+        weights = plan.write(tmp)
+        if sender is not None:
+            sender.end({k: v.sha256 for k, v in weights.items()})
         write_config(module.config, tmp, plan.dtype)
         if getattr(module, "generation_config", None) is not None:
             module.generation_config.save_pretrained(tmp)

@@ -162,7 +162,7 @@ class TrainStage(Stage):
         self.action = "load" if self.engine is None else "reload"
         s = self._newest_state(iteration)
         self._build(s)
-        self.replayed = iteration - s
+        self.replayed, self.mismatches = iteration - s, 0
         for j in range(s, iteration):
             self._replay(j)
         self.holds, self.clean = position, True
@@ -185,10 +185,11 @@ class TrainStage(Stage):
             except StoreError:
                 continue
             log.warning(
-                "train state %05d belongs to another checkpoint %05d than the one committed "
-                "(redone since); not resuming from it",
+                "train state %05d %s; not resuming from it",
                 s,
-                s,
+                "was written by an older rlvr"
+                if digest is None
+                else f"belongs to another checkpoint {s:05d} than the one committed (redone since)",
             )
         return 0
 
@@ -300,11 +301,11 @@ class TrainStage(Stage):
 
         # --- hold: only when the engine is not exactly at iteration i's checkpoint ---
         load, self.action = self.action, "reuse"  # what warm() did, if anything
-        replayed = self.replayed if load != "reuse" else 0
+        replayed = (self.replayed, self.mismatches) if load != "reuse" else (0, 0)
         if self.engine is None or self.holds != position:
             with timeline.span("load"):
                 self.hold(iteration)
-            load, self.action, replayed = self.action, "reuse", self.replayed
+            load, self.action, replayed = self.action, "reuse", (self.replayed, self.mismatches)
 
         # --- train ---
         self.clean = False
@@ -312,7 +313,8 @@ class TrainStage(Stage):
         metrics.update(inputs.staleness)
         metrics["iteration"] = iteration
         metrics["train/engine"] = load
-        metrics["train/replayed"] = float(replayed)
+        metrics["train/replayed"] = float(replayed[0])
+        metrics["train/replay_mismatches"] = float(replayed[1])
         metrics["train/seconds"] = timeline.seconds("work")
 
         # --- the handoff: checkpoint i+1, whose _SUCCESS lets generate start ---
@@ -377,6 +379,7 @@ class TrainStage(Stage):
             timeline.add("commit", t0, time.time())
             return {**metrics, **figures, "timeline": timeline.record()}
 
+        version = int(metrics["iteration"]) + 1
         if self.weights is not None:
             figures = write_handoff(
                 self.weights,
@@ -386,8 +389,10 @@ class TrainStage(Stage):
                 keep=writer,
                 finish=finish,
                 inputs=inputs,
-                sender=self._sender(int(metrics["iteration"]) + 1) if writer else None,
-                version=int(metrics["iteration"]) + 1,
+                channel=self._broadcasts(version),
+                sender=self._sender() if writer and self._broadcasts(version) else None,
+                version=version,
+                timeline=timeline,
             )
             return {**figures, "handoff_dtype": dtype_name(self.weights.dtype)} if writer else {}
         weights = adapter_state_dict(self.engine)  # the adapter: kilobytes to megabytes, fp32
@@ -412,15 +417,23 @@ class TrainStage(Stage):
         finally:
             module.config.use_cache = False
 
-    def _sender(self, version: int) -> Sender | None:
-        """The weight channel's sending end (train.handoff.channel: broadcast), while this
-        worker serves a run: rank 0 broadcasts each new policy to the generate workers of its
-        segment (none samples with the segment's last checkpoint). A port it cannot listen on
-        leaves every policy to the store path."""
+    def _broadcasts(self, version: int) -> bool:
+        """Whether policy `version` goes over the weight channel (train.handoff.channel:
+        broadcast): while this worker serves a run, to the generate workers of its segment
+        (on-policy, generate of iteration v samples with v; none samples with the segment's
+        last checkpoint). The same on every rank."""
+        return (
+            self.t.handoff.channel == "broadcast"
+            and self.serving
+            and self.cfg.model.lora is None
+            and version in self.served
+        )
+
+    def _sender(self) -> Sender | None:
+        """Rank 0's sending end of the weight channel. A port it cannot listen on leaves every
+        policy to the store path."""
         h, g = self.t.handoff, self.cfg.generate
-        if h.channel != "broadcast" or not self.serving or self.channel is False:
-            return None
-        if version not in self.served:  # on-policy: generate of iteration v samples with v
+        if self.channel is False:
             return None
         if self.channel is None:
             settings = Settings(
