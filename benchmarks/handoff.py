@@ -111,8 +111,8 @@ def before(w: dict[str, torch.Tensor], work: Path) -> tuple[float, int]:
     out = work / "before"
     out.mkdir()
     save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
-    moments = {f"exp_avg.{k}": v for k, v in w.items()} | {
-        f"exp_avg_sq.{k}": v for k, v in w.items()
+    moments = {f"exp_avg.{k}": v.clone() for k, v in w.items()} | {
+        f"exp_avg_sq.{k}": v.clone() for k, v in w.items()
     }
     save_file(moments, str(out / "optimizer.safetensors"))
     for f in out.iterdir():
@@ -257,10 +257,17 @@ def main() -> int:
     for _ in range(args.repeats):
         work = Path(tempfile.mkdtemp(prefix="rlvr-bench-handoff-"))
         try:
-            s, sizes["before: write + hash (fp32 + Adam)"] = before(w, work)
-            rows.setdefault("before: write + hash (fp32 + Adam)", []).append(s)
-            s, sizes["now: streamed write (bf16)"] = now(w, work)
-            rows.setdefault("now: streamed write (bf16)", []).append(s)
+            # each write starts with no dirty pages of the one before (the kernel would throttle
+            # it while writing them back), in both orders over the repeats
+            paths = [
+                ("before: write + hash (fp32 + Adam)", before),
+                ("now: streamed write (bf16)", now),
+            ]
+            for name, fn in paths if len(rows.get(paths[0][0], [])) % 2 == 0 else paths[::-1]:
+                os.sync()
+                s, sizes[name] = fn(w, work)
+                rows.setdefault(name, []).append(s)
+            os.sync()
             model = {k: torch.empty_like(v) for k, v in w16.items()}
             rows.setdefault("before: load fp32 into bf16", []).append(
                 load(work / "before/model.safetensors", model)
@@ -270,6 +277,7 @@ def main() -> int:
                 load(work / "now/model.safetensors", model)
             )
             sizes["now: load bf16"] = 2 * n
+            os.sync()
             s, sizes["full state, in the background"] = state_write(w, work)
             rows.setdefault("full state, in the background", []).append(s)
         finally:

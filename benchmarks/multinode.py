@@ -90,6 +90,8 @@ def main() -> int:
             "--set",
             "data.eval=[]",
             "--set",
+            "retention.enabled=false",  # every checkpoint is evaluated afterwards
+            "--set",
             f"run.store={cfg.run.store}",
             "--set",
             f"train.nodes={nodes}",

@@ -25,7 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -125,6 +127,30 @@ def raw_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy())
 
 
+class _Hasher:
+    """sha256 of a stream of buffers, computed on a thread of its own while the caller writes
+    them (hashlib and file writes both release the GIL: on 2 cores the two overlap, a third
+    off a streamed write). At most `pending` buffers wait, so memory stays bounded; each stays
+    alive, unchanged, until hashed (the caller's tensors, held by the futures)."""
+
+    def __init__(self, pending: int = 8) -> None:
+        self._hash = hashlib.sha256()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlvr-sha256")
+        self._waiting: deque = deque()
+        self._pending = pending
+
+    def update(self, data) -> None:
+        self._waiting.append(self._pool.submit(self._hash.update, data))
+        while len(self._waiting) > self._pending:
+            self._waiting.popleft().result()
+
+    def hexdigest(self) -> str:
+        while self._waiting:
+            self._waiting.popleft().result()
+        self._pool.shutdown()
+        return self._hash.hexdigest()
+
+
 class FileWriter:
     """Writes one safetensors file whose entries are declared up front; `put` the tensors in
     the declared order (`ordered(entries)`), then `close` for the file's size and sha256."""
@@ -134,7 +160,8 @@ class FileWriter:
     ) -> None:
         self.sink, self.entries = sink, list(entries)
         self._next = 0
-        self._hash = hashlib.sha256()
+        # hashing only (no file): nothing to overlap with
+        self._hash = hashlib.sha256() if isinstance(sink, HashSink) else _Hasher()
         self._bytes = 0
         self._emit(header(self.entries, metadata))
 
@@ -163,6 +190,12 @@ class FileWriter:
             raise ValueError(f"tensors declared but never written: {missing[:3]}")
         self.sink.close()
         return FileInfo(self._bytes, self._hash.hexdigest())
+
+    def abort(self) -> None:
+        """Stop without a result (the caller's error): the hashing thread ends."""
+        if isinstance(self._hash, _Hasher):
+            self._hash.hexdigest()
+        self.sink.close()
 
 
 def shard_plan(entries: list[Entry], max_shard_bytes: int = MAX_SHARD_BYTES) -> dict[str, list]:
@@ -204,14 +237,14 @@ def write_files(
     out: dict[str, FileInfo] = {}
     for fname, entries in plan.items():
         sink = HashSink() if directory is None else open(Path(directory) / fname, "wb")  # noqa: SIM115
+        w = FileWriter(sink, entries, metadata)
         try:
-            w = FileWriter(sink, entries, metadata)
             for _ in entries:
                 name, tensor = next(tensors)
                 w.put(name, tensor)
             out[fname] = w.close()
         except BaseException:
-            sink.close()
+            w.abort()
             raise
     return out
 
