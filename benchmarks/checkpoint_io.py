@@ -3,8 +3,9 @@
     python benchmarks/checkpoint_io.py [--hidden 1024] [--layers 8] [--store DIR] [--rounds 3]
 
 A Qwen2 model of the given size (about 0.1 B parameters, 0.4 GB of float32 by default) is saved the
-way the train stage saves a checkpoint (save_pretrained of the gathered weights, committed into a
-store directory with sha256 in the manifest) and loaded the way a warm generate engine takes a new
+way the train stage saves a checkpoint (its weights streamed one tensor at a time into safetensors,
+hashed as written, components/core/weights.py; renamed into a store directory and committed with
+the sha256s in the manifest) and loaded the way a warm generate engine takes a new
 policy (weights read into the running model in place, components/generate/engine.py) and the way
 a cold stage loads one (from_pretrained). The baseline, measured side by side on the same
 filesystem with the same number of bytes: one sequential write of a file (in 8 MiB chunks,
@@ -60,6 +61,25 @@ def disk_read(path: Path) -> float:
     return time.perf_counter() - t0
 
 
+def save_streamed(weights: dict, src: Path, out) -> None:
+    """The train stage's save (components/train/handoff.py) without an engine: the weights
+    streamed into safetensors and hashed as written, the other files copied, renamed into the
+    store and committed."""
+    from components.core.weights import Entry, plan_order, shard_plan, write_files
+
+    tmp = out.scratch_dir()
+    plan = shard_plan([Entry(k, v.dtype, tuple(v.shape)) for k, v in weights.items()])
+    infos = write_files(tmp, plan, ((e.name, weights[e.name]) for e in plan_order(plan)))
+    for f in src.iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copyfile(f, tmp / f.name)
+    for p in sorted(tmp.iterdir()):
+        info = infos.get(p.name)
+        out.put_file(p, p.name, sha256=info.sha256 if info else None, move=True)
+    out.commit({}, {})
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hidden", type=int, default=1024)
@@ -73,9 +93,7 @@ def main() -> int:
     from components.core.checkpoint import load_policy
     from components.core.commit import OutputDir
     from components.core.store import LocalStore
-    from components.core.timing import Timeline
     from components.generate.hf_backend import TransformersBackend
-    from components.train.stage import write_hf
     from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint
 
     Path(args.store).mkdir(parents=True, exist_ok=True)
@@ -86,9 +104,7 @@ def main() -> int:
     if "lm_head.weight" in weights and model.config.tie_word_embeddings:
         del weights["lm_head.weight"]
     nbytes = sum(v.numel() * v.element_size() for v in weights.values())
-    save_checkpoint(model, tok, work / "src")  # the tokenizer files every save copies
-    from components.train.stage import TokenizerFiles
-
+    save_checkpoint(model, tok, work / "src")  # the config and tokenizer files every save copies
     store = LocalStore()
     cached = drop_caches()
     times: dict[str, list[float]] = {k: [] for k in ("write", "read", "save", "warm", "cold")}
@@ -104,16 +120,7 @@ def main() -> int:
             out = OutputDir(store, str(work / f"ckpt-{r}"), "train")
             out.begin(force=True)
             t0 = time.perf_counter()
-            write_hf(
-                model,
-                TokenizerFiles(work / "src"),
-                dict(weights),
-                out,
-                {},
-                {},
-                Timeline("train", r),
-                time.time(),
-            )
+            save_streamed(weights, work / "src", out)
             os.sync()
             times["save"].append(time.perf_counter() - t0)
 

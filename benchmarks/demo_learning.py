@@ -7,9 +7,8 @@ Runs `rlvr run` (the KFP pipeline on kfp.local) under a fresh run id, so nothing
 times it. The baseline measured side by side in the same run is the base policy itself
 (checkpoint 00000, evaluated by the same pipeline with the same sample seeds): the script prints
 the gain in points and the final/base ratio, plus the wall time against the 15-minute goal.
-Goal (issue 2): gain >= 30 points within 15 minutes on 2 CPU cores. The SmolLM2 example (issue
-33): gain >= 15 points with the base's and the final checkpoint's 95% CIs apart, in two seeds,
-in about an hour.
+Goal: gain >= 30 points within 15 minutes on 2 CPU cores. The SmolLM2 example: gain >= 15
+points with the base's and the final checkpoint's 95% CIs apart, in two seeds, in about an hour.
 """
 
 from __future__ import annotations
@@ -88,8 +87,8 @@ def main() -> int:
 
 def print_handoff(run: Path) -> None:
     """The policy handoff's share of an iteration (train's commit and generate's load) and
-    what the run keeps in its store (issue 46's goals: <= 2% and <= 3 GB for the SmolLM2
-    example on a CPU)."""
+    what the run keeps in its store (goals: <= 2% and <= 3 GB for the SmolLM2 example on a
+    CPU)."""
     from components.core.store import get_store
     from components.evaluate.timeline import load_timeline, summary
 

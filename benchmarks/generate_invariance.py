@@ -1,4 +1,4 @@
-"""How far generation is from batch-, shard- and thread-invariant, measured (issue 15).
+"""How far generation is from batch-, shard- and thread-invariant, measured.
 
     python benchmarks/generate_invariance.py [--prompts 256] [--n 8] [--max-new-tokens 24]
                                              [--checkpoint DIR]

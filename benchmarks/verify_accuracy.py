@@ -9,9 +9,9 @@ category) is scored by ``components.verify.math.compute_score`` and by math-veri
 for both: accuracy, false positives (a reward for a wrong answer) and false negatives (no reward
 for a right one); then the whole-set throughput of each and their ratio (goal: at least 20x
 math-verify's; `benchmarks/verify_throughput.py` measures the common-answer rate). The default
-sets: the original equivalence set, the recall set written before the recall work (issue 14),
+sets: the original equivalence set, the recall set written before the recall rules,
 the held-out sets written independently of the verifier's code, and the development set of
-the written-forms work (issue 36: labelled answers, joined lists, ranges, spellings) and its
+the written-forms rules (labelled answers, joined lists, ranges, spellings) and its
 held-out set.
 ``--show`` lists every case either judge gets wrong.
 """

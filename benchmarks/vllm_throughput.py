@@ -5,7 +5,7 @@
 Both sides use the same engine (one `vllm.LLM`), prompts and sampling settings, so the ratio
 isolates our overhead: request construction with per-prompt seeds and logprobs, conversion into
 Samples, and the Parquet part writer. Rounds alternate; medians are reported.
-Goal (issue 3): stage / raw vLLM >= 0.9 response tokens/s. Needs vllm and a CUDA GPU; on other
+Goal: stage / raw vLLM >= 0.9 response tokens/s. Needs vllm and a CUDA GPU; on other
 machines it says so and exits 0.
 """
 

@@ -478,8 +478,12 @@ def prune(run_dir: str, dry_run: bool, overrides: tuple[str, ...]) -> None:
         click.echo(f"error: {run_dir} is not a run: it has no run.yaml", err=True)
         sys.exit(2)
     raw = yaml.safe_load(store.read_text(join(root, "run.yaml")))
-    raw["run"] = {**raw.get("run", {}), "store": root.rsplit("/", 1)[0] or "."}
-    raw["run"]["run_id"] = root.rsplit("/", 1)[-1]
+    if "://" in root and not root.startswith("file://"):  # s3://bucket/prefix/RUN
+        parent, run_id = root.rsplit("/", 1)
+    else:
+        local = Path(root.removeprefix("file://")).resolve()
+        parent, run_id = str(local.parent), local.name
+    raw["run"] = {**raw.get("run", {}), "store": parent, "run_id": run_id}
     cfg = RunConfig.model_validate(apply_overrides(raw, list(overrides)))
     if dry_run:
         ckpts, states = planned(cfg)

@@ -292,8 +292,12 @@ def run_local(
             sys.exit(2 if record.get("user_error") else 1)
     elapsed = time.perf_counter() - t0
     from components.core.retention import sweep
+    from components.core.store import StoreError
 
-    sweep(cfg, "rlvr run")  # what the last workers' sweeps could not retire yet
+    try:
+        sweep(cfg, "rlvr run")  # what the last workers' sweeps could not retire yet
+    except (StoreError, OSError) as e:
+        console.print(f"[yellow]retention sweep failed ({e}); nothing a stage needs was deleted")
     if cfg.data.evaluates:
         Console().print(*eval_tables(cfg))
     from components.evaluate.run_report import write_run_report

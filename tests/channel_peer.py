@@ -50,7 +50,7 @@ def send(run: Path, out: Path, die_after: int | None, receivers: int) -> None:
         Settings(LocalStore(), str(run), receivers=receivers, bucket_mb=1, timeout_s=TIMEOUT_S)
     )
     t0 = time.monotonic()
-    met = sender.begin(1, entries)
+    met = sender.begin(1, entries, [("weights.safetensors", len(entries))])
     for k, e in enumerate(entries):  # broadcast first, as train does, then write the file
         if die_after is not None and k == die_after:
             os._exit(3)
@@ -60,9 +60,16 @@ def send(run: Path, out: Path, die_after: int | None, receivers: int) -> None:
         for e in entries:
             writer.put(e.name, ts[e.name])
         info = writer.close()
-    delivered = sender.end({"weights.safetensors": info.sha256})
+    delivered = sender.end()
     out.write_text(
-        json.dumps({"met": met, "delivered": delivered, "seconds": time.monotonic() - t0})
+        json.dumps(
+            {
+                "met": met,
+                "delivered": delivered,
+                "seconds": time.monotonic() - t0,
+                "sha256": info.sha256,
+            }
+        )
     )
     sender.close()
 
@@ -93,8 +100,8 @@ def receive(run: Path, out: Path, die_after: int | None) -> None:
     sink = Collect(die_after)
     t0 = time.monotonic()
     try:
-        receiver.receive(1, sink)
-        result = {"digests": receiver.digests(1), "names": sink.names}
+        received = receiver.receive(1, sink)
+        result = {"digests": received.digests(), "names": sink.names}
         save_file(sink.got, str(out.with_suffix(".safetensors")))
     except ChannelError as e:
         result = {"error": str(e)}

@@ -1,4 +1,4 @@
-"""Malformed input, table-driven (issue 11): every case through the real CLI, each asserting exit
+"""Malformed input, table-driven: every case through the real CLI, each asserting exit
 status 2, a message naming the thing that is wrong, no traceback, and a store left as it was.
 
 The cases cover the config, the datasets, the base checkpoint, committed rollouts and scored

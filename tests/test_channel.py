@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -56,10 +57,11 @@ def test_two_processes_end_with_identical_weights(tmp_path):
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
     import hashlib
 
+    # the receiver hashed what it got as the sender's file lays it out: the same sha256
     digest = hashlib.sha256((tmp_path / "sent.safetensors").read_bytes()).hexdigest()
+    assert sent["sha256"] == digest
     assert got["digests"] == {"weights.safetensors": digest}
-    address = json.loads((run / "status/channel/train.json").read_text())
-    assert address["port"] > 0 and address["host"]
+    assert not (run / "status/channel/train.json").exists()  # withdrawn when the sender closed
 
 
 @pytest.mark.parametrize("who", ["receiver", "sender"])
@@ -140,3 +142,45 @@ def load_rows(d: Path) -> list:
             )
         )
     return sorted(rows)
+
+
+def test_a_receiver_never_joins_a_foreign_or_withdrawn_sender(tmp_path):
+    """An address whose nonce is not its TCPStore's (another run's sender, a restarted one on
+    the same port) is not joined, nor tried twice; a withdrawn address offers nothing."""
+    from components.core.channel import ADDRESS, Receiver, Sender, Settings
+    from components.core.store import LocalStore
+
+    store = LocalStore()
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    sender = Sender(Settings(store, a, receivers=1, timeout_s=2))
+    address = json.loads((tmp_path / "a" / ADDRESS).read_text())
+    (tmp_path / "b" / ADDRESS).parent.mkdir(parents=True)
+    (tmp_path / "b" / ADDRESS).write_text(json.dumps({**address, "root": b, "nonce": "other"}))
+    receiver = Receiver(Settings(store, b, receivers=1, timeout_s=2), rank=1)
+    assert not receiver.offered(1) and receiver.unreachable is not None
+    assert not receiver.offered(1)  # not retried until the address changes
+    mine = Receiver(Settings(store, a, receivers=1, timeout_s=2), rank=1)
+    assert not mine.offered(1)  # reachable, nothing offered yet
+    assert mine.tcp is not None
+    sender.close()
+    assert not (tmp_path / "a" / ADDRESS).exists()
+
+
+def test_a_sender_that_keeps_failing_stops_offering():
+    """With nobody to receive, each version costs the timeout, three in a row at most; the
+    fourth is not offered at all (the store path alone, at no cost)."""
+    import time
+
+    from components.core.channel import MAX_FAILURES, Sender, Settings
+    from components.core.store import LocalStore
+
+    run = tempfile.mkdtemp()
+    sender = Sender(Settings(LocalStore(), run, receivers=1, timeout_s=1))
+    entries = [Entry("w", torch.float32, (4,))]
+    for v in range(1, MAX_FAILURES + 1):
+        assert not sender.begin(v, entries, [("model.safetensors", 1)])
+    t0 = time.monotonic()
+    assert not sender.begin(MAX_FAILURES + 1, entries, [("model.safetensors", 1)])
+    assert time.monotonic() - t0 < 0.5
+    assert not sender.tcp.check([f"v{MAX_FAILURES + 1}/meta"])
+    sender.close()

@@ -415,7 +415,7 @@ def test_pass_at_k_curves_one_per_checkpoint_with_every_role():
 
 
 def test_panels_have_y_labels_and_do_not_magnify_noise():
-    """Issue 35: panels had no y label, and auto-scaling drew response length 11.26-11.31 as a
+    """Panels once had no y label, and auto-scaling drew response length 11.26-11.31 as a
     jagged line; constant key figures (train/lr, verify/error_fraction) were plotted while other
     constants were listed."""
     from matplotlib.figure import Figure

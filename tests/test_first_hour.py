@@ -1,4 +1,4 @@
-"""Issue 16's smaller items, each through the real CLI: stages that exit cleanly every time,
+"""A new user's first hour, each step through the real CLI: stages that exit cleanly every time,
 `--set` on list items, `--version`, `report` of a missing run, `compile` warnings for paths a
 cluster cannot reach."""
 
@@ -160,7 +160,7 @@ def test_local_workers_tell_deepspeed_the_accelerator(workspace: Path, monkeypat
 
 def test_the_demo_base_is_a_fixed_number_of_steps() -> None:
     """The demo's warm-up stopped at the first dev check that reached a target; 0.148 against
-    0.15 at step 600 made bases 100 steps apart on two machines (issue 35). The code demo keeps
+    0.15 at step 600 made bases 100 steps apart on two machines. The code demo keeps
     the rule its figures were measured with."""
     from examples.arithmetic.prepare import WarmupConfig
     from examples.arithmetic_code.prepare import DEFAULTS
@@ -171,7 +171,7 @@ def test_the_demo_base_is_a_fixed_number_of_steps() -> None:
 
 
 def test_local_evaluation_runs_niced_below_the_training_loop(workspace: Path, tmp_path) -> None:
-    """Evaluation beside generate on 2 cores slowed generate 3-8x at equal priority (issue 33):
+    """Evaluation beside generate on 2 cores slowed generate 3-8x at equal priority:
     local evaluate workers are started niced, and only they."""
 
     from pipelines import local_runner

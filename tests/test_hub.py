@@ -1,4 +1,4 @@
-"""Hugging Face Hub ids as inputs (issue 16, item 2), through huggingface_hub's own cache
+"""Hugging Face Hub ids as inputs, through huggingface_hub's own cache
 code on a mirror directory (HF_HUB_CACHE, offline): no network."""
 
 from __future__ import annotations

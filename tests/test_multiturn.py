@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (issue 21, first part): the response is the whole trajectory after the
+"""Multi-turn rollouts: the response is the whole trajectory after the
 prompt, and `response_mask` says which of its tokens the policy sampled. Tool and environment
 tokens condition the policy but are no actions: they leave the loss, the KL and every token
 count. Hand-computed values throughout."""

@@ -1,4 +1,4 @@
-"""Outputs every reader opens (issue 16, item 3): scored rollouts and eval samples, as the
+"""Outputs every reader opens: scored rollouts and eval samples, as the
 stages write them, read by pyarrow, pandas, polars, duckdb and Hugging Face datasets, with the
 same reward components in each; and files of the previous schema version still read."""
 

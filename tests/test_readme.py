@@ -1,4 +1,4 @@
-"""The README and docs as written (issue 35): every install line names an extra that exists,
+"""The README and docs as written: every install line names an extra that exists,
 every `rlvr` command they show parses, every script and module they name is there, and every
 count they state is the count in the code.
 
@@ -27,7 +27,7 @@ DOCS = [
     *sorted(ROOT.glob("examples/*/README.md")),
 ]
 # every file a user reads an install hint in: docs, the benchmarks' docstrings, messages and
-# skip reasons (components/train/ is another change's; its LoRA hint is listed in issue 35)
+# skip reasons (components/train/ is another change's; its LoRA hint is listed there)
 HINTED = [
     *DOCS,
     *sorted(ROOT.glob("benchmarks/*.py")),

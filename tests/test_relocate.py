@@ -1,4 +1,4 @@
-"""Runs that can move (issue 16, item 4): lineage keys inputs by run-relative path and content,
+"""Runs that can move: lineage keys inputs by run-relative path and content,
 so a run copied to another store resumes with nothing recomputed, and a stale output says which
 input changed."""
 

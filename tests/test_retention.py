@@ -41,6 +41,14 @@ def commit(store, uri: str, payload: bytes = b"weights") -> None:
     out.commit({"train/reward_mean": 0.5}, {"config": "x"})
 
 
+def commit_state(store, layout, s: int) -> None:
+    """A train state as train commits it: it records the checkpoint it belongs to."""
+    out = OutputDir(store, layout.train_state(s), "train")
+    out.begin(force=True)
+    out.put_bytes(b"x", "state-00000-of-00001.safetensors")
+    out.commit({"checkpoint_digest": content_digest(store, layout.checkpoint(s))})
+
+
 @pytest.fixture
 def run_cfg(tmp_path, tiny_assets):
     path = write_config(tmp_path, tiny_assets, evaluate={"every": 4})
@@ -192,7 +200,7 @@ def test_sweep_over_s3_deletes_what_the_policy_does_not_keep(run_cfg, s3_bucket)
     for c in range(6):
         commit(store, layout.checkpoint(c))
     for s in (3, 5):
-        commit(store, layout.train_state(s))
+        commit_state(store, layout, s)
     for c in (0, 4):
         out = OutputDir(store, layout.evals(c), "evaluate")
         out.begin(force=True)
@@ -229,7 +237,7 @@ def test_rlvr_prune_applies_the_policy_to_a_run_kept_whole(run_cfg):
     for c in range(13):
         commit(store, layout.checkpoint(c))
     for s in (10, 12):
-        commit(store, layout.train_state(s))
+        commit_state(store, layout, s)
     for i in range(12):
         out = OutputDir(store, layout.rollouts(i), "generate")
         out.begin(force=True)
@@ -252,3 +260,33 @@ def test_rlvr_prune_applies_the_policy_to_a_run_kept_whole(run_cfg):
     assert inv.checkpoints == {0, 5, 10, 11, 12} and inv.states == {12}
     bad = CliRunner().invoke(main, ["prune", str(Path(layout.root).parent / "nope")])
     assert bad.exit_code == 2 and "has no run.yaml" in bad.output
+
+
+def test_a_state_whose_checkpoint_was_redone_goes_first(run_cfg):
+    """The newest state belongs to a checkpoint redone since: a resume cannot use it, so it is
+    retired and the older, usable one is kept."""
+    from components.core.retention import planned
+
+    store, layout = store_for(run_cfg), RunLayout.of(run_cfg)
+    for c in range(8):
+        commit(store, layout.checkpoint(c), payload=f"w{c}".encode())
+    for s in (4, 7):
+        commit_state(store, layout, s)
+    commit(store, layout.checkpoint(7), payload=b"redone")  # checkpoint 7 redone since
+    assert planned(run_cfg)[1] == [7]
+
+
+def test_evaluation_skips_a_retired_checkpoint(run_cfg):
+    """An evaluation asked of a checkpoint whose files are gone (eval settings changed after
+    the fact; `rlvr eval --watch` behind the run) is skipped with a warning and counts as done."""
+    from components.core.timing import Timeline
+    from components.evaluate.stage import EvaluateStage
+
+    store, layout = store_for(run_cfg), RunLayout.of(run_cfg)
+    commit(store, layout.checkpoint(3))
+    retire(store, layout.checkpoint(3), "train", lease_ttl_s=60)
+    stage = EvaluateStage(run_cfg)
+    assert stage.up_to_date(3)
+    result = stage.step(3, timeline=Timeline("evaluate", 3))
+    assert result["skipped"] and result["retired"]
+    assert not Path(layout.evals(3)).exists()

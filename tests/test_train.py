@@ -368,6 +368,17 @@ def test_two_processes_in_one_pod_match_one(train_cfg, tmp_path):
     close = sum(int(torch.isclose(two[k], single[k], rtol=0, atol=1e-6).sum()) for k in single)
     total = sum(v.numel() for v in single.values())
     assert close / total > 0.999
+    # The state the two ranks wrote, each its own share, resumes on one process (resharded as
+    # it is read): iteration 1 trains from it, with nothing to replay.
+    state = json.loads(Path(layout.train_state(1), "state.json").read_text())
+    assert state["world_size"] == 2 and len(state["files"]) == 2
+    shares = [set(load_file(f"{layout.train_state(1)}/{f}")) for f in state["files"]]
+    assert all(any(k.startswith("master.") for k in share) for share in shares)
+    assert not (shares[0] - {"rng.torch.0"}) & (shares[1] - {"rng.torch.1"})
+    generate(cfg, 1)
+    verify(cfg, 1)
+    stats = train.run(cfg, 1)["stats"]
+    assert stats["train/replayed"] == 0.0 and stats["train/world_size"] == 1
 
 
 def test_single_process_ignores_inherited_rendezvous(train_cfg, tmp_path):

@@ -1,6 +1,6 @@
-"""Which errors are the user's (exit status 2, one line, no traceback) and which are bugs (issue
-34): only a UserError or the store's own errors are the user's; a bare ValueError or
-FileNotFoundError keeps its traceback."""
+"""Which errors are the user's (exit status 2, one line, no traceback) and which are bugs: only
+a UserError or the store's own errors are the user's; a bare ValueError or FileNotFoundError
+keeps its traceback."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def test_a_warm_workers_failure_marker_says_whose_fault_it_was(tmp_path):
     assert failures["bug"]["error"] == "ValueError: index out of range"
 
 
-# Raise sites converted in issue 34: each is the user's to fix, so each must be a UserError.
+# Raise sites of user mistakes: each is the user's to fix, so each must be a UserError.
 
 
 def test_a_bad_verifier_spec_is_a_user_error(tmp_path):

@@ -1,4 +1,4 @@
-"""The math verifier returns within its budget in-process, on any input (issue 11): verl and TRL
+"""The math verifier returns within its budget in-process, on any input: verl and TRL
 call `compute_score` with no deadline, so one response must never stall a training job."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ ADVERSARIAL = [
     r"\boxed{x = \binom{10^9}{5 \cdot 10^8}}",
     r"\boxed{(1, \binom{10^9}{10^8}, 3)}",
     r"\boxed{[\binom{10^9}{10^8}, \infty)}",
-    # issue 36 review: a huge exponent was built digit by digit (hung; the LaTeX spelling is
+    # found in review: a huge exponent was built digit by digit (hung; the LaTeX spelling is
     # new, as scientific notation), and a long run of spaces before "and" / "or" backtracked
     # cubically in the list joiners (seconds)
     r"\boxed{1.5 \times 10^{99999999}}",

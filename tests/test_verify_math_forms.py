@@ -1,4 +1,4 @@
-"""Written forms of a right answer (issue 36): labelled answers and assignments, joined lists,
+"""Written forms of a right answer: labelled answers and assignments, joined lists,
 ranges, scientific notation and approximations, display math after "Answer", and a degenerate
 ground truth. Each rule sits next to the negatives it must not accept (a different value under
 the same label, a partial list, one solution of two, a wrong sign in a pair, swapped open and
@@ -283,7 +283,7 @@ def test_development_set() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-# ------------------------------------------------- review of issue 36: false positives found
+# ------------------------------------------------------------ false positives found in review
 
 
 @pytest.mark.parametrize(

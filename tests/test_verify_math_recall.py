@@ -1,4 +1,4 @@
-"""Recall rules of the math verifier (issue 14): where a final answer stands in a response,
+"""Recall rules of the math verifier: where a final answer stands in a response,
 how it is spelled, and how relations, ratios and intervals compare. Every rule has its
 near-miss negative next to it, and the labelled sets hold the whole verifier to its figures:
 no false positive anywhere, and the recall measured in benchmarks/verify_accuracy.py."""
@@ -192,7 +192,7 @@ def _load(name: str) -> list[dict]:
         # written independently after the rules were fixed and never tuned on (first and
         # only measurement: 0.968, math-verify 0.850)
         ("math_heldout.jsonl", 0.95),
-        # issue 36: written after its rules were fixed and committed before it was scored
+        # the written-forms set: written after its rules were fixed and committed before it was scored
         # (first and only measurement: 0.972, 0 FP; math-verify 0.866, 4 FP)
         ("math_heldout_v2.jsonl", 0.95),
     ],

@@ -1,4 +1,4 @@
-"""Image prompts (issue 38): rendering, M-RoPE positions, the sampler against the trainer with
+"""Image prompts: rendering, M-RoPE positions, the sampler against the trainer with
 images (the logprob contract), warm weight loading of a vision-language checkpoint, and
 image rows carried through rollouts by reference.
 

@@ -59,9 +59,10 @@ class RetiredError(UserError):
         if kind == "checkpoints" and number.isdigit():
             fix = (
                 f"rebuild it with `rlvr stage train CONFIG --run-id ID --iteration "
-                f"{int(number) - 1} --force` (it replays from the newest kept train state and "
-                "writes the same checkpoint), or keep more (retention.keep_last, "
-                "retention.milestone_every; retention.enabled: false keeps everything)"
+                f"{int(number) - 1} --force` (it replays from the newest kept train state: the "
+                "same bytes where the update is deterministic, as on a CPU), or keep more "
+                "(retention.keep_last, retention.milestone_every; retention.enabled: false keeps "
+                "everything)"
             )
         else:
             fix = (

@@ -317,6 +317,12 @@ class RunConfig(Strict):
                     "over an adapter of megabytes, which the store path carries: use channel: "
                     "store"
                 )
+            if self.train.nodes > 1:
+                raise ValueError(
+                    "train.handoff.channel: broadcast sends from the train task's own pod; a "
+                    "multi-node step (train.nodes > 1) trains in the pods of a TrainJob: use "
+                    "channel: store"
+                )
         if self.train.void_turn_filter and not (self.generate.tools or self.generate.environment):
             raise ValueError(
                 "train.void_turn_filter drops multi-turn trajectories with a void "

@@ -42,7 +42,7 @@ class GenerateSection(Strict):
     """Token budget of one transformers batch: sequences x (longest prompt + max_new_tokens), so
     long prompts get smaller batches (None: batch_size alone)."""
     tools: list[str] = Field(default_factory=list)
-    """Tools the policy may call (multi-turn rollouts, issue 21 in progress): `python` (built in:
+    """Tools the policy may call (multi-turn rollouts): `python` (built in:
     the code runs in the code verifier's sandbox) or `module:function` / `file.py:function` (a
     typed, documented callable). Empty: single-turn sampling."""
     max_turns: int = Field(4, ge=1)

@@ -224,14 +224,21 @@ def kept_checkpoints(cfg: RunConfig, inv: Inventory, generated: set[int] | None 
 
 
 def to_retire(
-    cfg: RunConfig, inv: Inventory, generated: set[int] | None = None
+    cfg: RunConfig,
+    inv: Inventory,
+    generated: set[int] | None = None,
+    orphans: set[int] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """(checkpoints, train states) the policy would delete now."""
+    """(checkpoints, train states) the policy would delete now. `orphans`: states whose
+    checkpoint was redone since (a resume cannot use them): deleted, and not counted among the
+    newest kept."""
     if not cfg.retention.enabled:
         return [], []
     ckpts = sorted(inv.checkpoints - kept_checkpoints(cfg, inv, generated))
-    states = sorted(inv.states)[: -cfg.retention.keep_states]
-    return ckpts, states
+    orphans = orphans or set()
+    usable = sorted(inv.states - orphans)
+    states = sorted(orphans & inv.states) + usable[: -cfg.retention.keep_states]
+    return ckpts, sorted(states)
 
 
 def planned(cfg: RunConfig) -> tuple[list[int], list[int]]:
@@ -245,7 +252,23 @@ def planned(cfg: RunConfig) -> tuple[list[int], list[int]]:
     # which of the iterations that decide a checkpoint's fate have their rollouts committed
     asked = {c + k for c in inv.checkpoints if c > 0 and c + k < cfg.run.iterations}
     generated = {j for j in asked if is_committed(store, layout.rollouts(j))}
-    return to_retire(cfg, inv, generated)
+    return to_retire(cfg, inv, generated, _orphans(store, layout, inv.states))
+
+
+def _orphans(store: Store, layout, states: set[int]) -> set[int]:
+    """The live states that no longer belong to the checkpoint committed at their index (it
+    was redone since; components/train/stage.py resumes from none of them)."""
+    from components.core.commit import content_digest
+
+    out = set()
+    for s in states:
+        try:
+            recorded = read_manifest(store, layout.train_state(s)).get("stats", {})
+            if recorded.get("checkpoint_digest") != content_digest(store, layout.checkpoint(s)):
+                out.add(s)
+        except StoreError:
+            continue
+    return out
 
 
 def sweep(cfg: RunConfig, who: str) -> list[str]:

@@ -1,5 +1,5 @@
 """Image prompts on the dashboard: a few held-out images with the base's and the last evaluated
-checkpoint's responses to them, side by side (issue 38). The images are read from the run's
+checkpoint's responses to them, side by side. The images are read from the run's
 copy of the eval set through the samples' `images_ref` (docs/contracts.md), shrunk to
 thumbnails and embedded, so the page stays one self-contained file."""
 

@@ -28,11 +28,14 @@ from typing import Any
 from components.core.commit import (
     Lineage,
     OutputDir,
+    RetiredError,
     clear_other_layouts,
     committed_files,
     config_digest,
     content_digest,
+    is_retired,
     lineage,
+    read_manifest,
     shard_dir,
     shard_of,
     with_input,
@@ -278,8 +281,19 @@ class EvaluateStage(Stage):
             return [join(layout.root, "eval_shards", f"{c:05d}"), layout.checkpoint(c)]
         return [layout.checkpoint(c), *(layout.eval_data(e.name) for e in self.cfg.data.eval)]
 
+    def _retired(self, c: int) -> bool:
+        """Checkpoint c's files were deleted by the retention policy (components/core/
+        retention.py): it cannot be evaluated (again); what was evaluated of it stays."""
+        try:
+            return is_retired(read_manifest(self.store, self.layout.checkpoint(c)))
+        except StoreError:
+            return False
+
     def up_to_date(self, c: int) -> bool:
-        """Whether checkpoint c's evaluation (this shard's part of it) is committed and current."""
+        """Whether checkpoint c's evaluation (this shard's part of it) is committed and current;
+        a retired checkpoint counts as done, there being nothing left to evaluate."""
+        if self._retired(c):
+            return True
         store, layout = self.store, self.layout
         inputs = _inputs(store, layout, self.cfg, c)
         shards_uri = join(layout.root, "eval_shards", f"{c:05d}")
@@ -297,6 +311,14 @@ class EvaluateStage(Stage):
     def step(self, c: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
         """Evaluate checkpoint `c` on every eval set (or sample this shard's part of it)."""
         cfg, store, layout = self.cfg, self.store, self.layout
+        if self._retired(c):
+            log.warning(
+                "checkpoint %05d was retired by the run's retention policy before it could be "
+                "evaluated with these settings; skipping it (keep more: retention.keep_last, "
+                "retention.milestone_every)",
+                c,
+            )
+            return {"skipped": True, "retired": True, "uri": layout.evals(c)}
         shard, num_shards = self.shard, self.num_shards
         validate_eval_sets(cfg)
         inputs = _inputs(store, layout, cfg, c)
@@ -375,10 +397,12 @@ class EvaluateStage(Stage):
         return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
 
     def _sweep(self) -> None:
-        """Apply the retention policy: evaluation is the last reader of most checkpoints (it
-        never fails the step)."""
+        """Apply the retention policy while serving a run: evaluation is the last reader of
+        most checkpoints (it never fails the step)."""
         from components.core.retention import sweep
 
+        if not self.serving:
+            return
         try:
             sweep(self.cfg, self.task)
         except (StoreError, OSError) as e:
@@ -492,7 +516,12 @@ def watch_run(
             for c in committed_indices(store, join(layout.root, "checkpoints")):
                 if c not in done:
                     timeline = Timeline(stage.task, c)
-                    tracking.after_step(c, stage.step(c, force=force, timeline=timeline), timeline)
+                    try:
+                        result = stage.step(c, force=force, timeline=timeline)
+                    except RetiredError:  # retired by the run while this one loaded it
+                        result = {"skipped": True, "retired": True}
+                    if not result.get("retired"):
+                        tracking.after_step(c, result, timeline)
                     done.add(c)
             if cfg.run.iterations in done:
                 return {"evaluated": sorted(done)}

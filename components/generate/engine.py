@@ -192,25 +192,28 @@ class PolicyEngine:
 
     def receive(
         self, store: Store, base_uri: str, receiver, version: int, who: str = "generate"
-    ) -> tuple[Any, Any, LoadInfo, bool]:
+    ) -> tuple[Any, Any, LoadInfo, Any]:
         """Policy `version` over the weight channel (components/core/channel.py), into the
         loaded backend in place (an empty engine first loads the run's base from the store: the
-        architecture); the caller checks it against the store's commit (`received`).
-        ChannelError: load the checkpoint from the store (the weights may be half replaced, so
-        the engine forgets what it holds)."""
+        architecture). Also returns what will give the received bytes' sha256s (`.digests()`),
+        which the caller checks against the store's commit before it trusts them
+        (`received`). ChannelError: load the checkpoint from the store (the weights may be half
+        replaced, so the engine forgets what it holds)."""
         t0 = time.time()
         if self.backend is None:
             self.ensure(store, base_uri, who)
         self.digest = None
         if hasattr(self.backend, "receive"):  # vLLM: every worker takes part itself
-            nbytes = self.backend.receive(receiver, version)
+            received = self.backend.receive(receiver, version)
+            nbytes = received.nbytes
         else:
             loader = self.backend.weight_loader(f"policy {version} over the weight channel")
-            receiver.receive(version, loader)
+            received = receiver.receive(version, loader)
             loader.finish()
             nbytes = receiver.last_bytes
         t1 = time.time()
-        return self.backend, self.tokenizer, LoadInfo("broadcast", t1 - t0, nbytes, t0, t1), True
+        load = LoadInfo("broadcast", t1 - t0, nbytes, t0, t1)
+        return self.backend, self.tokenizer, load, received
 
     def received(self, digest: str) -> None:
         """The channel's weights are those of the committed checkpoint with this digest."""

@@ -1,4 +1,4 @@
-"""Stateful environments over OpenEnv's WebSocket protocol (issue 21, in progress).
+"""Stateful environments over OpenEnv's WebSocket protocol .
 
 An environment runs as its own server (on a cluster: its own container) and rlvr speaks OpenEnv's
 stateful path to it with this small client, importing nothing of openenv: one WebSocket to

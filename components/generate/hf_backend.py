@@ -44,7 +44,7 @@ def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 def sampling_probs(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
     """The distribution a sample is drawn from, in float64.  # [B, V] -> [B, V]
 
-    float64 from float32 logits (issue 15): the logits of one row differ in their last bits
+    float64 from float32 logits: the logits of one row differ in their last bits
     between batch layouts (padding width, batch size and thread count change the kernels'
     summation order), and a float32 cumulative sum over a large vocabulary adds its own
     layout-free but sizeable rounding. In float64 the CDF carries the logits' rounding only, so a

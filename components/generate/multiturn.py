@@ -1,4 +1,4 @@
-"""Multi-turn sampling with tools (issue 21, in progress): each sample is a trajectory of
+"""Multi-turn sampling with tools: each sample is a trajectory of
 policy turns and tool observations, kept as one token stream after the prompt.
 
 Per turn, every live trajectory is continued by the backend (any backend: one request of n=1 per

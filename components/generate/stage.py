@@ -155,6 +155,9 @@ class GenerateStage(Stage):
                 "rollouts of iteration %d (%s) already committed; skipping", iteration, out.uri
             )
             return {"skipped": True, "uri": out.uri}
+        # The policy first: over the weight channel the sender waits for every receiver.
+        backend, tokenizer, load, received = self._policy(version)
+        timeline.add("load", load.start, load.end)
         # Every input is checked before the output directory is touched.
         with timeline.span("read"):
             spec = spec_from(cfg.generate, cfg.run.seed)
@@ -162,8 +165,6 @@ class GenerateStage(Stage):
             indices, sampler_figures = self.sampler.indices(table, iteration)
             prompts = prompts_from(table, train_uri, "train", indices)
             prompts = [p for p in prompts if shard_of(p.prompt_id, self.num_shards) == self.shard]
-        backend, tokenizer, load, received = self._policy(version)
-        timeline.add("load", load.start, load.end)
         clear_other_layouts(store, layout.rollouts(iteration), self.num_shards)
         shard_desc = f" shard {self.shard}/{self.num_shards}" if self.num_shards > 1 else ""
         with timeline.span("work"):
@@ -186,8 +187,8 @@ class GenerateStage(Stage):
                 environment=cfg.generate.environment,
                 run_root=layout.root,
             )
-        if received:  # the store's commit stays the record
-            self._check_received(version)
+        if received is not None:  # the store's commit stays the record
+            self._check_received(version, received)
         if inputs is None:
             _, inputs = self._plan(iteration)
         stats.update(load.stats())
@@ -214,8 +215,8 @@ class GenerateStage(Stage):
 
     def _policy(self, version: int):
         """The backend holding policy `version`: over the weight channel when it is coming
-        that way, else from the store (once committed). Also returns whether it came over the
-        channel."""
+        that way, else from the store (once committed). Also returns, for the channel, what
+        gives the received bytes' sha256s (None from the store)."""
         ckpt_uri = self.layout.checkpoint(version)
         channel = self._channel()
         if channel is not None and version > 0 and channel.offered(version):
@@ -229,16 +230,17 @@ class GenerateStage(Stage):
                 log.warning("%s; loading checkpoint %05d from the store", e, version)
         if self.serving:
             self.wait_for(self.store, [ckpt_uri])
-        return (*self.engine.ensure(self.store, ckpt_uri, self.task), False)
+        return (*self.engine.ensure(self.store, ckpt_uri, self.task), None)
 
-    def _check_received(self, version: int) -> None:
+    def _check_received(self, version: int, received) -> None:
         """Wait for checkpoint `version`'s commit, and refuse to commit rollouts sampled from
-        weights that are not its files' (a channel that corrupted them)."""
+        weights that are not its files' (a channel that corrupted them, a sender that wrote
+        other weights than it sent)."""
         from components.core.channel import ChannelError
 
         uri = self.layout.checkpoint(version)
         try:
-            received = self._receiver.digests(version)
+            received = received.digests()
         except ChannelError as e:
             raise StageError(f"{e}; rerun: generate then loads {uri} from the store") from None
         self.wait_for(self.store, [uri])

@@ -1,4 +1,4 @@
-"""Tools a policy may call during a multi-turn rollout (issue 21, in progress).
+"""Tools a policy may call during a multi-turn rollout.
 
 A tool is a Python callable with a JSON-schema signature, as TRL and verl take them: its name,
 a description (the docstring's first paragraph) and parameters derived from its type hints. The

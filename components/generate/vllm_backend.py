@@ -41,6 +41,16 @@ def vllm_max_lora_rank(rank: int) -> int:
     )
 
 
+class Received:
+    """The vLLM workers' received policy: its size, and its sha256s from the first worker."""
+
+    def __init__(self, backend: VLLMBackend, nbytes: int) -> None:
+        self.backend, self.nbytes = backend, nbytes
+
+    def digests(self) -> dict[str, str]:
+        return self.backend.llm.collective_rpc("received_digests")[0]
+
+
 class VLLMBackend:
     def __init__(
         self,
@@ -97,12 +107,12 @@ class VLLMBackend:
         self.llm.collective_rpc("load_checkpoint", args=(str(checkpoint_dir),))
         self.llm.reset_prefix_cache()
 
-    def receive(self, receiver, version: int) -> int:
+    def receive(self, receiver, version: int) -> Received:
         """Policy `version` over the weight channel: every worker joins the channel's group
         (ranks `receiver.rank` onwards, one per tensor-parallel rank) and loads what it
         receives through the model's `load_weights`; the prefix cache is then dropped. Any
-        failure is a ChannelError: the caller loads the checkpoint from the store. Returns the
-        bytes received."""
+        failure is a ChannelError: the caller loads the checkpoint from the store. Returns what
+        gives the bytes received and, from the first worker, their sha256s."""
         from components.core.channel import ChannelError
 
         s = receiver.s
@@ -122,7 +132,7 @@ class VLLMBackend:
         except Exception as e:  # noqa: BLE001 - vLLM wraps the worker's error in its own
             raise ChannelError(f"weight channel: version {version} not received ({e})") from None
         self.llm.reset_prefix_cache()
-        return results[0]
+        return Received(self, results[0])
 
     def set_adapter(self, adapter_dir: Path) -> None:
         """Sample from now on with the LoRA adapter in `adapter_dir` (PEFT's format): every

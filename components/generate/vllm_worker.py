@@ -74,5 +74,9 @@ class CheckpointLoader:
             def put(self, name: str, tensor) -> None:
                 model.load_weights(weights=[(name, tensor)])
 
-        receiver.receive(version, Sink())
+        self._rlvr_received = receiver.receive(version, Sink())
         return receiver.last_bytes
+
+    def received_digests(self) -> dict[str, str]:
+        """The sha256s of what `receive_weights` last received (hashed while vLLM samples)."""
+        return self._rlvr_received.digests()

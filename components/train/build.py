@@ -48,14 +48,27 @@ class Built:
     rank: int
     world: int
     device: str
-    state: int
 
 
 def build(
     cfg: RunConfig, store: Store, layout: RunLayout, state: int, ref_model: Any = None
 ) -> Built:
     """A fresh engine at train state `state` (0: the base, a fresh optimizer). `ref_model`: the
-    KL reference of an earlier build, reused (it never changes)."""
+    KL reference of an earlier build, reused (it never changes). The state is held against the
+    retention policy from before the base loads until it is restored (RetiredError: it was
+    retired before this worker got to it; choose another)."""
+    if state == 0:
+        return _build(cfg, store, layout, 0, ref_model, None)
+    uri = layout.train_state(state)
+    with reading(store, uri, "train"):
+        reader = train_state.StateReader(materialize(store, uri), uri)
+        try:
+            return _build(cfg, store, layout, state, ref_model, reader)
+        finally:
+            reader.close()
+
+
+def _build(cfg, store, layout, state, ref_model, reader) -> Built:
     t = cfg.train
     device, dtype = device_and_dtype(t.dtype)
     rank, world = init_distributed(device)
@@ -80,35 +93,17 @@ def build(
         tower = vision_tower(model)
         if tower is not None:
             tower.requires_grad_(False)
-    if state == 0:
-        engine, ref_model = _engine(cfg, model, layout, store, device, dtype, world, ref_model)
-        return Built(
-            engine,
-            tokenizer,
-            TokenizerFiles(base_dir),
-            vision,
-            ref_model,
-            base_digest,
-            rank,
-            world,
-            device,
-            0,
-        )
-    uri = layout.train_state(state)
-    with reading(store, uri, "train"):
-        reader = train_state.StateReader(materialize(store, uri), uri)
-        try:
-            train_state.load_masters(model, reader)
-            engine, ref_model = _engine(cfg, model, layout, store, device, dtype, world, ref_model)
-            step = train_state.restore(engine, reader, rank)
-        finally:
-            reader.close()
-    expected = state * steps_per_iteration(t)
-    if step != expected:
-        raise StageError(
-            f"{uri} is at step {step}, expected {expected} (train.ppo_epochs x "
-            "train.mini_batches changed mid-run?); start a new run"
-        )
+    if reader is not None:
+        train_state.load_masters(model, reader)
+    engine, ref_model = _engine(cfg, model, layout, store, device, dtype, world, ref_model)
+    if reader is not None:
+        step = train_state.restore(engine, reader, rank)
+        expected = state * steps_per_iteration(t)
+        if step != expected:
+            raise StageError(
+                f"{reader.uri} is at step {step}, expected {expected} (train.ppo_epochs x "
+                "train.mini_batches changed mid-run?); start a new run"
+            )
     return Built(
         engine,
         tokenizer,
@@ -119,7 +114,6 @@ def build(
         rank,
         world,
         device,
-        state,
     )
 
 

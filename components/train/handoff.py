@@ -12,8 +12,13 @@ fp32 master under bf16, are collectives); rank 0 alone writes, each tensor as so
 whole, so neither the model nor the checkpoint is ever held whole in memory
 (components/core/weights.py). The files are HF's (`model.safetensors`, sharded with an index past
 2 GB, under the names `save_pretrained` uses: components/core/checkpoint.py `saved_names`), and
-the same weights always give the same bytes: `digests` hashes what would be written, which
-checks a replayed update against the checkpoint the original run committed.
+the same weights always give the same bytes: `WeightPlan.write(None)` hashes what would be
+written, which checks a replayed update against the checkpoint the original run committed.
+
+With the weight channel (components/core/channel.py) the plan is walked twice: once to
+broadcast (generate starts sampling as soon as the last bucket is in), then once to write the
+checkpoint, while generate samples. One pass doing both would hold generate back until the
+files were on disk; the second gather costs little beside either (NVLink and memory bandwidth).
 """
 
 from __future__ import annotations
@@ -132,10 +137,11 @@ class WeightPlan:
             for _ in self.tensors(keep=False):
                 pass
             return False
-        sender.begin(version, plan_order(self.plan))
+        files = [(name, len(entries)) for name, entries in self.plan.items()]
+        sender.begin(version, plan_order(self.plan), files, METADATA)
         for name, tensor in self.tensors(keep=True):
             sender.put(name, tensor)
-        return sender.live
+        return sender.end()
 
     def write(self, directory: Path | None, *, keep: bool = True) -> dict[str, FileInfo]:
         """Write the weight files into `directory` (None: hash only); a rank without `keep`
@@ -194,8 +200,6 @@ def write_handoff(
     tmp = out.scratch_dir()
     try:
         weights = plan.write(tmp)
-        if sender is not None:
-            sender.end({k: v.sha256 for k, v in weights.items()})
         write_config(module.config, tmp, plan.dtype)
         if getattr(module, "generation_config", None) is not None:
             module.generation_config.save_pretrained(tmp)

@@ -1,6 +1,6 @@
 """The policy module in the train stage: the modes of its passes (dropout off, gradient
-checkpointing), the KL reference under model.lora, and its weights out of DeepSpeed into an HF or
-PEFT checkpoint."""
+checkpointing), the KL reference under model.lora, and a LoRA adapter's weights out of DeepSpeed
+into a PEFT checkpoint."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ class TokenizerFiles:
                 shutil.copyfile(f, Path(path) / f.name)
 
 
-def write_hf(
+def write_adapter_checkpoint(
     model,
     tokenizer,
     weights: dict[str, torch.Tensor],
@@ -170,25 +170,19 @@ def write_hf(
     timeline: Timeline,
     commit_start: float,
     *,
-    base_digest: str | None = None,
-    base_uri: str | None = None,
+    base_digest: str,
+    base_uri: str,
 ) -> dict[str, float]:
-    """Write the gathered weights as a standard HF checkpoint (no merger step needed to load),
-    or, with `base_digest` (model.lora), the adapter alone in PEFT's format; the manifest records
-    the save throughput and the step's timeline."""
+    """A LoRA run's handoff (model.lora): the adapter alone in PEFT's format, with the base's
+    tokenizer files; the manifest records the save throughput and the step's timeline. (A
+    whole policy's handoff is streamed instead: components/train/handoff.py.)"""
 
     class _Saver:
-        """Adapter so write_checkpoint saves `weights` rather than the (maybe partitioned) module."""
+        """Lets write_checkpoint save the adapter's gathered weights."""
 
-        def __init__(self) -> None:
-            self.generation_config = (
-                getattr(model, "generation_config", None) if base_digest is None else None
-            )
+        generation_config = None
 
         def save_pretrained(self, path, **kwargs):
-            if base_digest is None:
-                model.save_pretrained(path, state_dict=weights, **kwargs)
-                return
             from components.core.adapter import write_adapter
 
             write_adapter(model, weights, Path(path), base_digest, base_uri)

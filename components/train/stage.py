@@ -24,10 +24,11 @@ from typing import Any
 import torch
 
 from components.core.channel import Sender, Settings, ranks_per_worker
-from components.core.checkpoint import sampler_dtype_name
+from components.core.checkpoint import device_and_dtype, sampler_dtype_name
 from components.core.commit import (
     NotCommittedError,
     OutputDir,
+    RetiredError,
     content_digest,
     is_retired,
     lineage,
@@ -44,10 +45,10 @@ from components.generate.backends import LOGPROB_DEFINITION
 from components.train import algorithms as algos
 from components.train import state as train_state
 from components.train.build import Built, build, release
-from components.train.distributed import barrier
+from components.train.distributed import barrier, init_distributed
 from components.train.handoff import WeightPlan, dtype_name, write_handoff
 from components.train.inputs import IterationInputs
-from components.train.policy import adapter_state_dict, write_hf
+from components.train.policy import adapter_state_dict, write_adapter_checkpoint
 from components.train.update import steps_per_iteration, train_iteration
 
 log = logging.getLogger("rlvr.train")
@@ -160,12 +161,31 @@ class TrainStage(Stage):
         if self.engine is not None and self.holds == position:
             return
         self.action = "load" if self.engine is None else "reload"
-        s = self._newest_state(iteration)
-        self._build(s)
+        for attempt in range(3):
+            s = self._agreed_state(iteration)
+            try:
+                self._build(s)
+                break
+            except RetiredError:  # retired since it was chosen (a previous worker's sweep)
+                if attempt == 2:
+                    raise
+                log.info("train state %05d was retired meanwhile; choosing again", s)
         self.replayed, self.mismatches = iteration - s, 0
         for j in range(s, iteration):
             self._replay(j)
         self.holds, self.clean = position, True
+
+    def _agreed_state(self, iteration: int) -> int:
+        """The state every rank builds from: rank 0's choice, broadcast (ranks looking at the
+        store on their own could see different newest states while one is being committed)."""
+        import torch.distributed as dist
+
+        device, _ = device_and_dtype(self.t.dtype)
+        rank, world = init_distributed(device)
+        choice = [self._newest_state(iteration) if rank == 0 else 0]
+        if world > 1:
+            dist.broadcast_object_list(choice, src=0)
+        return int(choice[0])
 
     def _newest_state(self, iteration: int) -> int:
         """The newest committed full state at or before `iteration` that belongs to the
@@ -402,7 +422,7 @@ class TrainStage(Stage):
         out.begin(force=True)
         module.config.use_cache = True
         try:
-            return write_hf(
+            return write_adapter_checkpoint(
                 module,
                 self.built.tokenizer_files,
                 weights,
@@ -461,7 +481,9 @@ class TrainStage(Stage):
 
     def _save_state(self, *, background: bool) -> None:
         """The full state at the held position, written by every rank (in the background:
-        generate already has the new weights)."""
+        generate already has the new weights), once the previous write is done (one snapshot
+        in memory at a time)."""
+        self._await_state()
         s = self.holds[0]
         self.state_at = s
         train_state.save(
@@ -479,8 +501,9 @@ class TrainStage(Stage):
         )
 
     def _sweep(self) -> None:
-        """Apply the retention policy (rank 0); it never fails the step."""
-        if self.rank != 0:
+        """Apply the retention policy (rank 0, while serving a run: a one-iteration rerun, the
+        fix a RetiredError names, keeps what it rebuilt); it never fails the step."""
+        if self.rank != 0 or not self.serving:
             return
         from components.core.retention import sweep
 
@@ -495,10 +518,7 @@ class TrainStage(Stage):
         while this worker waited), unless the engine stopped inside an update; drop the
         engine. A state that cannot be written costs a longer replay at the next resume, not
         the run, so that is logged, not raised."""
-        try:
-            self.states.wait()
-        except Exception:  # noqa: BLE001 - see the docstring
-            log.exception("train: the background write of a train state failed")
+        self._await_state()
         if self.engine is not None and self.clean and self.holds[0] > self.state_at:
             try:
                 self._save_state(background=False)
@@ -510,6 +530,14 @@ class TrainStage(Stage):
             self.channel.close()
         self.channel = None
         self._release()
+
+    def _await_state(self) -> None:
+        """Wait for the background state write; its failure costs a longer replay at the next
+        resume (an older state is there), not the run: logged, not raised."""
+        try:
+            self.states.wait()
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.exception("train: the background write of a train state failed")
 
     def _release(self) -> None:
         if self.built is not None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -248,7 +247,7 @@ def _write(
         tensors.clear()  # the snapshot's memory goes as soon as its file is written
         out.put_file(tmp / name, name, sha256=info.sha256, move=True)
         record = {"rank": rank, "file": name, "bytes": info.bytes, "sha256": info.sha256}
-        record_bytes = json.dumps({**record, "host": socket.gethostname()}).encode()
+        record_bytes = json.dumps(record).encode()
         if rank != 0:
             out.store.write_bytes(join(out.uri, rank_record(rank)), record_bytes)
             return
