@@ -1,27 +1,29 @@
-"""Measure the README's demo figures and fail when the README disagrees with them.
+"""Measure the demo's stated figures and fail when docs/benchmarks.md disagrees with them.
 
     python benchmarks/readme_figures.py [--run RUN_DIR] [--write]
 
 Runs the demo as the README does (`rlvr run examples/arithmetic/config.yaml`, under a fresh run
-id; the inputs are prepared first, untimed) and reads from its outputs the figures of the
-README's "Measured" table that it states: held-out pass@1 of the base and of checkpoint 12 with
-their 95% bootstrap CIs, the wall time of the `rlvr run` process, and from the run's timeline
-(components/evaluate/timeline.py) the start-up, the seconds of a steady iteration and the share
-of it that is not stage work. It prints the machine it ran on (CPU model, cores, load average:
-figures from a shared machine say so) and compares, row by row:
+id; the inputs are prepared first, untimed) and reads from its outputs the figures of
+docs/benchmarks.md's demo rows (the README's headline figures come from them): held-out pass@1
+of the base and of checkpoint 12 with their 95% bootstrap CIs, the wall time of the `rlvr run`
+process, and from the run's timeline (components/evaluate/timeline.py) the start-up, the seconds
+of a steady iteration and the share of it that is not stage work. It prints the machine it ran
+on (CPU model, cores, load average: figures from a shared machine say so) and compares, row by
+row:
 
-- pass@1: the README's value must lie inside the measured 95% CI. The base does not depend on
+- pass@1: the stated value must lie inside the measured 95% CI. The base does not depend on
   the machine's thread count (examples/arithmetic/prepare.py warms it on one thread for a fixed
   700 steps); another CPU's rounding still moves it within about its CI.
-- seconds: the README's range must overlap the measured value +-TIME_NOISE (a third: machines of
+- seconds: the stated range must overlap the measured value +-TIME_NOISE (a third: machines of
   one kind differ that much in start-up, docs/design.md; load adds more).
 - the fixed-cost share: within FIXED_SHARE_NOISE (10 points).
 
 Exit status 1 lists every disagreement; 3 says the seconds were not judged because another
 process kept the machine busy before the run (load average >= half the cores: the demo's
-workers are sized for idle cores, and took 8x longer beside another engineer's job). `--write` rewrites the two rows instead: pass@1 as
-measured (noise: the CI), seconds as the range over the README's machines and this one. `--run`
-reads an existing run of the demo instead of running it (its wall time: the run's timeline).
+workers are sized for idle cores, and took 8x longer beside another engineer's job). `--write`
+rewrites the two rows instead: pass@1 as measured (noise: the CI), seconds as the range over
+the stated machines and this one. `--run` reads an existing run of the demo instead of running
+it (its wall time: the run's timeline).
 
 The table's other rows come from their own benchmarks, printed at the end, not run here: each
 takes from minutes (vs_trl.py: TRL, the bench extra) to an hour (curriculum.py: 4 seeds x 2
@@ -44,13 +46,13 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import cpu_model  # noqa: E402
 
-README = ROOT / "README.md"
+README = ROOT / "docs" / "benchmarks.md"  # where the figures are stated
 TIME_NOISE = 1 / 3
 FIXED_SHARE_NOISE = 0.10
 NUM = r"(\d+(?:\.\d+)?)(?:-(\d+(?:\.\d+)?))?"  # a value or a range lo-hi
-#: The README rows this script owns (the table's first column, up to the first "|").
+#: The rows this script owns (the table's first column, up to the first "|").
 DEMO_ROW = "demo: held-out pass@1, base -> checkpoint 12"
-COST_ROW = "fixed cost of a steady iteration (not stage work)"
+COST_ROW = "demo: fixed cost of a steady iteration (not stage work)"
 DEMO_RE = re.compile(rf"{NUM} -> {NUM} \(\+[\d.]+ points\) in {NUM} s")
 COST_RE = re.compile(rf"{NUM}% of {NUM} s; start-up {NUM} s once")
 
@@ -129,7 +131,7 @@ def _row(text: str, head: str) -> str:
     for line in text.splitlines():
         if line.startswith(f"| {head} |"):
             return line
-    sys.exit(f"README.md has no row '| {head} |' in its Measured table")
+    sys.exit(f"docs/benchmarks.md has no row '| {head} |'")
 
 
 def _range(m: re.Match, i: int) -> tuple[float, float]:
@@ -145,7 +147,7 @@ def compare(readme: str, got: dict, times: bool = True) -> list[str]:
     cost = COST_RE.search(_row(readme, COST_ROW))
     if demo is None or cost is None:
         return [
-            "README rows not in the form this script reads: "
+            "rows of docs/benchmarks.md not in the form this script reads: "
             "'B -> F (+G points) in S s' and 'P% of I s; start-up U s once'"
         ]
     for name, i in (("base", 1), ("final", 3)):
@@ -153,7 +155,7 @@ def compare(readme: str, got: dict, times: bool = True) -> list[str]:
         stated = _range(demo, i)
         if not any(lo <= v <= hi for v in stated):
             bad.append(
-                f"{name} pass@1: README {stated[0]:.3f}, measured {got[name]:.3f} "
+                f"{name} pass@1: stated {stated[0]:.3f}, measured {got[name]:.3f} "
                 f"[{lo:.3f}, {hi:.3f}]"
             )
     for name, value, m, i in (
@@ -166,16 +168,16 @@ def compare(readme: str, got: dict, times: bool = True) -> list[str]:
         lo, hi = _range(m, i)
         if hi < value * (1 - TIME_NOISE) or lo > value * (1 + TIME_NOISE):
             bad.append(
-                f"{name}: README {lo:g}-{hi:g} s, measured {value:.2f} s (+-{TIME_NOISE:.0%})"
+                f"{name}: stated {lo:g}-{hi:g} s, measured {value:.2f} s (+-{TIME_NOISE:.0%})"
             )
     stated = _range(cost, 1)[0] / 100
     if abs(stated - got["fixed_share"]) > FIXED_SHARE_NOISE:
-        bad.append(f"fixed cost: README {stated:.0%}, measured {got['fixed_share']:.0%}")
+        bad.append(f"fixed cost: stated {stated:.0%}, measured {got['fixed_share']:.0%}")
     return bad
 
 
 def _span(m: re.Match | None, i: int, value: float, fmt: str) -> str:
-    """The README's range widened to include `value` (or `value` alone)."""
+    """The stated range widened to include `value` (or `value` alone)."""
     lo, hi = _range(m, i) if m else (value, value)
     lo, hi = min(lo, value), max(hi, value)
     a, b = fmt.format(lo), fmt.format(hi)
@@ -215,7 +217,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path, help="a finished run of the demo to read instead")
     ap.add_argument("--store", type=Path, default=ROOT / "benchmarks" / "out" / "readme")
-    ap.add_argument("--write", action="store_true", help="rewrite the README rows from this run")
+    ap.add_argument(
+        "--write", action="store_true", help="rewrite the rows of docs/benchmarks.md from this run"
+    )
     args = ap.parse_args()
     load = load_average()
     run, wall = (args.run, None) if args.run else run_demo(args.store)
@@ -243,20 +247,20 @@ def main() -> int:
     if args.write:
         README.write_text(rewrite(readme, got) if times else readme)
         print(
-            "README.md rows rewritten; commit them with the machine above"
+            "docs/benchmarks.md rows rewritten; commit them with the machine above"
             if times
-            else "README.md left as it is: seconds from a busy machine"
+            else "docs/benchmarks.md left as it is: seconds from a busy machine"
         )
     bad = [] if args.write else compare(readme, got, times)
     print("\nnot run here (each row's own benchmark):")
     for what, script in other_rows(readme):
         print(f"  {script:<32} {what}")
     if bad:
-        print("\nREADME disagrees with this measurement:\n  " + "\n  ".join(bad))
+        print("\ndocs/benchmarks.md disagrees with this measurement:\n  " + "\n  ".join(bad))
         print("(python benchmarks/readme_figures.py --write rewrites the rows)")
         return 1
     print(
-        "\nREADME agrees with this measurement within its stated noise"
+        "\ndocs/benchmarks.md agrees with this measurement within its stated noise"
         + ("" if times else " (pass@1 only)")
     )
     return 0 if times else 3

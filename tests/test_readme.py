@@ -155,11 +155,11 @@ def test_every_script_and_module_the_docs_name_exists():
     assert not missing, missing
 
 
-def test_the_readme_counts_the_bad_input_cases():
+def test_the_docs_count_the_bad_input_cases():
     from tests.test_bad_input import CASES
 
-    readme = (ROOT / "README.md").read_text()
-    stated = re.search(r"\((\d+) cases in `tests/test_bad_input.py`", readme)
+    usage = (ROOT / "docs/usage.md").read_text()
+    stated = re.search(r"\((\d+) cases in `tests/test_bad_input.py`", usage)
     assert stated and int(stated.group(1)) == len(CASES), (stated and stated.group(1), len(CASES))
     rows = [
         line
@@ -193,13 +193,13 @@ def test_the_readme_install_lines_are_the_ones_ci_runs(line):
     assert shlex.split(line)[:2] == ["pip", "install"]
 
 
-def test_the_readme_demo_figures_are_the_ones_readme_figures_checks():
-    """benchmarks/readme_figures.py reads the demo rows of the Measured table: they keep its
+def test_the_demo_figures_are_the_ones_readme_figures_checks():
+    """benchmarks/readme_figures.py reads the demo rows of docs/benchmarks.md: they keep its
     form, a measurement like them agrees, one outside their noise fails, and --write's rows are
-    read back as written."""
+    read back as written; the README's headline states the same demo figure."""
     from benchmarks import readme_figures as rf
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/benchmarks.md").read_text()
     demo = rf.DEMO_RE.search(rf._row(readme, rf.DEMO_ROW))
     cost = rf.COST_RE.search(rf._row(readme, rf.COST_ROW))
     assert demo and cost
@@ -228,6 +228,8 @@ def test_the_readme_demo_figures_are_the_ones_readme_figures_checks():
     rewritten = rf.rewrite(readme, drifted)
     assert rf.compare(rewritten, drifted) == [] and "0.120 -> " in rewritten
     assert rf.busy(2.0 * (os.cpu_count() or 1)) and not rf.busy(0.0)
+    headline = f"held-out pass@1 {demo.group(1)} -> {demo.group(3)} in {demo.group(5)}-"
+    assert headline in (ROOT / "README.md").read_text()
 
 
 def test_ci_resolves_every_extra():
@@ -235,3 +237,37 @@ def test_ci_resolves_every_extra():
     ci = (ROOT / ".ci/run").read_text()
     m = re.search(r'pip install --dry-run --quiet -e "\.\[([a-z,]+)\]"', ci)
     assert m and set(m.group(1).split(",")) == _extras() - {"vllm", "dev"}
+
+
+@pytest.mark.slow
+def test_the_readmes_bring_your_own_data_and_reward_runs(tmp_path, tiny_assets):
+    """The README's "Bring your own data and reward", as written: its script makes the data,
+    its config names the data and the reward, and `rlvr check` and `rlvr run` take them (with
+    the tests' tiny base, of the demo base's tokenizer, for two iterations: the run's cost,
+    not what it checks)."""
+    import subprocess
+    import sys
+
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"^```(\w+)\n(.*?)^```", readme, flags=re.M | re.S)
+    (script,) = [b for lang, b in blocks if lang == "python" and b.startswith("# my_task.py")]
+    (config,) = [b for lang, b in blocks if lang == "yaml" and b.startswith("# my_run.yaml")]
+    (tmp_path / "my_task.py").write_text(script)
+    (tmp_path / "my_run.yaml").write_text(config)
+    subprocess.run([sys.executable, "my_task.py"], cwd=tmp_path, check=True)
+    assert (tmp_path / "train.parquet").exists() and (tmp_path / "eval.parquet").exists()
+    rlvr = [sys.executable, "-m", "pipelines.cli"]
+    sets = ["--set", f"model.base={tiny_assets / 'base'}", "--set", f"run.store={tmp_path}/runs"]
+    check = subprocess.run(
+        [*rlvr, "check", "my_run.yaml", *sets], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    run = subprocess.run(
+        [*rlvr, "run", "my_run.yaml", *sets, "--skip-check", "--iterations", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    evals = tmp_path / "runs/sums/evals"
+    assert (evals / "00002/_SUCCESS").exists() and "heldout" in run.stdout

@@ -78,6 +78,7 @@ class LoraSection(Strict):
     (components/core/adapter.py; docs/algorithms.md, "LoRA")."""
 
     rank: int = Field(8, ge=1)
+    """The adapter's rank r (its matrices are d x r and r x d)."""
     alpha: float = Field(16.0, gt=0)
     """Scale alpha / rank on the adapter's update."""
     dropout: float = Field(0.0, ge=0, lt=1)
@@ -118,6 +119,7 @@ class ModelSection(Strict):
 
 class EvalSetConfig(Strict):
     name: str = "heldout"
+    """The set's name: its results go to `evals/<c>/<name>/` and `eval/<name>/...` figures."""
     path: str
     """Eval dataset (verl format Parquet), path or URI."""
     n: int = Field(4, ge=1)
@@ -125,8 +127,11 @@ class EvalSetConfig(Strict):
     max_prompts: int | None = Field(None, ge=1)
     """Evaluate only the first max_prompts prompts (None: all)."""
     temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature of the evaluation (0: greedy)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     top_k: int = Field(0, ge=0)
+    """Keep the k most likely tokens (0: all)."""
     max_new_tokens: int | None = Field(None, ge=1)
     """None: the generate section's max_new_tokens."""
     greedy: bool = False
@@ -144,6 +149,7 @@ class LmEvalSetConfig(Strict):
     `lm_eval` key) and kept in `data.lm_eval`."""
 
     name: str = "lm_eval"
+    """The suite's name: its results go to `evals/<c>/lm_eval.json` and `eval/lm_eval/...` figures."""
     lm_eval: list[str] = Field(min_length=1)
     """lm-eval task or group names (`arc_easy`, `mmlu`, or tasks of `include_path`)."""
     include_path: str | None = None
@@ -155,10 +161,13 @@ class LmEvalSetConfig(Strict):
     num_fewshot: int | None = Field(None, ge=0)
     """None: each task's own default."""
     batch_size: int = Field(8, ge=1)
+    """Requests lm-eval's model adapter scores at once."""
     apply_chat_template: bool = False
     """Wrap each request in the tokenizer's chat template (instruct models)."""
     fewshot_as_multiturn: bool = False
+    """Few-shot examples as turns of a chat (lm-eval's flag; needs apply_chat_template)."""
     system_instruction: str | None = None
+    """A system message put before every request (lm-eval's flag)."""
     seed: int = 1234
     """lm-eval's seeds (Python, NumPy, torch, few-shot sampling): the same for every checkpoint."""
     every: int = Field(1, ge=1)
@@ -215,6 +224,7 @@ class DataSection(Strict):
     train: str
     """Train dataset (verl format Parquet), path or URI."""
     eval: list[EvalSetConfig] = Field(default_factory=list)
+    """Held-out sets in verl's format, scored with pass@k on every evaluated checkpoint."""
     lm_eval: list[LmEvalSetConfig] = Field(default_factory=list)
     """Standard-benchmark suites; written in `eval` as entries with an `lm_eval` key."""
     prompts_per_iteration: int = Field(64, ge=1)
@@ -222,6 +232,7 @@ class DataSection(Strict):
     sampler: Literal["uniform", "curriculum"] = "uniform"
     """`uniform`: the seeded permutation above; `curriculum`: by estimated pass rate."""
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
+    """The curriculum sampler's settings (`sampler: curriculum`)."""
     max_image_pixels: int = Field(4096 * 4096, ge=1)
     """Image prompts: the largest source image `rlvr check` accepts (width x height). The
     processor scales every image into its own pixel range anyway; a larger one only costs
@@ -252,8 +263,11 @@ class TrackingSection(Strict):
     mlflow_tracking_uri: str | None = None
     """Default: the MLFLOW_TRACKING_URI environment variable, else MLflow's own default."""
     mlflow_experiment: str = "rlvr"
+    """The MLflow experiment runs log to."""
     wandb_project: str = "rlvr"
+    """The W&B project runs log to."""
     wandb_entity: str | None = None
+    """The W&B entity (user or team); default: W&B's own."""
     wandb_mode: Literal["online", "offline", "disabled"] | None = None
     """Default: W&B's own (the WANDB_MODE environment variable, else online)."""
 
@@ -280,16 +294,27 @@ class RetentionSection(Strict):
 
 class RunConfig(Strict):
     run: RunSection = Field(default_factory=RunSection)
+    """The run: its store, id, length, segments, seed and waits."""
     prepare: PrepareSection | None = None
+    """A module that builds missing inputs (the examples' data and base models)."""
     model: ModelSection
+    """The base policy, and LoRA."""
     data: DataSection
+    """The train set, held-out sets, standard-benchmark suites and prompt sampling."""
     generate: GenerateSection = Field(default_factory=GenerateSection)
+    """Sampling: backend, n, temperature, lengths, tools, shards."""
     verify: VerifySection = Field(default_factory=VerifySection)
+    """Rewards by data source, timeouts, workers, shards."""
     train: TrainSection = Field(default_factory=TrainSection)
+    """The policy update: DeepSpeed, the algorithm by registry name, the handoff and the train state."""
     evaluate: EvaluateSection = Field(default_factory=EvaluateSection)
+    """Held-out evaluation: which checkpoints, extra ks, the bootstrap, shards."""
     cluster: ClusterSection = Field(default_factory=ClusterSection)
+    """Images, node pools, GPUs and retries per stage on a Kubernetes cluster."""
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+    """Experiment trackers: TensorBoard (default), MLflow, W&B."""
     retention: RetentionSection = Field(default_factory=RetentionSection)
+    """What the run keeps in its store."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

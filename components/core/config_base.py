@@ -16,7 +16,11 @@ class ConfigError(UserError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # attribute docstrings become the fields' descriptions: the config reference (docs/config.md,
+    # components/core/config_reference.py) is generated from them
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
+    )
 
 
 def _section_keys(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -18,9 +18,13 @@ GPU_STAGES = ("generate", "train", "evaluate")
 
 class Toleration(Strict):
     key: str
+    """The taint's key."""
     operator: Literal["Equal", "Exists"] = "Equal"
+    """`Equal` (key and value) or `Exists` (key alone)."""
     value: str | None = None
+    """The taint's value (with `Equal`)."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """The taint effect tolerated (null: every effect)."""
 
 
 #: Kubernetes quantities as KFP's task setters accept them (kfp.dsl.PipelineTask.set_cpu_limit /
@@ -35,20 +39,31 @@ class StagePlacement(Strict):
     image: str | None = None
     """Full image reference; default: <image_repo>/rlvr-<stage>:<image_tag>."""
     cpu_request: str | None = None
+    """CPU request (a Kubernetes quantity: `8`, `500m`)."""
     cpu_limit: str | None = None
+    """CPU limit (null: none)."""
     memory_request: str | None = None
+    """Memory request (`64Gi`)."""
     memory_limit: str | None = None
+    """Memory limit (null: none)."""
     accelerator_type: str | None = None
     """e.g. nvidia.com/gpu; None: a CPU stage, no accelerator requested."""
     accelerator_count: int = Field(0, ge=0)
+    """GPUs per pod."""
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the pod must land on (its node pool)."""
     tolerations: list[Toleration] = Field(default_factory=list)
+    """Taints the pod tolerates (a GPU pool's)."""
     shm_size: str | None = None
     """Size of the in-memory emptyDir mounted at /dev/shm (NCCL needs it on GPU stages)."""
     retries: int = Field(2, ge=0)
+    """KFP retries of a failed task."""
     backoff_duration: str = "30s"
+    """The first retry's delay."""
     backoff_factor: float = Field(2.0, ge=1.0)
+    """Each next retry's delay, as a multiple of the one before."""
     backoff_max_duration: str = "600s"
+    """The longest retry delay."""
     timeout_s: int | None = Field(None, ge=1)
     """Pod deadline per iteration: a worker serving a segment gets activeDeadlineSeconds =
     timeout_s x run.segment_iterations (a one-iteration task, timeout_s); None: no limit."""
@@ -195,6 +210,7 @@ class ClusterSection(Strict):
     """Where stages run on Kubernetes (the local runner ignores all of it)."""
 
     image_repo: str = DEFAULT_IMAGE_REPO
+    """The registry and path of the stage images: <image_repo>/rlvr-<stage>:<image_tag>."""
     image_tag: str = DEFAULT_IMAGE_TAG
     """An integer tag (7) becomes "7"; a decimal one must be quoted ("1.10"), since YAML would
     read 1.10 as the number 1.1."""

@@ -19,19 +19,24 @@ class EnvironmentSection(Strict):
     name: str = "env"
     """The tool name the policy calls it by; the call's arguments are the action's fields."""
     timeout_s: float = Field(60.0, gt=0)
+    """Longest wait for one answer of the environment server."""
 
 
 class GenerateSection(Strict):
     backend: Literal["transformers", "vllm"] = "transformers"
+    """`transformers` (any machine) or `vllm` (CUDA GPUs, the `vllm` extra)."""
     n: int = Field(8, ge=1)
     """Samples per prompt (the GRPO group size)."""
     temperature: float = Field(1.0, ge=0.0)
     """0 means greedy."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     top_k: int = Field(0, ge=0)
     """0 disables top-k."""
     max_new_tokens: int = Field(32, ge=1)
+    """The longest response, in tokens (a longer one is cut and marked truncated)."""
     max_prompt_tokens: int = Field(512, ge=1)
+    """Prompts longer than this are refused by `rlvr check`, naming the row."""
     stop: list[str] = Field(default_factory=list)
     """Stop strings; the response ends with the stop string included (one rule for all backends)."""
     stop_token_ids: list[int] = Field(default_factory=list)
@@ -61,9 +66,13 @@ class GenerateSection(Strict):
     """The pipeline fans generation out over this many shards (dsl.ParallelFor)."""
     # vLLM-only knobs (ignored by the transformers backend).
     tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM: GPUs one generate worker shards the model over."""
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    """vLLM: the share of GPU memory its engine may take."""
     max_model_len: int | None = None
+    """vLLM: the longest sequence (prompt + response); None: the model's own."""
     enable_prefix_caching: bool = True
+    """vLLM: reuse the KV cache of shared prompt prefixes (the n samples of a prompt)."""
     max_images_per_prompt: int = Field(4, ge=1)
     """Image prompts: the most images one prompt may carry (`rlvr check` refuses rows with more;
     vLLM reserves memory for this many, its `limit_mm_per_prompt`)."""
@@ -73,6 +82,7 @@ class RewardComponent(Strict):
     verifier: str
     """A built-in verifier (math, exact, code, format) or a plugin 'module:fn' / 'file.py:fn'."""
     weight: float = 1.0
+    """The component's weight in the sum."""
     name: str | None = None
     """Key in the reward_components column (default: the verifier spec)."""
 
@@ -85,6 +95,7 @@ class RewardSpec(Strict):
     """A weighted sum of named reward components for one data_source."""
 
     components: list[RewardComponent] = Field(min_length=1)
+    """The verifiers whose weighted scores add up to the reward."""
 
     @model_validator(mode="after")
     def _unique_keys(self) -> RewardSpec:
@@ -102,6 +113,7 @@ class OverlongPenalty(Strict):
     buffer: int = Field(ge=1)
     """The penalty ramps linearly over the last `buffer` tokens before max_length."""
     penalty: float = Field(1.0, ge=0.0)
+    """The penalty at `max_length` (it grows linearly over the buffer before it)."""
 
     @field_validator("buffer")
     @classmethod
@@ -121,6 +133,7 @@ class VerifySection(Strict):
     'path/to/file.py:function', verl or TRL signature), or {components: [{verifier, weight,
     name}, ...]} for a weighted sum."""
     overlong_penalty: OverlongPenalty | None = None
+    """DAPO's soft penalty on responses near max_new_tokens (null: none)."""
     env_reward_weight: float = 1.0
     """With generate.environment: the environment's reward (its step rewards summed over the
     trajectory, rollout column `env_reward`) enters the reward with this weight, as the
@@ -159,26 +172,39 @@ class HandoffSection(Strict):
 
 class TrainSection(Strict):
     zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage 0-3: how optimizer state, gradients and weights are partitioned over the ranks."""
     lr: float = Field(1e-5, gt=0)
+    """Adam's learning rate (its peak, under a schedule)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """Adam's beta1 and beta2."""
     eps: float = Field(1e-8, gt=0)
+    """Adam's epsilon."""
     weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay (AdamW)."""
     grad_clip: float = Field(1.0, gt=0)
+    """Clip the gradient's global norm to this before each step."""
     warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear learning-rate warm-up."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
+    """`constant`, or `cosine` decay to `min_lr_ratio` over the run's optimizer steps."""
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
     """Cosine floor as a fraction of lr."""
     advantage: str = "grpo"
     """Advantage estimator, by registry name (components.train.algorithms)."""
     advantage_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the advantage estimator."""
     policy_loss: str = "ppo_clip"
+    """Policy loss, by registry name (ppo_clip, gspo, cispo, ...)."""
     policy_loss_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the policy loss (clip ranges, ...)."""
     loss_agg: str = "token-mean"
+    """How token losses aggregate into the loss, by registry name (token-mean, seq-mean-token-mean, ...)."""
     loss_agg_horizon: int | None = None
     """Constant horizon for 'seq-mean-token-sum-norm' (default: generate.max_new_tokens)."""
     mini_batches: int = Field(1, ge=1)
     """Optimizer steps per PPO epoch: the iteration's rollouts are split into this many."""
     ppo_epochs: int = Field(1, ge=1)
+    """Passes over an iteration's rollouts."""
     micro_batch_tokens: int = Field(4096, ge=1)
     """Token budget (prompt + response, padded) of one forward/backward micro-batch."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -236,7 +262,9 @@ class TrainSection(Strict):
     """Truncated (tis) or masked (mis) importance sampling from the rollout engine's recorded
     logprobs to the trainer's recomputed old logprobs."""
     rollout_correction_cap: float = Field(2.0, gt=0.0)
+    """The importance ratio's cap (tis) or the mask's threshold (mis)."""
     rollout_correction_level: Literal["token", "sequence"] = "token"
+    """Per token, or one ratio per sequence."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards all agree (they carry no GRPO signal); counted in metrics."""
     overlong_filter: bool = False
@@ -252,7 +280,9 @@ class TrainSection(Strict):
     noisy_reward: Literal["backward", "forward"] | None = None
     """Correct binary rewards for a noisy verifier with known error rates (arXiv 2510.00915)."""
     noisy_fp_rate: float = Field(0.0, ge=0.0, lt=1.0)
+    """The verifier's false-positive rate (noisy_reward)."""
     noisy_fn_rate: float = Field(0.0, ge=0.0, lt=1.0)
+    """The verifier's false-negative rate (noisy_reward)."""
     state_every: int = Field(10, ge=1)
     """Write the full train state (fp32 masters, Adam moments, step, RNG), sharded by rank and
     in the background, every this many iterations, at the end of every segment and on a clean
@@ -261,13 +291,16 @@ class TrainSection(Strict):
     deterministic (docs/design.md, "Resume by replay"). It never changes what is trained, so it
     is kept out of train's lineage, like `handoff`."""
     handoff: HandoffSection = Field(default_factory=HandoffSection)
+    """How each new policy reaches generate and evaluate: its dtype and channel."""
 
 
 class EvaluateSection(Strict):
     ks: list[int] = Field(default_factory=list)
     """Extra k values for pass@k, beyond every power of two up to n."""
     bootstrap_resamples: int = Field(1000, ge=1)
+    """Resamples of the bootstrap behind pass@1's 95% CI."""
     seed: int = 1234
+    """The evaluation's sampling seed: the same for every checkpoint."""
     every: int = Field(1, ge=1)
     """Evaluate every `every`-th checkpoint (the base and the last are always evaluated)."""
     num_shards: int = Field(1, ge=1)
