@@ -173,7 +173,7 @@ def plan_for(cfg: RunConfig, run_root: Path, *, user: str = "image") -> DockerPl
     remote = _is_uri(cfg.run.store)
     suites = [s.include_path for s in cfg.data.lm_eval if s.include_path]  # lm-eval task dirs
     if suites:  # and the local data files their YAMLs name outside them
-        from components.evaluate.lm_eval_suite import data_paths
+        from components.core.task_files import data_paths
 
         suites += [str(Path(p).parent) for s in cfg.data.lm_eval for p in data_paths(s)]
     for path in (cfg.model.base, cfg.data.train, *(e.path for e in cfg.data.eval), *suites):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from components.core import lineages
 from components.core.commit import SUCCESS, OutputDir, committed_parts
 from components.core.config import RunConfig
 from components.core.layout import RunLayout, committed_indices, store_for
@@ -30,41 +31,31 @@ log = logging.getLogger("rlvr.plan")
 ORDER = ITERATION_STAGES
 
 
-def _stages(cfg: RunConfig) -> dict[str, list[Any]]:
-    from components.generate.stage import GenerateStage
-    from components.train.stage import TrainStage
-    from components.verify.stage import VerifyStage
-
-    g, v = cfg.generate.num_shards, cfg.verify.num_shards
-    return {
-        "generate": [GenerateStage(cfg, shard=s, num_shards=g) for s in range(g)],
-        "verify": [VerifyStage(cfg, shard=s, num_shards=v) for s in range(v)],
-        "train": [TrainStage(cfg)],
-    }
-
-
-def _state(stages: list[Any], uri: str, store: Store, i: int) -> str:
-    """'current', 'stale' (committed, computed from other inputs) or 'missing'."""
+def _state(cfg: RunConfig, store: Store, layout: RunLayout, stage: str, i: int) -> str:
+    """'current', 'stale' (committed, computed from other inputs) or 'missing', read from the
+    stages' descriptions (components/core/lineages.py): no stage is built to plan."""
+    uri = {"generate": layout.rollouts, "verify": layout.scored}.get(stage)
     try:
-        committed_parts(store, uri)
+        committed_parts(store, uri(i) if uri else layout.checkpoint(i + 1))
     except StoreError:
         return "missing"
+    shards = {"generate": cfg.generate.num_shards, "verify": cfg.verify.num_shards}.get(stage, 1)
     try:
-        return "current" if all(st.up_to_date(i) for st in stages) else "stale"
+        fresh = all(
+            lineages.current(cfg, store, layout, stage, i, s, shards) for s in range(shards)
+        )
     except StoreError:  # an input of a committed output is gone: it cannot be trusted
         return "stale"
+    return "current" if fresh else "stale"
 
 
 def first_out_of_date(cfg: RunConfig, seg: Segment) -> tuple[int, str, str] | None:
     """(iteration, stage, 'stale' | 'missing') of the first output of the segment, in data order,
     that is not current; None when the whole segment is current (evaluations aside)."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
-    stages = _stages(cfg)
-    outputs = {"generate": layout.rollouts, "verify": layout.scored, "train": layout.checkpoint}
     for i in seg.iterations:
         for name in ORDER:
-            uri = outputs[name](i + 1 if name == "train" else i)
-            state = _state(stages[name], uri, store, i)
+            state = _state(cfg, store, layout, name, i)
             if state != "current":
                 return i, name, state
     return None
@@ -154,14 +145,13 @@ def plan_segment(cfg: RunConfig, index: int, attempt: str) -> dict[str, Any]:
 def segment_up_to_date(cfg: RunConfig, seg: Segment) -> bool:
     """Every output of the segment is committed and was computed from the current inputs and
     config (the same test each stage makes before it skips an iteration)."""
-    from components.evaluate.stage import EvaluateStage
-
     if first_out_of_date(cfg, seg) is not None:
         return False
-    if cfg.data.evaluates:
-        ev = EvaluateStage(cfg)
-        try:
-            return all(ev.up_to_date(c) for c in segment_eval_checkpoints(cfg, seg))
-        except StoreError:
-            return False
-    return True
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    try:
+        return all(
+            lineages.evaluate_current(cfg, store, layout, c)
+            for c in (segment_eval_checkpoints(cfg, seg) if cfg.data.evaluates else [])
+        )
+    except StoreError:
+        return False

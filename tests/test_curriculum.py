@@ -193,7 +193,8 @@ def test_retired_rows_return_after_a_while_and_fill_a_short_draw():
 def test_the_stats_horizon_waits_for_nothing_generate_does_not():
     from components.core.config import RunConfig
     from components.core.layout import RunLayout
-    from components.generate.sampler import PromptSampler, stats_horizon
+    from components.core.lineages import sampler_config, stats_horizon
+    from components.generate.sampler import PromptSampler
 
     cfg = RunConfig(model={"base": "b"}, data={"train": "t", "sampler": "curriculum"})
     cfg.train.max_staleness = 1
@@ -206,7 +207,7 @@ def test_the_stats_horizon_waits_for_nothing_generate_does_not():
     cfg.train.max_staleness = 0
     assert sampler.needs(1) == ["/r/iterations/00000/scored"]
     cfg.data.sampler = "uniform"
-    assert sampler.needs(5) == [] and sampler.lineage_config() == {}
+    assert sampler.needs(5) == [] and sampler_config(cfg) == {}
 
 
 def test_rows_generate_skipped_are_not_drawn_again():

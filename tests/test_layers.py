@@ -25,12 +25,13 @@ def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
 def test_every_import_keeps_the_layers_and_no_cycle():
     out = _lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "2 kept, 0 broken" in out.stdout
+    assert "3 kept, 0 broken" in out.stdout
 
 
 def test_a_new_cycle_or_an_upward_import_breaks_the_build(tmp_path: Path):
-    """The same contracts on a copy of the tree with one upward import (core -> generate) and
-    one cycle (verify.format <-> verify.executor): both are reported."""
+    """The same contracts on a copy of the tree with one upward import (core -> generate), one
+    cycle (verify.format <-> verify.executor) and a planner that builds a stage: all three are
+    reported."""
     for pkg in ("components", "pipelines", "examples"):
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     with open(tmp_path / "components/core/layout.py", "a") as f:
@@ -39,7 +40,10 @@ def test_a_new_cycle_or_an_upward_import_breaks_the_build(tmp_path: Path):
         f.write("\nfrom components.verify import executor  # noqa\n")
     with open(tmp_path / "components/verify/executor.py", "a") as f:
         f.write("\nfrom components.verify import format  # noqa\n")
+    with open(tmp_path / "pipelines/plan.py", "a") as f:
+        f.write("\nfrom components.train.stage import TrainStage  # noqa\n")
     out = _lint_imports(tmp_path)
     assert out.returncode != 0
+    assert "pipelines.plan -> components.train.stage" in out.stdout
     assert "components.core.layout -> components.generate.backends" in out.stdout
     assert "No cycles are allowed in components.verify" in out.stdout

@@ -405,7 +405,7 @@ def test_a_config_of_suites_alone_evaluates_and_reports(tmp_path, tiny_assets):
 
 
 def test_a_suite_runs_on_every_kth_evaluated_checkpoint_and_the_first_and_last():
-    from components.evaluate.stage import suites_due
+    from components.core.lineages import suites_due
 
     cfg = RunConfig.model_validate(
         {

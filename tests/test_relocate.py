@@ -114,13 +114,13 @@ def test_evaluations_of_an_older_version_stay_current(cfg) -> None:
     import json as _json
 
     from components.core.layout import RunLayout, store_for
-    from components.evaluate.stage import _inputs
+    from components.core import lineages
 
     store, layout = store_for(cfg), RunLayout.of(cfg)
     from components.core import run_setup
 
     run_setup.run(cfg)
-    now = _inputs(store, layout, cfg, 0)
+    now = lineages.evaluate(cfg, layout, 0).lineage(store, layout.root)
     from components.core.config import unused_keys
 
     unused = unused_keys(cfg)  # keys of features newer than that version, unused by this run

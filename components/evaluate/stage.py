@@ -25,22 +25,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from components.core import lineages
 from components.core.commit import (
     Lineage,
     OutputDir,
     RetiredError,
     clear_other_layouts,
     committed_files,
-    config_digest,
     content_digest,
-    is_retired,
-    lineage,
-    read_manifest,
     shard_dir,
     shard_of,
     with_input,
 )
-from components.core.config import RunConfig, unused_keys
+from components.core.config import RunConfig
 from components.core.errors import StageError, UserError
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.schemas import read_records
@@ -98,41 +95,16 @@ def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
     return c
 
 
-def _inputs(store: Store, layout: RunLayout, cfg: RunConfig, c: int) -> Lineage:
-    settings = {
-        "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
-        "generate": cfg.generate.model_dump(
-            mode="json", exclude={"num_shards", "batch_size"} | unused_keys(cfg)["generate"]
-        ),
-        "verify": cfg.verify.model_dump(
-            mode="json", exclude={"num_shards", "num_workers"} | unused_keys(cfg)["verify"]
-        ),
-    }
-    return lineage(
-        store,
-        [layout.checkpoint(c), *(layout.eval_data(e.name) for e in cfg.data.eval)],
-        # not the source path: the run's copy of each set is an input by content
-        {"eval": [e.model_dump(mode="json", exclude={"path"}) for e in cfg.data.eval], **settings},
-        root=layout.root,
-        # what schema-version-2 rlvr digested (with the paths): its evaluations stay current
-        legacy_config={"eval": [e.model_dump(mode="json") for e in cfg.data.eval], **settings},
-    )
-
-
-def suites_due(cfg: RunConfig, c: int) -> list[Any]:
-    """The lm-eval suites that run on checkpoint c (`every`)."""
-    return [s for s in cfg.data.lm_eval if s.due(c, cfg.evaluate.every, cfg.run.iterations)]
-
-
-def _with_suites(cfg: RunConfig, c: int, inputs: Lineage) -> Lineage:
-    """The inputs of checkpoint c's whole evaluation: with the settings and task files of the
-    lm-eval suites due on it, where there are any (a run without them keeps its lineage)."""
-    due = suites_due(cfg, c)
-    if not due:
-        return inputs
-    from components.evaluate.lm_eval_suite import suite_inputs
-
-    return with_input(inputs, "lm_eval", config_digest([suite_inputs(s) for s in due]))
+def _gather(cfg: RunConfig, store: Store, shards_uri: str) -> dict[str, dict[str, Any]]:
+    """The scored samples of every eval set, from the committed sampling shards."""
+    files = committed_files(store, shards_uri, ".parquet")
+    results: dict[str, dict[str, Any]] = {}
+    for ev in cfg.data.eval:
+        results[ev.name] = {}
+        for kind in ("samples", "greedy_samples") if ev.greedy else ("samples",):
+            mine = [f for f in files if f.endswith(f"/{ev.name}/{kind}.parquet")]
+            results[ev.name][kind] = read_records(store, mine, "scored")
+    return results
 
 
 def _sample_and_score(
@@ -278,110 +250,104 @@ class EvaluateStage(Stage):
     def needs(self, c: int) -> list[str]:
         layout = self.layout
         if self.num_shards == 1 and self.cfg.evaluate.num_shards > 1:
-            return [join(layout.root, "eval_shards", f"{c:05d}"), layout.checkpoint(c)]
+            return [lineages.eval_shards(layout, c), layout.checkpoint(c)]
         return [layout.checkpoint(c), *(layout.eval_data(e.name) for e in self.cfg.data.eval)]
-
-    def _retired(self, c: int) -> bool:
-        """Checkpoint c's files were deleted by the retention policy (components/core/
-        retention.py): it cannot be evaluated (again); what was evaluated of it stays."""
-        try:
-            return is_retired(read_manifest(self.store, self.layout.checkpoint(c)))
-        except StoreError:
-            return False
 
     def up_to_date(self, c: int) -> bool:
         """Whether checkpoint c's evaluation (this shard's part of it) is committed and current;
         a retired checkpoint counts as done, there being nothing left to evaluate."""
-        if self._retired(c):
-            return True
-        store, layout = self.store, self.layout
-        inputs = _inputs(store, layout, self.cfg, c)
-        shards_uri = join(layout.root, "eval_shards", f"{c:05d}")
-        if self.num_shards > 1:
-            uri = shard_dir(shards_uri, self.shard, self.num_shards)
-            return OutputDir(store, uri, "evaluate").up_to_date(inputs)
-        if self.cfg.evaluate.num_shards > 1:
-            try:
-                inputs = with_input(inputs, "shards", content_digest(store, shards_uri))
-            except StoreError:
-                return False
-        inputs = _with_suites(self.cfg, c, inputs)
-        return OutputDir(store, layout.evals(c), "evaluate").up_to_date(inputs)
+        return lineages.evaluate_current(
+            self.cfg, self.store, self.layout, c, self.shard, self.num_shards
+        )
 
     def step(self, c: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
         """Evaluate checkpoint `c` on every eval set (or sample this shard's part of it)."""
-        cfg, store, layout = self.cfg, self.store, self.layout
-        if self._retired(c):
+        if lineages.retired(self.store, self.layout, c):
             log.warning(
                 "checkpoint %05d was retired by the run's retention policy before it could be "
                 "evaluated with these settings; skipping it (keep more: retention.keep_last, "
                 "retention.milestone_every)",
                 c,
             )
-            return {"skipped": True, "retired": True, "uri": layout.evals(c)}
-        shard, num_shards = self.shard, self.num_shards
-        validate_eval_sets(cfg)
-        inputs = _inputs(store, layout, cfg, c)
-        shards_uri = join(layout.root, "eval_shards", f"{c:05d}")
+            return {"skipped": True, "retired": True, "uri": self.layout.evals(c)}
+        validate_eval_sets(self.cfg)
+        inputs = lineages.evaluate(self.cfg, self.layout, c).lineage(self.store, self.layout.root)
         tmp = Path(tempfile.mkdtemp(prefix="rlvr-eval-"))
         try:
-            if num_shards > 1:  # a sampling shard
-                out = OutputDir(store, shard_dir(shards_uri, shard, num_shards), "evaluate")
-                if out.up_to_date(inputs) and not force:
-                    return {"skipped": True, "uri": out.uri}
-                self._load(c, timeline)
-                with timeline.span("work"):
-                    results = _sample_and_score(
-                        cfg, store, layout, c, shard, num_shards, self.engine
-                    )
-                t0 = time.time()
-                clear_other_layouts(store, shards_uri, num_shards)
-                out.begin(force=True)
-                for name, res in results.items():
-                    for kind in ("samples", "greedy_samples"):
-                        if kind in res:
-                            write_table(out, res[kind], f"{name}/{kind}.parquet", tmp)
-                timeline.add("commit", t0, time.time())
-                stats = {"shard": shard, "num_shards": num_shards, "timeline": timeline.record()}
-                out.commit(stats, inputs)
-                return {"skipped": False, "uri": out.uri}
-
-            out = OutputDir(store, layout.evals(c), "evaluate")
-            sharded = cfg.evaluate.num_shards > 1
-            if sharded:
-                inputs = with_input(inputs, "shards", content_digest(store, shards_uri))
-            inputs = _with_suites(cfg, c, inputs)
-            if out.up_to_date(inputs) and not force:
-                log.info(
-                    "evaluation of checkpoint %s already committed; skipping",
-                    self.label or f"{c:05d}",
-                )
-                return {"skipped": True, "uri": out.uri}
-            if sharded:
-                with timeline.span("read"):
-                    results = {}
-                    for ev in cfg.data.eval:
-                        results[ev.name] = {}
-                        for kind in ("samples", "greedy_samples") if ev.greedy else ("samples",):
-                            files = [
-                                f
-                                for f in committed_files(store, shards_uri, ".parquet")
-                                if f.endswith(f"/{ev.name}/{kind}.parquet")
-                            ]
-                            results[ev.name][kind] = read_records(store, files, "scored")
-            else:
-                self._load(c, timeline)
-                with timeline.span("work"):
-                    results = _sample_and_score(cfg, store, layout, c, 0, 1, self.engine)
-            suites = self._suites(c, timeline)
-            t0 = time.time()
-            top = write_outputs(cfg, store, layout, c, results, out, tmp, lm_eval=suites)
-            timeline.add("commit", t0, time.time())
+            if self.num_shards > 1:
+                return self._sample_shard(c, inputs, tmp, force=force, timeline=timeline)
+            return self._evaluate(c, inputs, tmp, force=force, timeline=timeline)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _sample_shard(
+        self, c: int, inputs: Lineage, tmp: Path, *, force: bool, timeline: Timeline
+    ) -> dict[str, Any]:
+        """A sampling shard: its prompts' samples, scored, committed for the gather."""
+        cfg, store, layout, shard, num_shards = (
+            self.cfg,
+            self.store,
+            self.layout,
+            self.shard,
+            self.num_shards,
+        )
+        shards_uri = lineages.eval_shards(layout, c)
+        out = OutputDir(store, shard_dir(shards_uri, shard, num_shards), "evaluate")
+        if out.up_to_date(inputs) and not force:
+            return {"skipped": True, "uri": out.uri}
+        self._load(c, timeline)
+        with timeline.span("work"):
+            results = _sample_and_score(cfg, store, layout, c, shard, num_shards, self.engine)
+        t0 = time.time()
+        clear_other_layouts(store, shards_uri, num_shards)
+        out.begin(force=True)
+        for name, res in results.items():
+            for kind in ("samples", "greedy_samples"):
+                if kind in res:
+                    write_table(out, res[kind], f"{name}/{kind}.parquet", tmp)
+        timeline.add("commit", t0, time.time())
+        stats = {"shard": shard, "num_shards": num_shards, "timeline": timeline.record()}
+        out.commit(stats, inputs)
+        return {"skipped": False, "uri": out.uri}
+
+    def _evaluate(
+        self, c: int, inputs: Lineage, tmp: Path, *, force: bool, timeline: Timeline
+    ) -> dict[str, Any]:
+        """The whole evaluation of checkpoint c: sampled here, or gathered from the shards."""
+        cfg, store, layout = self.cfg, self.store, self.layout
+        out = OutputDir(store, layout.evals(c), "evaluate")
+        shards_uri = lineages.eval_shards(layout, c)
+        sharded = cfg.evaluate.num_shards > 1
+        if sharded:
+            inputs = with_input(inputs, "shards", content_digest(store, shards_uri))
+        inputs = lineages.with_suites(cfg, c, inputs)
+        if out.up_to_date(inputs) and not force:
+            log.info(
+                "evaluation of checkpoint %s already committed; skipping", self.label or f"{c:05d}"
+            )
+            return {"skipped": True, "uri": out.uri}
+        if sharded:
+            with timeline.span("read"):
+                results = _gather(cfg, store, shards_uri)
+        else:
+            self._load(c, timeline)
+            with timeline.span("work"):
+                results = _sample_and_score(cfg, store, layout, c, 0, 1, self.engine)
+        suites = self._suites(c, timeline)
+        t0 = time.time()
+        top = write_outputs(cfg, store, layout, c, results, out, tmp, lm_eval=suites)
+        timeline.add("commit", t0, time.time())
+        stats = self._stats(c, top, suites)
+        stats["timeline"] = timeline.record()
+        out.commit(stats, inputs)
+        self._sweep()
+        return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
+
+    def _stats(self, c: int, top: dict[str, Any], suites: dict[str, Any]) -> dict[str, Any]:
+        """The evaluation's manifest stats, logged as they are recorded."""
         stats: dict[str, Any] = {"checkpoint_index": c}
         label = self.label or f"{c:05d}"
-        if cfg.data.eval:
+        if self.cfg.data.eval:
             stats |= {"pass@1": top["overall"]["pass@1"], "n": top["n"]}
             log.info("evaluate %s: pass@1 %.4f", label, top["overall"]["pass@1"])
         if suites:
@@ -391,10 +357,7 @@ class EvaluateStage(Stage):
                     f"{k} {v:.4f}" for k, v in res["metrics"].items() if not k.endswith("_stderr")
                 )
                 log.info("evaluate %s: %s %s", label, task, shown)
-        stats["timeline"] = timeline.record()
-        out.commit(stats, inputs)
-        self._sweep()
-        return {"skipped": False, "uri": out.uri, "stats": stats, "metrics": top}
+        return stats
 
     def _sweep(self) -> None:
         """Apply the retention policy while serving a run: evaluation is the last reader of
@@ -411,7 +374,7 @@ class EvaluateStage(Stage):
     def _suites(self, c: int, timeline: Timeline) -> dict[str, Any]:
         """Every lm-eval suite on checkpoint c ({suite name: summary}), with the policy the
         engine holds where it is a transformers model."""
-        due = suites_due(self.cfg, c)
+        due = lineages.suites_due(self.cfg, c)
         if not due:
             return {}
         from components.evaluate import lm_eval_suite

@@ -26,11 +26,12 @@ from components.core.curriculum import (
 )
 from components.core.errors import UserError
 from components.core.layout import RunLayout
+from components.core.lineages import sampler_inputs, stats_horizon
 from components.core.schemas import SchemaError, read_parquet, read_records
 from components.core.store import Store
 from components.core.warm import is_committed
 
-__all__ = ["PromptSampler", "read_prompt_stats", "select_indices", "stats_horizon"]
+__all__ = ["PromptSampler", "read_prompt_stats", "select_indices"]
 
 
 def select_indices(num_rows: int, count: int, seed: int, iteration: int) -> list[int]:
@@ -48,13 +49,6 @@ def select_indices(num_rows: int, count: int, seed: int, iteration: int) -> list
     return [int(x) for x in perm[slot * count : (slot + 1) * count]]
 
 
-def stats_horizon(cfg: RunConfig, iteration: int) -> int:
-    """The last iteration whose prompt stats iteration `iteration` may use (-1: none): the one
-    scored before checkpoint ``iteration - max_staleness`` was trained, so generate, which waits
-    for that checkpoint, never waits longer for the curriculum."""
-    return iteration - 1 - cfg.train.max_staleness
-
-
 class PromptSampler:
     """The rows of each iteration, for one generate worker (every shard draws the same rows)."""
 
@@ -69,23 +63,9 @@ class PromptSampler:
         return self.cfg.data.sampler == "curriculum"
 
     def needs(self, iteration: int) -> list[str]:
-        """Directories that must be committed before iteration `iteration` can draw: the newest
-        scored rollouts it folds (their prompt stats are committed before them; a run from
-        before prompt stats derives them from the scored rollouts). Also its lineage: the stats
-        are a function of these scored rollouts and the curriculum config."""
-        last = stats_horizon(self.cfg, iteration)
-        return [self.layout.scored(last)] if self.curriculum and last >= 0 else []
-
-    def lineage_config(self) -> dict[str, Any]:
-        """What of the config the draw depends on beyond the uniform sampler's (empty for it, so
-        uniform runs keep their recorded lineage)."""
-        if not self.curriculum:
-            return {}
-        return {
-            "sampler": "curriculum",
-            "curriculum": self.cfg.data.curriculum.model_dump(mode="json"),
-            "max_staleness": self.cfg.train.max_staleness,
-        }
+        """Directories that must be committed before iteration `iteration` can draw, which are
+        also its inputs (components/core/lineages.py, `sampler_inputs`)."""
+        return sampler_inputs(self.cfg, self.layout, iteration)
 
     def indices(self, table, iteration: int) -> tuple[list[int], dict[str, float]]:
         """Iteration `iteration`'s rows of the train `table`, and the sampler's figures."""

@@ -14,17 +14,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from components.core import lineages
 from components.core.commit import (
     NotCommittedError,
     OutputDir,
     clear_other_layouts,
     content_digest,
-    lineage,
     read_manifest,
     shard_dir,
     shard_of,
 )
-from components.core.config import RunConfig, unused_keys
+from components.core.config import RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_dataset
@@ -119,24 +119,8 @@ class GenerateStage(Stage):
 
     def _plan(self, iteration: int) -> tuple[OutputDir, dict[str, str]]:
         """The output directory and the lineage it must carry to count as up to date."""
-        cfg, store, layout = self.cfg, self.store, self.layout
-        out = self._out(iteration)
-        version = policy_version(cfg, iteration)
-        config = {
-            "generate": cfg.generate.model_dump(mode="json", exclude=unused_keys(cfg)["generate"]),
-            "prompts_per_iteration": cfg.data.prompts_per_iteration,
-            "seed": cfg.run.seed,
-            "policy_version": version,
-        }
-        if sampler := self.sampler.lineage_config():  # uniform runs keep their recorded digest
-            config["sampler"] = sampler
-        inputs = lineage(
-            store,
-            [layout.checkpoint(version), layout.train_data, *self.sampler.needs(iteration)],
-            config,
-            root=layout.root,
-        )
-        return out, inputs
+        o = lineages.generate(self.cfg, self.layout, iteration, self.shard, self.num_shards)
+        return o.dir(self.store), o.lineage(self.store, self.layout.root)
 
     def up_to_date(self, iteration: int) -> bool:
         out, inputs = self._plan(iteration)

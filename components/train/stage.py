@@ -23,18 +23,19 @@ from typing import Any
 
 import torch
 
+from components.core import lineages
 from components.core.channel import Sender, Settings, ranks_per_worker
 from components.core.checkpoint import device_and_dtype, sampler_dtype_name
 from components.core.commit import (
+    Lineage,
     NotCommittedError,
     OutputDir,
     RetiredError,
     content_digest,
     is_retired,
-    lineage,
     read_manifest,
 )
-from components.core.config import RunConfig, TrainSection, unused_keys
+from components.core.config import RunConfig, TrainSection
 from components.core.errors import StageError, UserError
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.store import StoreError, join
@@ -52,10 +53,6 @@ from components.train.policy import adapter_state_dict, write_adapter_checkpoint
 from components.train.update import steps_per_iteration, train_iteration
 
 log = logging.getLogger("rlvr.train")
-
-#: Train settings that change how the policy is stored and moved, never what is trained: kept
-#: out of train's lineage (with kl_metric, a figure, and gradient checkpointing, memory).
-NOT_IN_LINEAGE = {"kl_metric", "gradient_checkpointing", "state_every", "handoff"}
 
 
 def check_algorithm_names(t: TrainSection) -> None:
@@ -275,29 +272,9 @@ class TrainStage(Stage):
 
     # --- one iteration ---
 
-    def _plan(self, iteration: int) -> tuple[OutputDir, dict[str, str]]:
-        cfg, t, store, layout = self.cfg, self.t, self.store, self.layout
-        ckpt_out = OutputDir(store, layout.checkpoint(iteration + 1), "train")
-        settings = {
-            "train": t.model_dump(mode="json", exclude=NOT_IN_LINEAGE | unused_keys(cfg)["train"]),
-            "iterations": cfg.run.iterations,
-            "seed": cfg.run.seed,
-        }
-        if cfg.model.lora is not None:  # absent for full fine-tuning: its lineage is unchanged
-            # vision_tower only where set: LoRA runs keep the lineage they had before it
-            lora = cfg.model.lora
-            settings["lora"] = lora.model_dump(
-                mode="json", exclude=set() if lora.vision_tower else {"vision_tower"}
-            )
-        inputs = lineage(
-            store,
-            [layout.scored(iteration), layout.checkpoint(iteration)],
-            settings,
-            root=layout.root,
-        )
-        # an older rlvr recorded the train state of every iteration as an input as well
-        inputs.dropped = ("train_state/",)
-        return ckpt_out, inputs
+    def _plan(self, iteration: int) -> tuple[OutputDir, Lineage]:
+        o = lineages.train(self.cfg, self.layout, iteration)
+        return o.dir(self.store), o.lineage(self.store, self.layout.root)
 
     def up_to_date(self, iteration: int) -> bool:
         try:

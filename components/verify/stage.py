@@ -23,20 +23,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from components.core import lineages
 from components.core.commit import (
-    SUCCESS,
+    Lineage,
     OutputDir,
     clear_other_layouts,
     committed_files,
-    lineage,
-    shard_dir,
     shard_of,
 )
-from components.core.config import (
-    CurriculumSection,
-    RunConfig,
-    unused_keys,
-)
+from components.core.config import RunConfig
 from components.core.curriculum import PROMPT_STATS, group_shares, scored_prompt_stats
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records, stamp
@@ -70,36 +65,21 @@ class VerifyStage(Stage):
     def needs(self, iteration: int) -> list[str]:
         return [self.layout.rollouts(iteration)]
 
-    def _plan(self, iteration: int) -> tuple[OutputDir, dict[str, str]]:
-        layout = self.layout
-        uri = shard_dir(layout.scored(iteration), self.shard, self.num_shards)
-        out = OutputDir(self.store, uri, "verify")
-        threshold = self.cfg.data.curriculum.success_threshold
-        config: Any = self.cfg.verify  # at the default threshold: the digest runs recorded before
-        if threshold != CurriculumSection().success_threshold:
-            config = {
-                "verify": self.cfg.verify.model_dump(
-                    mode="json", exclude=unused_keys(self.cfg)["verify"]
-                ),
-                "success": threshold,
-            }
-        return out, lineage(self.store, [layout.rollouts(iteration)], config, root=layout.root)
+    def _plan(self, iteration: int) -> tuple[OutputDir, Lineage]:
+        o = lineages.verify(self.cfg, self.layout, iteration, self.shard, self.num_shards)
+        return o.dir(self.store), o.lineage(self.store, self.layout.root)
 
     def _stats_dir(self, iteration: int) -> OutputDir:
-        uri = shard_dir(self.layout.prompt_stats(iteration), self.shard, self.num_shards)
-        return OutputDir(self.store, uri, "verify")
+        return lineages.prompt_stats_dir(
+            self.store, self.layout, iteration, self.shard, self.num_shards
+        )
 
     def up_to_date(self, iteration: int) -> bool:
         return self._current(iteration, *self._plan(iteration))
 
-    def _current(self, iteration: int, out: OutputDir, inputs: dict[str, str]) -> bool:
-        """The scored rollouts are current, and so are the prompt stats, or there are none at
-        all (a run scored before prompt stats existed: skipping backfills them, see step)."""
-        if not out.up_to_date(inputs):
-            return False
-        stats = self._stats_dir(iteration)
-        return stats.up_to_date(inputs) or not any(
-            f.endswith(SUCCESS) for f in self.store.list_files(self.layout.prompt_stats(iteration))
+    def _current(self, iteration: int, out: OutputDir, inputs: Lineage) -> bool:
+        return lineages.verify_current(
+            self.store, self.layout, iteration, self.shard, self.num_shards, out, inputs
         )
 
     def step(self, iteration: int, *, force: bool = False, timeline: Timeline) -> dict[str, Any]:
