@@ -339,7 +339,7 @@ def main() -> int:
         action="store_true",
         help="CI's smoke: one leg instead of five (the demo for 4 iterations on two train nodes "
         "with a LoRA adapter) under both runners, compared; the tool and code demos left out "
-        "(the sandbox probes and tests/test_images_built.py cover the verify image)",
+        "(the sandbox probes and tests/images/test_built_images.py cover the verify image)",
     )
     ap.add_argument(
         "--leg",

@@ -17,7 +17,7 @@ module adds is what a pod gets from Kubernetes and a plain container has no noti
 - **the code-sandbox seccomp profile** on the tasks that run model-written code (verify and
   evaluate; generate too when the policy has tools), the profile the cluster's code-sandbox overlay installs (and, where the host runs
   AppArmor, no AppArmor profile: Docker's denies mount); the runtime's default seccomp profile
-  refuses the sandbox, which then says so (tests/test_images_built.py shows both);
+  refuses the sandbox, which then says so (tests/images/test_built_images.py shows both);
 - **no network** unless the store or an input is remote (then the host's);
 - **the console**: each container's output goes whole to its task's log and the rlvr lines to
   the console (pipelines/local_runner.py), and a stopped run stops its containers.

@@ -4,12 +4,12 @@ server (moto's server mode on loopback, spoken to over HTTP by boto3)."""
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.support.runs import REWARD_PLUGIN, free_port, write_config
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -29,29 +29,27 @@ def tiny_assets(tmp_path_factory) -> Path:
     return root
 
 
-def write_config(root: Path, assets: Path, **sections) -> Path:
-    """A run config under `root` using the tiny assets; `sections` override per section."""
-    cfg = {
-        "run": {"store": str(root / "runs"), "run_id": "t", "iterations": 2, "seed": 0},
-        "model": {"base": str(assets / "base")},
-        "data": {
-            "train": str(assets / "train.parquet"),
-            "eval": [{"name": "heldout", "path": str(assets / "eval.parquet"), "n": 4}],
-            "prompts_per_iteration": 6,
+@pytest.fixture
+def train_cfg(tmp_path, tiny_assets):
+    """A run config whose reward varies with the response, so an untrained policy has a
+    gradient; two mini-batches, warmup and a cosine schedule."""
+    from components.core.config import load_config
+
+    plugin = tmp_path / "reward_plugin.py"
+    plugin.write_text(REWARD_PLUGIN)
+    path = write_config(
+        tmp_path,
+        tiny_assets,
+        verify={"rewards": {"arithmetic": f"{plugin}:compute_score"}},
+        train={
+            "lr": 1e-3,
+            "micro_batch_tokens": 4096,
+            "mini_batches": 2,
+            "warmup_steps": 1,
+            "lr_schedule": "cosine",
         },
-        "generate": {"n": 4, "max_new_tokens": 6, "batch_size": 32},
-        "verify": {"rewards": {"arithmetic": "math"}, "num_workers": 1, "timeout_s": 10},
-        "train": {"lr": 1e-3, "micro_batch_tokens": 256},
-        "evaluate": {"bootstrap_resamples": 50},
-    }
-    for section, values in sections.items():
-        if values is None:
-            cfg.pop(section, None)
-        else:
-            cfg.setdefault(section, {}).update(values)
-    path = root / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    )
+    return load_config(path)
 
 
 @pytest.fixture
@@ -66,18 +64,12 @@ def cfg(workspace):
     return load_config(workspace)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
     """moto's S3 server on loopback; yields its endpoint URL."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
@@ -100,3 +92,13 @@ def s3_bucket(s3_server, monkeypatch) -> str:
     name = f"rlvr-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def kfp_server():
+    """The recording KFP API server (tests/support/kfp_api.py)."""
+    from tests.support.kfp_api import FakeKFP
+
+    server = FakeKFP()
+    yield server
+    server.server.shutdown()

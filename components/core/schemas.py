@@ -195,7 +195,7 @@ def read_parquet(store: Store, uri: str) -> pa.Table:
     """A whole Parquet file as a table: a local file is read from its path; a remote one from
     its bytes, single-threaded. (pyarrow 26 reading a Parquet *buffer* with its thread pool
     aborts the interpreter at exit now and then, "terminate called without an active
-    exception"; reading a path does not. tests/test_schemas.py checks the exit status.) One
+    exception"; reading a path does not. tests/core/test_schemas.py checks the exit status.) One
     file through ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose
     import cost every stage process 0.2-0.4 s of CPU at start-up."""
     local = store.local_path(uri)

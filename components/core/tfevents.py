@@ -6,7 +6,7 @@ version, the others carry a wall time, a step and a `Summary` of (tag, simple_va
 That is all a run's figures need, so it is written here, in a few dozen lines, instead of through
 tensorboardX, which imports torch when torch is installed: the verify worker, which needs no
 torch, paid about 1.3 s of CPU for it at its first commit, beside generate and train. TensorBoard's
-own reader reads these files (tests/test_tfevents.py, tests/test_tracking.py).
+own reader reads these files (tests/core/test_tfevents.py, tests/core/test_tracking.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Tests of images/ (the stage images)."""

@@ -1,0 +1,1 @@
+"""Tests of manifests/ (kustomize, rendered offline)."""

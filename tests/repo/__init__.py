@@ -1,0 +1,1 @@
+"""Tests of the repository itself: layers, style, README and docs."""

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: servers, workers, builders (no tests here)."""
