@@ -83,7 +83,7 @@ def evaluate_run(cfg, run_id: str) -> dict[int, dict]:
 
 def evaluate_dirs(cfg, dirs: dict[int, str]) -> dict[int, dict]:
     """The `overall` metrics of HF checkpoint directories, by checkpoint index."""
-    from components.evaluate.stage import evaluate_external
+    from components.evaluate.local import evaluate_external
 
     out = {}
     for c, src in sorted(dirs.items()):

@@ -52,8 +52,8 @@ def trl_worker(args) -> None:
     from components.core.config import load_config
     from components.core.store import get_store
     from components.core.warm import eval_checkpoints
+    from components.generate.prompt_sampler import select_indices
     from components.generate.rollouts import load_prompts
-    from components.generate.sampler import select_indices
     from components.verify.math import compute_score
 
     cfg = load_config(args.config, list(args.set), iterations=args.iterations)

@@ -23,16 +23,22 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from components.core.config import RunConfig, load_config
+from components.core.errors import UserError
 from components.core.stage_cli import run_stage, setup_logging
 from components.core.stages import STEPS
 from components.core.store import get_store, join
 from pipelines.local import console, eval_tables, prepare_inputs
+
+SET_OPTION = click.option(
+    "--set", "overrides", multiple=True, help="Override a config key: a.b=value (repeatable)."
+)
 
 
 def _load(config: str, overrides: tuple[str, ...], **kw) -> RunConfig:
@@ -89,7 +95,7 @@ def _check(cfg: RunConfig, *, inputs: bool, for_cluster: bool = False) -> float:
 )
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--run-id", default=None)
-@click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
+@SET_OPTION
 @click.option(
     "--offline", is_flag=True, help="Only what needs no inputs (as compile and submit do)."
 )
@@ -107,7 +113,7 @@ def check(config: str, run_id: str | None, overrides: tuple[str, ...], offline: 
     "--run-id", default=None, help="Run id (default: run.run_id, else the config's folder)."
 )
 @click.option("--iterations", type=int, default=None, help="Override run.iterations.")
-@click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
+@SET_OPTION
 @click.option("--skip-check", is_flag=True, help="Do not run `rlvr check` first.")
 @click.option(
     "--runner",
@@ -135,11 +141,9 @@ def run(
 ) -> None:
     if runner == "docker":
         if not re.fullmatch(r"auto|image|host|\d+(:\d+)?", docker_user):
-            click.echo(
-                f"error: --docker-user {docker_user!r}: use auto, image, host or UID[:GID]",
-                err=True,
+            raise click.BadParameter(
+                f"{docker_user!r}: use auto, image, host or UID[:GID]", param_hint="--docker-user"
             )
-            sys.exit(2)
         if docker_user == "auto":
             docker_user = "image" if os.geteuid() == 0 else "host"
     cfg = _load(config, overrides, run_id=run_id, iterations=iterations)
@@ -174,7 +178,7 @@ def run(
     help="Iteration (for evaluate: the checkpoint index).",
 )
 @click.option("--force", is_flag=True, help="Redo even if the output is committed.")
-@click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")
+@SET_OPTION
 @click.option("--shard", type=int, default=0, show_default=True, help="Sharded stages: this shard.")
 @click.option("--num-shards", type=int, default=1, show_default=True, help="Sharded stages: of S.")
 @click.option(
@@ -189,8 +193,7 @@ def stage(name, config, run_id, iteration, force, overrides, shard, num_shards, 
     kwargs = {}
     if (shard, num_shards) != (0, 1):
         if name not in ("generate", "verify", "evaluate"):
-            click.echo(f"error: the {name} stage is not sharded", err=True)
-            sys.exit(2)
+            raise click.UsageError(f"the {name} stage is not sharded: leave out --shard")
         kwargs = {"shard": shard, "num_shards": num_shards}
     result = run_stage(_stage_fns()[name], cfg, iteration=iteration, force=force, **kwargs)
     if as_json:
@@ -228,10 +231,7 @@ def _pipeline_options(f):
     )(f)
     f = click.option("--run-id", default=None)(f)
     f = click.option("--iterations", type=int, default=None)(f)
-    f = click.option("--set", "overrides", multiple=True, help="Override a config key: a.b=value")(
-        f
-    )
-    return f
+    return SET_OPTION(f)
 
 
 def _build(cfg: RunConfig, pipeline: str, stage_name: str | None, iteration: int):
@@ -324,8 +324,9 @@ def submit(
 
         n = len(segments(cfg))
         if not 0 <= segment < n:
-            click.echo(f"error: --segment {segment}: the run has segments 0..{n - 1}", err=True)
-            sys.exit(2)
+            raise click.BadParameter(
+                f"{segment}: the run has segments 0..{n - 1}", param_hint="--segment"
+            )
         result = submit_segment(
             cfg,
             _arguments(cfg, kind, None),
@@ -363,7 +364,7 @@ def submit(
 @_cluster_options
 @click.option("--cron", required=True, help="Six-field cron with seconds, e.g. '0 0 */6 * * *'.")
 @click.option("--run-id", default=None)
-@click.option("--set", "overrides", multiple=True)
+@SET_OPTION
 def schedule(config, host, experiment, namespace, token, cron, run_id, overrides) -> None:
     from pipelines.cluster import schedule as do_schedule
     from pipelines.evaluation import build_eval_pipeline
@@ -407,14 +408,13 @@ def runs(host, experiment, namespace, token, limit) -> None:
 @click.option("--poll-s", type=float, default=30.0, show_default=True)
 @click.option("--timeout-s", type=float, default=None, help="Stop watching after this long.")
 @click.option("--force", is_flag=True)
-@click.option("--set", "overrides", multiple=True)
+@SET_OPTION
 def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overrides) -> None:
-    from components.evaluate.stage import evaluate_external, watch_run
+    from components.evaluate.local import evaluate_external, watch_run
 
     setup_logging()
     if bool(checkpoint) == bool(run_id):
-        click.echo("error: give exactly one of --checkpoint URI or --run-id ID", err=True)
-        sys.exit(2)
+        raise click.UsageError("give exactly one of --checkpoint URI or --run-id ID")
     cfg = _load(config, overrides, run_id=run_id)
     cfg.evaluate.num_shards = 1  # one local process evaluates everything; no shards to gather
     if checkpoint and "://" not in checkpoint and not Path(checkpoint).exists():
@@ -439,19 +439,23 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
     Console().print(*eval_tables(cfg))
 
 
+def _run_dir(run_dir: str) -> tuple[Any, str]:
+    """The store and root of the run at `run_dir`; a UserError (exit 2) where it is not one."""
+    store, root = get_store(run_dir), run_dir.rstrip("/")
+    if not store.exists(join(root, "run.yaml")):
+        raise UserError(
+            f"{run_dir} is not a run: it has no run.yaml (give the run's directory or URI, "
+            "<run.store>/<run_id>, e.g. rlvr-runs/arithmetic)"
+        )
+    return store, root
+
+
 @main.command(help="Print every checkpoint's metrics and regenerate the run's plots and report.")
 @click.argument("run_dir")
 def report(run_dir: str) -> None:
     from components.evaluate.run_report import write_run_report
 
-    store, root = get_store(run_dir), run_dir.rstrip("/")
-    if not store.exists(join(root, "run.yaml")):
-        click.echo(
-            f"error: {run_dir} is not a run: it has no run.yaml (give the run's directory or URI, "
-            "<run.store>/<run_id>, e.g. rlvr-runs/arithmetic)",
-            err=True,
-        )
-        sys.exit(2)
+    _run_dir(run_dir)
     Console().print(*eval_tables(run_dir))
     paths = run_stage(lambda _cfg: write_run_report(get_store(run_dir), run_dir), None)
     console.print(f"plots and report: {paths['report.md']}")
@@ -473,10 +477,7 @@ def prune(run_dir: str, dry_run: bool, overrides: tuple[str, ...]) -> None:
     from components.core.config import apply_overrides
     from components.core.retention import planned, sweep
 
-    store, root = get_store(run_dir), run_dir.rstrip("/")
-    if not store.exists(join(root, "run.yaml")):
-        click.echo(f"error: {run_dir} is not a run: it has no run.yaml", err=True)
-        sys.exit(2)
+    store, root = _run_dir(run_dir)
     raw = yaml.safe_load(store.read_text(join(root, "run.yaml")))
     if "://" in root and not root.startswith("file://"):  # s3://bucket/prefix/RUN
         parent, run_id = root.rsplit("/", 1)
@@ -514,8 +515,7 @@ def export(checkpoint: str, out: str, do_merge: bool, base: str | None) -> None:
 
     base_dir = Path(base) if base else Path(checkpoint).resolve().parent / "00000"
     if not base_dir.is_dir():
-        click.echo(f"error: no base checkpoint at {base_dir}; pass --base DIR", err=True)
-        sys.exit(2)
+        raise UserError(f"no base checkpoint at {base_dir}; pass --base DIR")
     merged = merge(base_dir, Path(checkpoint), Path(out))  # Adapter/CheckpointError: exit 2
     console.print(f"merged checkpoint: {merged}")
 

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -205,31 +206,18 @@ def run_local(
     docker_user: str,
     inputs_checked: bool = False,
 ) -> None:
-    """`rlvr run` after its checks (`inputs_checked`: `rlvr check` passed, inputs included): every segment of the run on the concurrent local runner
-    (subprocesses here, or each task in its stage's image), with live progress; then the
-    evaluations' table, the timeline's summary and the run report. Exits 2 on a user error of a
-    task (its hints printed), 1 on any other failure. `config_path` and `overrides` go into the
-    hints, which give the command that resumes the run."""
-    config = config_path
-
-    from components.core.warm import RunStatus, segments
-    from pipelines.local_runner import LocalRunError, failure_hints, print_error, run_pipeline
+    """`rlvr run` after its checks (`inputs_checked`: `rlvr check` passed, inputs included):
+    every segment of the run on the concurrent local runner (subprocesses here, or each task in
+    its stage's image), with live progress; then the evaluations' table, the timeline's summary
+    and the run report. Exits 2 on a user error of a task (its hints printed), 1 on any other
+    failure. `config_path` and `overrides` go into the hints, which give the command that
+    resumes the run."""
+    from components.core.warm import segments
     from pipelines.plan import segment_up_to_date
-    from pipelines.progress import RunMonitor
     from pipelines.train import build_train_pipeline
 
     layout, store = RunLayout.of(cfg), store_for(cfg)
-    local_root = Path(layout.root) if "://" not in layout.root else Path("./local_outputs")
-    docker, owner = None, None
-    if runner == "docker":  # the machine checked before anything of the run is written
-        from pipelines.local_docker import DockerSetupError, check_machine, hand_over, plan_for
-
-        docker = plan_for(cfg, local_root, user=docker_user)
-        try:
-            owner = check_machine(docker)
-        except DockerSetupError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+    local = _LocalRun(cfg, config_path, overrides, runner, docker_user)
     store.write_text(layout.run_yaml, cfg.to_yaml())
     segs = segments(cfg)
     console.print(
@@ -241,68 +229,126 @@ def run_local(
     # In its image, init loads the base with the image's transformers, not this machine's
     # (which `rlvr check` used): there it checks again.
     task_env = local_thread_env(cfg, inputs_checked=inputs_checked and runner != "docker")
-
     for seg in segs:
         if segment_up_to_date(cfg, seg):
             console.print(f"segment {seg.index} (iterations {seg.start}..{seg.stop - 1}): done")
             continue
-        attempt = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        status = RunStatus.of(cfg, attempt)
-        log_dir = local_root / "logs" / f"segment-{seg.index:05d}"
+        local.segment(pipeline, seg, task_env)
+    _finish(cfg, time.perf_counter() - t0)
 
-        def record_crash(task: str, status: RunStatus = status) -> None:
+
+class _LocalRun:
+    """The machine's side of one `rlvr run`: where its outputs live, and for `--runner docker`
+    the containers' plan and the uid that owns the run (checked before anything of the run is
+    written)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        config_path: str,
+        overrides: tuple[str, ...],
+        runner: str,
+        docker_user: str,
+    ) -> None:
+        self.cfg, self.config_path, self.overrides = cfg, config_path, overrides
+        self.docker_user = docker_user
+        self.layout = RunLayout.of(cfg)
+        root = self.layout.root
+        self.local_root = Path(root) if "://" not in root else Path("./local_outputs")
+        self.docker, self.owner = None, None
+        if runner == "docker":
+            from pipelines.local_docker import DockerSetupError, check_machine, plan_for
+
+            self.docker = plan_for(cfg, self.local_root, user=docker_user)
+            try:
+                self.owner = check_machine(self.docker)
+            except DockerSetupError as e:
+                click.echo(f"error: {e}", err=True)
+                sys.exit(2)
+
+    def segment(self, pipeline: Any, seg: Any, task_env: Callable[[str], dict[str, str]]) -> None:
+        """Run one segment under a fresh attempt; on a task's failure, print its root cause
+        with the hints and exit."""
+        from components.core.warm import RunStatus
+        from pipelines.local_runner import LocalRunError, run_pipeline
+        from pipelines.progress import RunMonitor
+
+        attempt = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        status = RunStatus.of(self.cfg, attempt)
+        log_dir = self.local_root / "logs" / f"segment-{seg.index:05d}"
+
+        def record_crash(task: str) -> None:
             if task not in status.failures():  # a worker that died without recording why
                 status.mark_failed(task, "its process exited with an error")
 
-        if owner is not None:  # last: it hands what exists of the run over to the images' uid
-            (local_root / "kfp").mkdir(parents=True, exist_ok=True)
-            log_dir.mkdir(parents=True, exist_ok=True)
-            if "://" not in layout.root:  # failure markers: written by tasks and by this process
-                Path(status.dir).mkdir(parents=True, exist_ok=True)
-            hand_over(local_root, owner)
+        self._hand_over(status, log_dir)
+        arguments = {
+            "config_json": self.cfg.to_json(),
+            "run_id": self.cfg.run_id,
+            "segment": seg.index,
+            "attempt": attempt,
+        }
         try:
-            with RunMonitor(cfg, seg, console):
+            with RunMonitor(self.cfg, seg, console):
                 run_pipeline(
                     pipeline,
-                    {
-                        "config_json": cfg.to_json(),
-                        "run_id": cfg.run_id,
-                        "segment": seg.index,
-                        "attempt": attempt,
-                    },
-                    pipeline_root=str(local_root / "kfp"),
+                    arguments,
+                    pipeline_root=str(self.local_root / "kfp"),
                     log_dir=log_dir,
                     on_failure=record_crash,
-                    failure_message=lambda task, status=status: (
-                        status.failures().get(task) or {}
-                    ).get("error"),
+                    failure_message=lambda task: (status.failures().get(task) or {}).get("error"),
                     task_env=task_env,
-                    docker=docker,
+                    docker=self.docker,
                 )
         except LocalRunError as e:
-            cause = status.root_cause()
-            task, record = cause if cause else (e.task, {})
-            if task != e.task:  # the first task to exit only stopped because of another
-                log_file = log_dir / f"{task}.log"
-                e = LocalRunError(
-                    task, record.get("error", ""), log_file if log_file.exists() else None
-                )
-            options = "" if docker is None else f" --runner docker --docker-user {docker_user}"
-            print_error(e, failure_hints(task, record, config, cfg, overrides, options))
-            sys.exit(2 if record.get("user_error") else 1)
-    elapsed = time.perf_counter() - t0
+            self._fail(e, status, log_dir)
+
+    def _hand_over(self, status: Any, log_dir: Path) -> None:
+        """With Docker: hand what exists of the run over to the images' uid (last, so that it
+        covers the directories made here)."""
+        if self.owner is None:
+            return
+        from pipelines.local_docker import hand_over
+
+        (self.local_root / "kfp").mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        if "://" not in self.layout.root:  # failure markers: written by tasks and this process
+            Path(status.dir).mkdir(parents=True, exist_ok=True)
+        hand_over(self.local_root, self.owner)
+
+    def _fail(self, e: Any, status: Any, log_dir: Path) -> None:
+        """Print the root cause of a failed segment (the first task to fail, not the first to
+        exit) with its hints; exit 2 for the user's error, 1 for any other."""
+        from pipelines.local_runner import LocalRunError, failure_hints, print_error
+
+        cause = status.root_cause()
+        task, record = cause if cause else (e.task, {})
+        if task != e.task:  # the first task to exit only stopped because of another
+            log_file = log_dir / f"{task}.log"
+            e = LocalRunError(
+                task, record.get("error", ""), log_file if log_file.exists() else None
+            )
+        docker = f" --runner docker --docker-user {self.docker_user}" if self.docker else ""
+        hints = failure_hints(task, record, self.config_path, self.cfg, self.overrides, docker)
+        print_error(e, hints)
+        sys.exit(2 if record.get("user_error") else 1)
+
+
+def _finish(cfg: RunConfig, elapsed: float) -> None:
+    """After the last segment: the final retention sweep, the evaluations' table, the
+    timeline's summary, the report and dashboard, and where to find them."""
     from components.core.retention import sweep
     from components.core.store import StoreError
+    from components.evaluate.run_report import write_run_report
+    from components.evaluate.timeline import summarize_run
 
+    layout, store = RunLayout.of(cfg), store_for(cfg)
     try:
         sweep(cfg, "rlvr run")  # what the last workers' sweeps could not retire yet
     except (StoreError, OSError) as e:
         console.print(f"[yellow]retention sweep failed ({e}); nothing a stage needs was deleted")
     if cfg.data.evaluates:
         Console().print(*eval_tables(cfg))
-    from components.evaluate.run_report import write_run_report
-    from components.evaluate.timeline import summarize_run
-
     summary = summarize_run(store, layout.root)
     if summary:
         console.print(summary)

@@ -11,7 +11,7 @@ return a stale result).
 from kfp import dsl, kubernetes
 
 from components.core.config import RunConfig
-from components.core.config_cluster import OBJECT_STORE_SECRET_KEYS, ClusterSection
+from components.core.config_cluster import OBJECT_STORE_SECRET_KEYS, ClusterSection, StagePlacement
 
 # the pods of stages that run model-written code (components.core.config.code_stages) get this
 # label, which the code-sandbox overlay matches (the seccomp profile that lets the sandbox build
@@ -51,17 +51,37 @@ def place(
     components.core.warm.retry_grace_s) and the stage's deadline plus a margin, so the job's own
     deadline (the same) fires first and its reason reaches the task's log. `channel`: the
     task's end of the weight channel (`sender`, `receiver`) where the run uses it."""
-    p = cluster.stages["init" if submits_job else stage]
-    own = cluster.stages[stage]
-    timeout_s = own.timeout_s
-    margin_s = JOB_DEADLINE_MARGIN_S if submits_job else 0
     task.set_caching_options(False)
+    _labels(task, runs_code, channel)
+    _resources(task, cluster.stages["init" if submits_job else stage])
+    own = cluster.stages[stage]
+    if own.retries:
+        task.set_retry(
+            num_retries=own.retries,
+            backoff_duration=own.backoff_duration,
+            backoff_factor=own.backoff_factor,
+            backoff_max_duration=own.backoff_max_duration,
+        )
+    if own.timeout_s:
+        margin_s = JOB_DEADLINE_MARGIN_S if submits_job else 0
+        kubernetes.set_timeout(task, own.timeout_s * iterations + margin_s)
+    _credentials_and_identity(task, cluster)
+    return task
+
+
+def _labels(task: dsl.PipelineTask, runs_code: bool, channel: str | None) -> None:
+    """The pod labels network policies select on (manifests/), and the pod's own IP for the
+    weight channel's sender, which publishes it in the store for its receivers."""
     if runs_code:
         kubernetes.add_pod_label(task, *RUNS_CODE_LABEL)
     if channel is not None:
         kubernetes.add_pod_label(task, WEIGHT_CHANNEL_LABEL, channel)
-        if channel == "sender":  # the address train publishes in the store for its receivers
+        if channel == "sender":
             kubernetes.use_field_path_as_env(task, env_name="POD_IP", field_path="status.podIP")
+
+
+def _resources(task: dsl.PipelineTask, p: StagePlacement) -> None:
+    """CPU, memory and accelerators, the node pool (selector and tolerations), and /dev/shm."""
     if p.cpu_request:
         task.set_cpu_request(p.cpu_request)
     if p.cpu_limit:
@@ -83,15 +103,11 @@ def place(
         kubernetes.empty_dir_mount(
             task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=p.shm_size
         )
-    if own.retries:
-        task.set_retry(
-            num_retries=own.retries,
-            backoff_duration=own.backoff_duration,
-            backoff_factor=own.backoff_factor,
-            backoff_max_duration=own.backoff_max_duration,
-        )
-    if timeout_s:
-        kubernetes.set_timeout(task, timeout_s * iterations + margin_s)
+
+
+def _credentials_and_identity(task: dsl.PipelineTask, cluster: ClusterSection) -> None:
+    """The object store's and the Hub's credentials from their secrets, the cluster's default
+    endpoint from its config map, and the uid the pod runs as."""
     if cluster.object_store_secret:
         kubernetes.use_secret_as_env(
             task,
@@ -116,4 +132,3 @@ def place(
             run_as_group=cluster.run_as_user,
             run_as_non_root=True,
         )
-    return task

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -114,13 +115,7 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
     """Every problem of a run config; `inputs=False` skips what needs the datasets, checkpoint
     and store (compile / submit)."""
     from components.core.tracking import check_tracking
-    from components.generate.image_checks import check_images
-    from components.train.checks import (
-        check_checkpointing,
-        check_lora,
-        check_lora_targets,
-        check_train,
-    )
+    from components.train.checks import check_lora, check_train
     from components.verify.checks import check_verifier_specs, check_verify
 
     problems = Problems()
@@ -139,6 +134,19 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
         return problems
 
     check_store(get_store(cfg.run.store, cfg.run.s3_endpoint_url), cfg.run.store, problems)
+    datasets = _datasets(cfg, problems)
+    _check_policy(cfg, datasets, problems, for_cluster=for_cluster)
+    check_verify(cfg, datasets, problems)
+    if "train" in datasets:
+        from components.generate.checks import check_curriculum
+
+        check_curriculum(cfg, problems, datasets["train"][1])
+    return problems
+
+
+def _datasets(cfg: RunConfig, problems: Problems) -> dict[str, tuple[str, pa.Table]]:
+    """The train and eval sets that read without an error ({name: (uri, table)}), each
+    scanned, and each eval set's `data_sources` matched against its rows."""
     datasets: dict[str, tuple[str, pa.Table]] = {}
     for name, uri, key in [
         ("train", cfg.data.train, "data.train"),
@@ -159,43 +167,61 @@ def check_run(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False)
                     f"config data.eval[{ev.name}].data_sources",
                     f"{ev.data_sources} matches no row of {uri}",
                 )
+    return datasets
+
+
+def _check_policy(
+    cfg: RunConfig,
+    datasets: dict[str, tuple[str, pa.Table]],
+    problems: Problems,
+    *,
+    for_cluster: bool,
+) -> None:
+    """The base model, and what depends on it: the prompts against its tokenizer and context,
+    image prompts against its processor, LoRA targets, gradient checkpointing. A base on S3 is
+    only checked for a config.json; the image prompts are then checked on their own."""
+    from components.generate.image_checks import check_images
 
     base = cfg.model.base
-    images_checked = False
     if is_hub(base):
         try:
             base = materialize(base)[0]  # checked like a local directory below
         except HubError as e:
             problems.error("config model.base", str(e))
             base = ""
-    if not base:
-        pass
-    elif is_s3(base):
+    loaded: dict[str, Any] = {}
+    if base and is_s3(base):
         try:
             get_store(base, cfg.run.s3_endpoint_url).read_text(base.rstrip("/") + "/config.json")
         except StoreError as e:
             problems.error("config model.base", f"{base} has no readable config.json ({e})")
-    elif check_checkpoint_dir(
-        Path(base), f"config model.base ({base})", problems, loaded=(loaded := {})
+    elif base and check_checkpoint_dir(
+        Path(base), f"config model.base ({base})", problems, loaded=loaded
     ):
-        from components.generate.checks import check_generate, check_local_dtype
+        _check_against_policy(cfg, datasets, problems, Path(base), loaded, for_cluster)
+        return
+    check_images(cfg, datasets, None, None, None, problems)  # the images on their own
 
-        if not for_cluster:
-            check_local_dtype(cfg, problems)
-        model_config = loaded["config"]
-        check_generate(cfg, loaded["tokenizer"], model_config, datasets, problems)
-        check_images(cfg, datasets, model_config, Path(base), loaded["tokenizer"], problems)
-        check_lora_targets(cfg, problems, model_config)
-        check_checkpointing(cfg, problems, model_config)
-        images_checked = True
-    if not images_checked:  # the policy is not read here: the images on their own
-        check_images(cfg, datasets, None, None, None, problems)
-    check_verify(cfg, datasets, problems)
-    if "train" in datasets:
-        from components.generate.checks import check_curriculum
 
-        check_curriculum(cfg, problems, datasets["train"][1])
-    return problems
+def _check_against_policy(
+    cfg: RunConfig,
+    datasets: dict[str, tuple[str, pa.Table]],
+    problems: Problems,
+    base: Path,
+    loaded: dict[str, Any],
+    for_cluster: bool,
+) -> None:
+    from components.generate.checks import check_generate, check_local_dtype
+    from components.generate.image_checks import check_images
+    from components.train.checks import check_checkpointing, check_lora_targets
+
+    if not for_cluster:
+        check_local_dtype(cfg, problems)
+    model_config, tokenizer = loaded["config"], loaded["tokenizer"]
+    check_generate(cfg, tokenizer, model_config, datasets, problems)
+    check_images(cfg, datasets, model_config, base, tokenizer, problems)
+    check_lora_targets(cfg, problems, model_config)
+    check_checkpointing(cfg, problems, model_config)
 
 
 def run_check(cfg: RunConfig, *, inputs: bool = True, for_cluster: bool = False) -> float:

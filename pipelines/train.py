@@ -40,22 +40,22 @@ from pipelines.placement import place, submits_job
 __all__ = ["build_train_pipeline", "compile_pipeline", "eval_checkpoints"]
 
 
-def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable:
-    """The segment pipeline for this config (images, shard counts and placement fixed at compile
-    time; run id, store, base checkpoint, eval sets and the segment index at run time).
+class _Placer:
+    """Display names and placement of the tasks of one compiled pipeline."""
 
-    `for_cluster=False` leaves out the Kubernetes placement (the local runner has no use for it).
-    """
-    ops = make_ops({s: cfg.cluster.image(s) for s in STEPS})
+    def __init__(self, cfg: RunConfig, for_cluster: bool) -> None:
+        self.cfg, self.for_cluster = cfg, for_cluster
+        channel = cfg.train.handoff.channel == "broadcast"
+        self.ends = {"train": "sender", "generate": "receiver"} if channel else {}
 
-    channel = cfg.train.handoff.channel == "broadcast"
-    ends = {"train": "sender", "generate": "receiver"} if channel else {}
-
-    def placed(task: dsl.PipelineTask, stage: str, name: str, serves: bool = True):
+    def __call__(
+        self, task: dsl.PipelineTask, stage: str, name: str, serves: bool = True
+    ) -> dsl.PipelineTask:
         """Display name and placement; a task that serves the segment gets a pod deadline of
         its stage's per-iteration timeout times the segment's iterations."""
+        cfg = self.cfg
         task.set_display_name(name)
-        if for_cluster:
+        if self.for_cluster:
             n = cfg.run.segment_iterations if serves else 1
             return place(
                 task,
@@ -64,21 +64,30 @@ def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callabl
                 iterations=n,
                 runs_code=stage in code_stages(cfg),
                 submits_job=submits_job(cfg, stage),
-                channel=ends.get(stage) if serves else None,
+                channel=self.ends.get(stage) if serves else None,
             )
         return task.set_caching_options(False)
 
-    def shards_of(op, stage: str, count: int, **kwargs):
+    def shards(self, op: Callable, stage: str, count: int, **kwargs) -> list[dsl.PipelineTask]:
         """One worker per shard (shards are few and fixed by config, so they are unrolled).
         Display names are the stages' task names, which also name their failure markers."""
         if count == 1:
-            return [placed(op(**kwargs), stage, stage)]
+            return [self(op(**kwargs), stage, stage)]
         return [
-            placed(
-                op(**kwargs, shard=s, num_shards=count), stage, f"{stage}-{shard_name(s, count)}"
-            )
+            self(op(**kwargs, shard=s, num_shards=count), stage, f"{stage}-{shard_name(s, count)}")
             for s in range(count)
         ]
+
+
+def build_train_pipeline(cfg: RunConfig, *, for_cluster: bool = True) -> Callable:
+    """The segment pipeline for this config (images, shard counts and placement fixed at compile
+    time; run id, store, base checkpoint, eval sets and the segment index at run time).
+
+    `for_cluster=False` leaves out the Kubernetes placement (the local runner has no use for it).
+    """
+    ops = make_ops({s: cfg.cluster.image(s) for s in STEPS})
+    placed = _Placer(cfg, for_cluster)
+    shards_of = placed.shards
 
     @dsl.pipeline(
         name="rlvr-train",

@@ -275,77 +275,110 @@ def render_html(
     """The dashboard page: header, evaluation table, one plot per family (``plots``:
     ``{family: PNG bytes}``), ``extra`` plots (``{title: (note, PNG bytes)}``), the last
     iteration's figures and how to open TensorBoard. Pure: the same inputs give the same text."""
-    sections = []
-    nav = []
-    sets = _eval_sets(dyn)
-    if sets:
-        tables = "".join(
-            (f"<h3>{_e(s)}</h3>" if len(sets) > 1 else "") + _eval_table(dyn, s) for s in sets
-        )
-        sections.append(
-            '<section id="evaluation"><h2>Evaluation</h2><p class="note">Every evaluated '
-            "checkpoint; 95% bootstrap confidence intervals in brackets; the best pass@1 "
-            f"highlighted.</p>{tables}</section>"
-        )
-        nav.append(("evaluation", "eval table"))
-    elif not _benchmarks_table(dyn):
-        sections.append(
-            '<section id="evaluation"><h2>Evaluation</h2><p class="note">No evaluation '
-            "committed yet: the table and the eval plot appear once <code>evals/&lt;c&gt;</code>"
-            " is.</p></section>"
-        )
-    benchmarks = _benchmarks_table(dyn)
-    if benchmarks:
-        sections.append(benchmarks)
-        nav.append(("benchmarks", "standard benchmarks"))
-    for family, png in plots.items():
-        note = _NOTES.get(family, "")
-        sections.append(
-            f'<section id="{_e(family)}"><h2>{_e(_HEADINGS.get(family, family))} '
-            f"<code>{_e(family)}/…</code></h2>"
-            + (f'<p class="note">{_e(note)}</p>' if note else "")
-            + _img(png, f"{family} figures per iteration")
-            + "</section>"
-        )
-        nav.append((family, family))
-    for i, (title, (note, png)) in enumerate((extra or {}).items()):
-        anchor = f"extra-{i}"
-        sections.append(
-            f'<section id="{anchor}"><h2>{_e(title)}</h2>'
-            + (f'<p class="note">{_e(note)}</p>' if note else "")
-            + _img(png, title)
-            + "</section>"
-        )
-        nav.append((anchor, title))
+    page = _Sections()
+    _evaluation_sections(page, dyn)
+    _plot_sections(page, plots, extra or {})
     if gallery:  # image prompts with their responses (gallery.py)
-        sections.append(gallery)
-        nav.append(("images", "image prompts"))
+        page.add(gallery, "images", "image prompts")
     if dyn.rows:
-        sections.append(
+        page.add(
             '<section id="last"><h2>Last figures</h2><p class="note">Each figure at the last '
             "step that recorded it, with the change since its value the step before. Every "
             "value of every step: <code>dynamics.csv</code> beside this page.</p>"
-            f"{_last_tables(dyn)}</section>"
+            f"{_last_tables(dyn)}</section>",
+            "last",
+            "last figures",
         )
-        nav.append(("last", "last figures"))
     tb = root.rstrip("/") + "/tensorboard"
-    sections.append(
+    page.add(
         '<section id="tensorboard"><h2>TensorBoard</h2><p class="note">The stages log the same '
         "figures, under the same names, to TensorBoard event files in the run (when "
         "<code>tracking.backends</code> includes tensorboard). Step-level detail (the viewer: "
         '<code>pip install -e ".[tensorboard]"</code>):</p>'
-        f"<pre>tensorboard --logdir {_e(tb)}</pre></section>"
+        f"<pre>tensorboard --logdir {_e(tb)}</pre></section>",
+        "tensorboard",
+        "tensorboard",
     )
-    nav.append(("tensorboard", "tensorboard"))
+    return _page(dyn, run_id, root, page)
+
+
+class _Sections:
+    """The page's sections in order, and the header's links to those that have one."""
+
+    def __init__(self) -> None:
+        self.html: list[str] = []
+        self.nav: list[tuple[str, str]] = []
+
+    def add(self, html: str, anchor: str | None = None, title: str = "") -> None:
+        self.html.append(html)
+        if anchor is not None:
+            self.nav.append((anchor, title))
+
+
+def _evaluation_sections(page: _Sections, dyn: Dynamics) -> None:
+    """The evaluation tables (one per eval set), or a note that none is committed yet, and
+    the standard benchmarks' table."""
+    sets = _eval_sets(dyn)
+    benchmarks = _benchmarks_table(dyn)
+    if sets:
+        tables = "".join(
+            (f"<h3>{_e(s)}</h3>" if len(sets) > 1 else "") + _eval_table(dyn, s) for s in sets
+        )
+        page.add(
+            '<section id="evaluation"><h2>Evaluation</h2><p class="note">Every evaluated '
+            "checkpoint; 95% bootstrap confidence intervals in brackets; the best pass@1 "
+            f"highlighted.</p>{tables}</section>",
+            "evaluation",
+            "eval table",
+        )
+    elif not benchmarks:
+        page.add(
+            '<section id="evaluation"><h2>Evaluation</h2><p class="note">No evaluation '
+            "committed yet: the table and the eval plot appear once <code>evals/&lt;c&gt;</code>"
+            " is.</p></section>"
+        )
+    if benchmarks:
+        page.add(benchmarks, "benchmarks", "standard benchmarks")
+
+
+def _plot_sections(
+    page: _Sections, plots: Mapping[str, bytes], extra: Mapping[str, tuple[str, bytes]]
+) -> None:
+    """One section per family of figures, then the extra plots."""
+    for family, png in plots.items():
+        note = _NOTES.get(family, "")
+        page.add(
+            f'<section id="{_e(family)}"><h2>{_e(_HEADINGS.get(family, family))} '
+            f"<code>{_e(family)}/…</code></h2>"
+            + (f'<p class="note">{_e(note)}</p>' if note else "")
+            + _img(png, f"{family} figures per iteration")
+            + "</section>",
+            family,
+            family,
+        )
+    for i, (title, (note, png)) in enumerate(extra.items()):
+        anchor = f"extra-{i}"
+        page.add(
+            f'<section id="{anchor}"><h2>{_e(title)}</h2>'
+            + (f'<p class="note">{_e(note)}</p>' if note else "")
+            + _img(png, title)
+            + "</section>",
+            anchor,
+            title,
+        )
+
+
+def _page(dyn: Dynamics, run_id: str, root: str, page: _Sections) -> str:
+    """The HTML document: head, header (run, step span, cards, links), sections, footer."""
     steps = dyn.steps
     span = f"steps {steps[0]}–{steps[-1]}" if steps else "no step committed yet"
-    links = "".join(f'<a href="#{_e(a)}">{_e(t)}</a>' for a, t in nav)
+    links = "".join(f'<a href="#{_e(a)}">{_e(t)}</a>' for a, t in page.nav)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>rlvr run {_e(run_id)}</title><style>{_CSS}</style></head><body><main>"
         f'<header><h1>Run {_e(run_id)}</h1><div class="path">{_e(root)} · {_e(span)}</div>'
-        f"{_cards(dyn)}<nav>{links}</nav></header>{''.join(sections)}"
+        f"{_cards(dyn)}<nav>{links}</nav></header>{''.join(page.html)}"
         "<footer>Generated by <code>rlvr report</code> from the run's committed manifests. "
         "Beside this page in <code>report/</code>: <code>dynamics.csv</code> and "
         "<code>dynamics.json</code> (step × figure; <code>pandas.read_csv(…, "

@@ -208,6 +208,53 @@ def adapter(model: Any, tokenizer: Any, suite: LmEvalSetConfig) -> Any:
         return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=suite.batch_size)
 
 
+def run_on_policy(
+    due: list[LmEvalSetConfig], engine: Any, store: Any, uri: str, task: str, label: str
+) -> dict[str, Any]:
+    """Every suite in `due` on the policy the evaluate stage's engine holds (checkpoint `uri`):
+    {suite name: summary}. A copy loaded for a vLLM engine is freed afterwards."""
+    out = {}
+    model, tokenizer = _policy(engine, store, uri, task)
+    try:
+        for suite in due:
+            log.info("evaluate %s: lm-eval %s (%s)", label, suite.name, ", ".join(suite.lm_eval))
+            out[suite.name] = run_suite(suite, adapter(model, tokenizer, suite))
+    finally:
+        del model, tokenizer
+        if engine.backend is not None and not hasattr(engine.backend, "model"):
+            import torch
+
+            if torch.cuda.is_available():  # the copy loaded beside vLLM's engine
+                torch.cuda.empty_cache()
+    return out
+
+
+def _policy(engine: Any, store: Any, uri: str, task: str) -> tuple[Any, Any]:
+    """The model and tokenizer lm-eval's transformers adapter wraps: the engine's own
+    (transformers backend; a LoRA policy as its PEFT model), else the checkpoint loaded once
+    more with transformers, for this checkpoint's suites only (a vLLM engine's weights are out
+    of lm-eval's reach; it then needs room beside vLLM's share of the GPU)."""
+    backend, tokenizer = engine.backend, engine.tokenizer
+    model = getattr(backend, "model", None)
+    if model is not None and hasattr(model, "forward"):
+        return model, tokenizer
+    import torch
+    from transformers import AutoTokenizer
+
+    from components.core.adapter import is_adapter_dir
+    from components.core.checkpoint import local_checkpoint, model_class
+    from components.core.retention import reading
+
+    with reading(store, uri, task):
+        ckpt = local_checkpoint(store, uri)
+        if is_adapter_dir(ckpt):  # refused by the stage's check() before any work
+            raise UserError("lm-eval suites on a LoRA policy need generate.backend: transformers")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # dtype auto: the checkpoint's own, the sampler's (the policy handoff's dtype)
+        model = model_class(ckpt).from_pretrained(ckpt, dtype="auto").to(device).eval()
+        return model, AutoTokenizer.from_pretrained(ckpt)
+
+
 def run_suite(suite: LmEvalSetConfig, lm: Any) -> dict[str, Any]:
     """Run a suite with lm-eval on the adapter `lm`; its summary (see `summarize`)."""
     from lm_eval import simple_evaluate

@@ -29,23 +29,18 @@ from components.core import lineages
 from components.core.commit import (
     Lineage,
     OutputDir,
-    RetiredError,
     clear_other_layouts,
-    committed_files,
     content_digest,
     shard_dir,
-    shard_of,
     with_input,
 )
 from components.core.config import RunConfig
-from components.core.errors import StageError, UserError
+from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
-from components.core.schemas import read_records
-from components.core.store import Store, StoreError, join
+from components.core.store import StoreError, join
 from components.core.warm import (
     Stage,
     Timeline,
-    run_once,
     segment_eval_checkpoints,
 )
 from components.core.warm import segment as warm_segment
@@ -57,12 +52,10 @@ from components.evaluate.results import (
     write_outputs,
     write_table,
 )
+from components.evaluate.sampling import gather, sample_and_score
 from components.generate.engine import PolicyEngine
-from components.generate.rollouts import dataset_uri, generate_rollouts, load_prompts, spec_from
-from components.verify.scoring import resolve_rewards, score_table
 
 log = logging.getLogger("rlvr.evaluate")
-EVAL_SEED_ITERATION = -1  # the same sample seeds for every checkpoint
 
 
 def validate_eval_sets(cfg: RunConfig) -> None:
@@ -93,106 +86,6 @@ def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
     if c not in committed:
         raise StageError(f"checkpoint {c:05d} of {layout.root} is not committed; have {committed}")
     return c
-
-
-def _gather(cfg: RunConfig, store: Store, shards_uri: str) -> dict[str, dict[str, Any]]:
-    """The scored samples of every eval set, from the committed sampling shards."""
-    files = committed_files(store, shards_uri, ".parquet")
-    results: dict[str, dict[str, Any]] = {}
-    for ev in cfg.data.eval:
-        results[ev.name] = {}
-        for kind in ("samples", "greedy_samples") if ev.greedy else ("samples",):
-            mine = [f for f in files if f.endswith(f"/{ev.name}/{kind}.parquet")]
-            results[ev.name][kind] = read_records(store, mine, "scored")
-    return results
-
-
-def _sample_and_score(
-    cfg: RunConfig,
-    store: Store,
-    layout: RunLayout,
-    c: int,
-    shard: int,
-    num_shards: int,
-    engine: PolicyEngine,
-) -> dict[str, dict[str, Any]]:
-    """Sample and score every eval set (this shard's prompts); nothing is committed here."""
-    ckpt_uri = layout.checkpoint(c)
-    sets = []
-    for ev in cfg.data.eval:
-        uri = dataset_uri(store, layout.eval_data(ev.name))
-        prompts = load_prompts(store, uri, ev.name)
-        if ev.data_sources is not None:
-            prompts = [p for p in prompts if p.data_source in set(ev.data_sources)]
-            if not prompts:
-                raise StageError(
-                    f"data.eval[{ev.name}].data_sources={ev.data_sources} matches no prompt of {uri}"
-                )
-        if ev.max_prompts is not None:
-            prompts = prompts[: ev.max_prompts]
-        resolve_rewards({p.data_source for p in prompts}, cfg.verify.rewards)  # before sampling
-        prompts = [p for p in prompts if shard_of(p.prompt_id, num_shards) == shard]
-        common = dict(top_p=ev.top_p, top_k=ev.top_k, max_new_tokens=ev.max_new_tokens)
-        specs = {
-            "samples": spec_from(
-                cfg.generate, cfg.evaluate.seed, n=ev.n, temperature=ev.temperature, **common
-            )
-        }
-        if ev.greedy:
-            specs["greedy_samples"] = spec_from(
-                cfg.generate, cfg.evaluate.seed, n=1, temperature=0.0, **common
-            )
-        sets.append((ev, prompts, specs))
-    backend, tokenizer, _ = engine.ensure(store, ckpt_uri)  # loaded by the caller: a reuse
-    scratch_root = join(layout.root, "eval_scratch", f"{c:05d}-{shard}-of-{num_shards}")
-    out: dict[str, dict[str, Any]] = {}
-    tools = None
-    if cfg.generate.tools or cfg.generate.environment:  # evaluated as trained
-        from components.generate.tools import load_tools
-
-        tools = load_tools(cfg.generate.tools)
-    try:
-        for ev, prompts, specs in sets:
-            out[ev.name] = {}
-            for kind, spec in specs.items():
-                scratch = OutputDir(store, join(scratch_root, ev.name, kind), "evaluate")
-                generate_rollouts(
-                    scratch,
-                    backend,
-                    tokenizer,
-                    prompts,
-                    spec,
-                    iteration=EVAL_SEED_ITERATION,
-                    checkpoint_uri=ckpt_uri,
-                    max_prompt_tokens=cfg.generate.max_prompt_tokens,
-                    rows_per_part=cfg.generate.rows_per_part,
-                    policy_version=c,
-                    desc=f"evaluate {c:05d} {ev.name}" + (" (greedy)" if kind != "samples" else ""),
-                    allow_empty=num_shards > 1,
-                    tools=tools,
-                    max_turns=cfg.generate.max_turns,
-                    max_response_tokens=cfg.generate.max_response_tokens,
-                    environment=cfg.generate.environment,
-                    run_root=layout.root,
-                )
-                scratch.commit({})
-                files = committed_files(store, scratch.uri, ".parquet")
-                scored, vstats = score_table(
-                    read_records(store, files, "rollouts"),
-                    cfg.verify.rewards,
-                    num_workers=cfg.verify.num_workers,
-                    timeout_s=cfg.verify.timeout_s,
-                    max_error_fraction=cfg.verify.max_error_fraction,
-                    overlong=cfg.verify.overlong_penalty,
-                    env_reward_weight=cfg.verify.env_reward_weight,
-                )
-                out[ev.name][kind] = scored
-                out[ev.name][f"{kind}_verify"] = vstats
-    finally:
-        store.delete_tree(scratch_root)
-        if tools is not None:
-            tools.close()
-    return out
 
 
 class EvaluateStage(Stage):
@@ -297,7 +190,7 @@ class EvaluateStage(Stage):
             return {"skipped": True, "uri": out.uri}
         self._load(c, timeline)
         with timeline.span("work"):
-            results = _sample_and_score(cfg, store, layout, c, shard, num_shards, self.engine)
+            results = sample_and_score(cfg, store, layout, c, shard, num_shards, self.engine)
         t0 = time.time()
         clear_other_layouts(store, shards_uri, num_shards)
         out.begin(force=True)
@@ -328,11 +221,11 @@ class EvaluateStage(Stage):
             return {"skipped": True, "uri": out.uri}
         if sharded:
             with timeline.span("read"):
-                results = _gather(cfg, store, shards_uri)
+                results = gather(cfg, store, shards_uri)
         else:
             self._load(c, timeline)
             with timeline.span("work"):
-                results = _sample_and_score(cfg, store, layout, c, 0, 1, self.engine)
+                results = sample_and_score(cfg, store, layout, c, 0, 1, self.engine)
         suites = self._suites(c, timeline)
         t0 = time.time()
         top = write_outputs(cfg, store, layout, c, results, out, tmp, lm_eval=suites)
@@ -372,63 +265,16 @@ class EvaluateStage(Stage):
             log.warning("retention sweep failed (%s); nothing was deleted that a stage needs", e)
 
     def _suites(self, c: int, timeline: Timeline) -> dict[str, Any]:
-        """Every lm-eval suite on checkpoint c ({suite name: summary}), with the policy the
-        engine holds where it is a transformers model."""
+        """Every lm-eval suite due on checkpoint c ({suite name: summary})."""
         due = lineages.suites_due(self.cfg, c)
         if not due:
             return {}
-        from components.evaluate import lm_eval_suite
+        from components.evaluate.lm_eval_suite import run_on_policy
 
         self._load(c, timeline)  # a reuse where sampling loaded it
-        out = {}
         with timeline.span("lm_eval"):
-            model, tokenizer = self._policy(c)
-            try:
-                for suite in due:
-                    log.info(
-                        "evaluate %s: lm-eval %s (%s)",
-                        self.label or f"{c:05d}",
-                        suite.name,
-                        ", ".join(suite.lm_eval),
-                    )
-                    lm = lm_eval_suite.adapter(model, tokenizer, suite)
-                    out[suite.name] = lm_eval_suite.run_suite(suite, lm)
-            finally:
-                del model, tokenizer
-                if self.engine.backend is not None and not hasattr(self.engine.backend, "model"):
-                    import torch
-
-                    if torch.cuda.is_available():  # the copy loaded beside vLLM's engine
-                        torch.cuda.empty_cache()
-        return out
-
-    def _policy(self, c: int) -> tuple[Any, Any]:
-        """The model and tokenizer lm-eval's transformers adapter wraps: the engine's own
-        (transformers backend; a LoRA policy as its PEFT model), else checkpoint c loaded once
-        more with transformers, for this checkpoint's suites only (a vLLM engine's weights are
-        out of lm-eval's reach; it then needs room beside vLLM's share of the GPU)."""
-        backend, tokenizer = self.engine.backend, self.engine.tokenizer
-        model = getattr(backend, "model", None)
-        if model is not None and hasattr(model, "forward"):
-            return model, tokenizer
-        import torch
-        from transformers import AutoTokenizer
-
-        from components.core.adapter import is_adapter_dir
-        from components.core.checkpoint import local_checkpoint, model_class
-        from components.core.retention import reading
-
-        uri = self.layout.checkpoint(c)
-        with reading(self.store, uri, self.task):
-            ckpt = local_checkpoint(self.store, uri)
-            if is_adapter_dir(ckpt):  # refused by check() before any work
-                raise UserError(
-                    "lm-eval suites on a LoRA policy need generate.backend: transformers"
-                )
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            # dtype auto: the checkpoint's own, the sampler's (the policy handoff's dtype)
-            model = model_class(ckpt).from_pretrained(ckpt, dtype="auto").to(device).eval()
-            return model, AutoTokenizer.from_pretrained(ckpt)
+            uri, label = self.layout.checkpoint(c), self.label or f"{c:05d}"
+            return run_on_policy(due, self.engine, self.store, uri, self.task, label)
 
     def _load(self, c: int, timeline: Timeline) -> None:
         """Checkpoint c into the engine (in place when only the weights changed)."""
@@ -437,66 +283,6 @@ class EvaluateStage(Stage):
 
     def close(self) -> None:
         self.engine.close()
-
-
-def evaluate_external(cfg: RunConfig, checkpoint: str, *, force: bool = False) -> dict[str, Any]:
-    """Evaluate any HF checkpoint directory or store URI, outside an RL run.
-
-    It becomes checkpoint 00000 of a run named `eval-<digest of the URI>` in the same store (the
-    checkpoint and eval sets are copied in, as for any run), so results are kept and an unchanged
-    checkpoint is not evaluated twice.
-    """
-    import hashlib
-
-    from components.core import run_setup
-
-    cfg = cfg.model_copy(deep=True)
-    cfg.evaluate.num_shards = 1  # one local process: no shard fan-out to gather
-    cfg.model.base = checkpoint
-    cfg.run.run_id = "eval-" + hashlib.sha256(checkpoint.encode()).hexdigest()[:12]
-    run_setup.run(cfg, force=True)  # re-import: a changed checkpoint gets a new content digest
-    result = run_once(EvaluateStage(cfg, label=checkpoint), 0, force=force)
-    return {**result, "root": RunLayout.of(cfg).root, "run_id": cfg.run_id}
-
-
-def watch_run(
-    cfg: RunConfig, *, poll_s: float = 30.0, timeout_s: float | None = None, force: bool = False
-) -> dict[str, Any]:
-    """Evaluate each committed checkpoint of a run as it lands (the local recurring evaluation).
-
-    Returns once the run's last checkpoint (run.iterations) is evaluated, or after timeout_s.
-    """
-    from components.core.tracking import StageTracking
-
-    cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"num_shards": 1})})
-    store, layout = store_for(cfg), RunLayout.of(cfg)
-    start = time.monotonic()
-    done: set[int] = set()
-    stage = EvaluateStage(cfg)  # warm: each new checkpoint's weights go into the loaded policy
-    tracking = StageTracking(stage)  # each evaluation to the trackers, as a worker's
-    try:
-        while True:
-            for c in committed_indices(store, join(layout.root, "checkpoints")):
-                if c not in done:
-                    timeline = Timeline(stage.task, c)
-                    try:
-                        result = stage.step(c, force=force, timeline=timeline)
-                    except RetiredError:  # retired by the run while this one loaded it
-                        result = {"skipped": True, "retired": True}
-                    if not result.get("retired"):
-                        tracking.after_step(c, result, timeline)
-                    done.add(c)
-            if cfg.run.iterations in done:
-                return {"evaluated": sorted(done)}
-            if timeout_s is not None and time.monotonic() - start >= timeout_s:
-                return {"evaluated": sorted(done), "timed_out": True}
-            log.info(
-                "watching %s: evaluated %s; next poll in %.0f s", layout.root, sorted(done), poll_s
-            )
-            time.sleep(poll_s)
-    finally:
-        tracking.close()
-        stage.close()
 
 
 #: `rlvr stage evaluate` (checkpoint `iteration`, or one shard of its samples, cold) and the

@@ -3,14 +3,17 @@
 It runs its own decode loop over the model's forward (rather than `model.generate`) so that the
 three things the trainer depends on are explicit: the per-token log-probability definition
 (backends.LOGPROB_DEFINITION), per-sample random streams that do not depend on the batch, and the
-stop rules. Sampling uses inverse-CDF draws from a per-sample uniform stream: sample `s` at step
-`t` always consumes uniform `u[s, t]` from its own generator.
+stop rules. Each step's tokens are drawn by token_sampling.py (inverse-CDF draws from a
+per-sample uniform stream: sample `s` at step `t` always consumes uniform `u[s, t]` from its own
+generator).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,160 +27,7 @@ from components.generate.backends import (
     cut_at_stop,
 )
 from components.generate.kv_cache import reserve, rows_movable
-
-
-def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask logits outside top-k and the top-p nucleus with -inf.  # [B, V] -> [B, V]"""
-    if top_k and top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, idx = torch.sort(scaled, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Drop a token when the mass before it already reaches top_p (the first always stays).
-        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    return scaled
-
-
-def sampling_probs(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
-    """The distribution a sample is drawn from, in float64.  # [B, V] -> [B, V]
-
-    float64 from float32 logits: the logits of one row differ in their last bits
-    between batch layouts (padding width, batch size and thread count change the kernels'
-    summation order), and a float32 cumulative sum over a large vocabulary adds its own
-    layout-free but sizeable rounding. In float64 the CDF carries the logits' rounding only, so a
-    draw moves between layouts only when its uniform lies within about 1e-7 of a CDF boundary.
-    """
-    scaled = logits.double() / spec.temperature
-    return torch.softmax(filter_logits(scaled, spec.top_k, spec.top_p), dim=-1)
-
-
-def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Draw one token per row with the given uniforms.  # probs [B, V], u [B] -> [B]"""
-    cdf = probs.cumsum(-1)
-    tok = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1), right=True)
-    tok = tok.squeeze(-1).clamp(max=probs.shape[-1] - 1)
-    # Never pick a zero-probability token at the boundary of float round-off.
-    bad = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1) <= 0
-    if bad.any():
-        tok = torch.where(bad, probs.argmax(-1), tok)
-    return tok
-
-
-#: Float64 elements per sampler chunk (16 MB): see `sample_step`.
-SAMPLER_CHUNK_ELEMENTS = 1 << 21
-
-
-def sample_step(
-    logits: torch.Tensor, u: torch.Tensor, spec: SamplingSpec
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode step: each row's token and its log-probability (LOGPROB_DEFINITION).
-    # logits [B, V], u [B] float64 -> tokens [B] long, logprobs [B] float32
-
-    Rows go through `sample_rows` in even chunks of at most 16 MB of float64 (42 rows at a 49k
-    vocabulary). Every operation is per row, so the result is the same as in one piece, bit for
-    bit (tested at a vocabulary over PyTorch's parallel grain with two threads); but a [128, 49152] float64 temporary is 50 MB, which the allocator maps fresh from the
-    kernel and faults in page by page. Measured on SmolLM2-135M (2-core CPU, bf16, 128 rows, 48
-    new tokens): the sampler's share of the generate stage fell from 0.80 s to 0.54 s of about
-    6 s (alone, on one `[128, 49152]` input: 50 ms against 14 ms). On a GPU, whose allocator keeps
-    its blocks, the rows go in one piece.
-    """
-    rows = max(1, SAMPLER_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
-    if logits.shape[0] <= rows or logits.device.type != "cpu":  # GPU allocators cache: no faults
-        return sample_rows(logits, u, spec)
-    # Even chunks (sizes differ by at most one): never a chunk of one row after larger ones. A
-    # one-row reduction over a long row is split across threads, which adds in another order
-    # than the per-row reduction of a multi-row tensor (the last bits of a logprob would move).
-    chunks = -(-logits.shape[0] // rows)
-    parts = [
-        sample_rows(x, v, spec)
-        for x, v in zip(logits.tensor_split(chunks), u.tensor_split(chunks), strict=True)
-    ]
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-
-def sample_rows(
-    logits: torch.Tensor, u: torch.Tensor, spec: SamplingSpec
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample_step` on rows that fit one chunk.
-    # logits [B, V], u [B] float64 -> tokens [B] long, logprobs [B] float32
-
-    The draw is `sample_inverse_cdf(sampling_probs(logits, spec), u)` without the normalized
-    distribution: in float64, the CDF is the running sum of exp(logit/T - max) and the uniform is
-    scaled by its total, which is the same draw (the scale cancels) in a third of the passes
-    over a [B, V] tensor. The log-probability comes from the same float64 sums (before top-k /
-    top-p): log p = logit/T - max - log(total). At a 49k vocabulary and 128 rows the sampler's
-    passes over the logits were a quarter of a CPU decode step.
-    """
-    s = logits.to(torch.float64, copy=True)
-    if spec.temperature > 0:
-        s.div_(spec.temperature)
-    m = s.amax(-1, keepdim=True)
-    if spec.temperature == 0:
-        tok = s.argmax(-1)
-        lse = m + torch.sub(s, m).exp_().sum(-1, keepdim=True).log_()
-    else:
-        kept = filter_logits(s, spec.top_k, spec.top_p)
-        if kept is s:
-            cdf = torch.sub(s, m).exp_().cumsum_(-1)
-            lse = m + cdf[:, -1:].log()
-        else:
-            lse = torch.logsumexp(s, -1, keepdim=True)
-            cdf = torch.sub(kept, kept.amax(-1, keepdim=True)).exp_().cumsum_(-1)
-        total = cdf[:, -1:]
-        tok = torch.searchsorted(cdf, u.to(cdf.dtype).unsqueeze(-1) * total, right=True)
-        tok = tok.squeeze(-1).clamp(max=s.shape[-1] - 1)
-        # Never pick a zero-probability token at the boundary of float round-off.
-        at = cdf.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        before = cdf.gather(-1, (tok - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        bad = (torch.where(tok > 0, at - before, at)) <= 0
-        if bad.any():
-            tok = torch.where(bad, kept.argmax(-1), tok)
-    lp = (s.gather(-1, tok.unsqueeze(-1)) - lse).squeeze(-1)
-    return tok, lp.float()
-
-
-def sample_uniforms(seeds: list[int], steps: int) -> torch.Tensor:
-    """One float64 uniform per (sample, step), each sample from its own generator.  # [B, T]"""
-    return torch.stack(
-        [
-            torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-            for s in seeds
-        ]
-    )
-
-
-def draw_margin(logits: torch.Tensor, u: float, spec: SamplingSpec) -> float:
-    """How far one draw is from changing: the smallest relative perturbation of its inputs that
-    could pick another token.  # logits [V] (float32, one step of one sample), u in [0, 1)
-
-    The minimum of three distances, each relative (so one tolerance serves every vocabulary):
-    the uniform's distance to the nearest CDF boundary (in probability mass); with top-k, the gap
-    between the k-th and (k+1)-th logit over the logit scale; with top-p, the distance of the
-    nucleus's cumulative mass from `top_p`. Greedy: the gap between the two largest logits.
-    Two layouts can draw different tokens only where this is at the level of float rounding
-    (docs/contracts.md, "Batch and shard invariance").
-    """
-    logits = logits.double()
-    scale = float(logits.abs().max()) or 1.0
-    top2 = torch.topk(logits, 2).values
-    if spec.temperature == 0:
-        return float(top2[0] - top2[1]) / scale
-    margins = []
-    scaled = logits / spec.temperature
-    if spec.top_k and spec.top_k < logits.numel():
-        kk = torch.topk(scaled, spec.top_k + 1).values
-        margins.append(float(kk[-2] - kk[-1]) / (scale / spec.temperature))
-    if spec.top_p < 1.0:
-        p = torch.softmax(scaled, -1).sort(descending=True).values
-        margins.append(float((p.cumsum(-1) - p - spec.top_p).abs().min()))
-    probs = sampling_probs(logits[None], spec)[0]
-    cdf = probs.cumsum(-1)
-    target = u * float(cdf[-1])
-    margins.append(float((cdf[probs > 0] - target).abs().min()))
-    return min(margins)
+from components.generate.token_sampling import sample_step, sample_uniforms
 
 
 class TransformersBackend:
@@ -330,87 +180,89 @@ class TransformersBackend:
     def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
         # A prompt's n rows are consecutive: _prefill computes each run of them once.
         rows = [(r, j) for r in batch for j in range(spec.n)]
+        state = self._start(batch, rows, spec)
+        self._decode(state, spec)
+        return self._samples(rows, state, spec)
+
+    def _start(self, batch: list[PromptRequest], rows: list, spec: SamplingSpec) -> _Decode:
+        """A batch's decode state after the prefill: the prompts left-padded to the longest,
+        their KV cache (with room reserved for every step) and the first step's logits."""
         prompts = [r.prompt_token_ids for r, _ in rows]
         B, P, T = len(rows), max(len(p) for p in prompts), spec.max_new_tokens
         pad = self.tokenizer.pad_token_id
-        ids = torch.full((B, P), pad, dtype=torch.long)
-        attn = torch.zeros((B, P), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attn[i, P - len(p) :] = 1
+        ids, attn = left_pad(prompts, P, pad)
         uniforms = sample_uniforms([r.sample_seeds[j] for r, j in rows], T)
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         pos, next_pos, vision = self._positions(batch, ids, attn, pos, spec.n)
-        mrope = pos.dim() == 3
         # The mask for all steps, allocated once; step t feeds a view of its first P+t+1 columns.
         attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)
         attn_all[:, :P] = attn
         # Prefill, once per prompt: its n samples share it, so the cache and the last logits are
-        # repeated n times after (prefilling every row was n times the work, as much as the whole
-        # decode for short answers). Only the last position's logits are needed: at a 49k
-        # vocabulary the head over every prompt position is most of the prefill's work.
+        # repeated n times after. Only the last position's logits are needed, so the output head
+        # (a large matmul at a large vocabulary) runs on that position alone.
         past, logits = self._prefill(ids, attn, pos, spec.n, vision)
         # Room for every step's keys and values, written in place (kv_cache.py).
         reserve(past, P + T)
+        dev = self.device
+        return _Decode(
+            P=P,
+            T=T,
+            pad=pad,
+            mrope=pos.dim() == 3,
+            tokens=torch.full((B, T), pad, dtype=torch.long, device=dev),
+            logps=torch.zeros((B, T), dtype=torch.float32, device=dev),
+            lengths=torch.zeros(B, dtype=torch.long, device=dev),
+            finished=torch.zeros(B, dtype=torch.bool, device=dev),
+            stopped=torch.zeros(B, dtype=torch.bool, device=dev),
+            uniforms=uniforms.to(dev),
+            act=torch.arange(B, device=dev),
+            past=past,
+            logits=logits,
+            attn_all=attn_all,
+            next_pos=next_pos,
+        )
 
+    def _decode(self, state: _Decode, spec: SamplingSpec) -> None:
+        """Sample step after step until every row has stopped or `max_new_tokens` are drawn."""
         eos = torch.tensor(
             sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
         )
         window = stop_window(spec.stop)
-        dev = self.device
-        tokens = torch.full((B, T), pad, dtype=torch.long, device=dev)
-        logps = torch.zeros((B, T), dtype=torch.float32, device=dev)
-        lengths = torch.zeros(B, dtype=torch.long, device=dev)
-        finished = torch.zeros(B, dtype=torch.bool, device=dev)
-        stopped = torch.zeros(B, dtype=torch.bool, device=dev)
-        uniforms = uniforms.to(dev)
-        # The rows still sampling (`act`, indices into the batch): the per-step tensors (logits,
-        # mask, positions, uniforms, the KV cache) hold these rows only. Finished rows are dropped
-        # from them once they are an eighth of the rows: a static batch otherwise computes every
-        # row until its longest response ends (with real models' response lengths, most of the
-        # decode work went to rows that were done).
-        act = torch.arange(B, device=dev)
-        compact = rows_movable(past)
-        for t in range(T):
-            tok, lp = sample_step(logits, uniforms[:, t], spec)
-            live = ~finished[act]
-            tokens[act, t] = torch.where(live, tok, pad)
-            logps[act, t] = torch.where(live, lp, 0.0)
-            lengths[act] += live
-            hit_eos = torch.isin(tok, eos) & live
-            finished[act] = finished[act] | hit_eos
-            stopped[act] = stopped[act] | hit_eos
+        # Finished rows are dropped from the per-step tensors once they are an eighth of the
+        # rows: a static batch would compute every row until its longest response ends.
+        compact = rows_movable(state.past)
+        for t in range(state.T):
+            tok, lp = sample_step(state.logits, state.uniforms[:, t], spec)
+            open_rows = state.record(t, tok, lp, eos)
             if spec.stop:
-                # Text-level, per row, over the last tokens only (`stop_in_tail`): a stop string
-                # that completes at this step lies within them (every earlier step was checked),
-                # and decoding the whole response each step costs O(T^2) per row.
-                for i in act[live & ~hit_eos].tolist():
-                    if stop_in_tail(self.tokenizer, tokens[i], t + 1, spec.stop, window):
-                        finished[i] = True
-                        stopped[i] = True
-            if bool(finished.all()) or t == T - 1:
+                state.check_stop(self.tokenizer, t, open_rows, spec.stop, window)
+            if bool(state.finished.all()) or t == state.T - 1:
                 break
-            done = finished[act]
-            if compact and 8 * int(done.sum()) >= len(act):
-                keep = torch.nonzero(~done).flatten()
-                past.batch_select_indices(keep)
-                act, tok, done = act[keep], tok[keep], done[keep]
-                attn_all, next_pos, uniforms = attn_all[keep], next_pos[keep], uniforms[keep]
-            feed = torch.where(done, pad, tok)
-            step_pos = next_pos.unsqueeze(-1)
-            out = self.model(
-                input_ids=feed.unsqueeze(-1),
-                attention_mask=attn_all[:, : P + t + 1],
-                position_ids=step_pos.expand(3, -1, -1) if mrope else step_pos,
-                use_cache=True,
-                **{self.cache_kwarg: past},
-            )
-            past, logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
-            next_pos = next_pos + 1
+            done = state.finished[state.act]
+            if compact and 8 * int(done.sum()) >= len(state.act):
+                tok, done = state.drop_finished(tok, done)
+            self._step(state, torch.where(done, state.pad, tok), t)
 
+    def _step(self, state: _Decode, feed: torch.Tensor, t: int) -> None:
+        """The forward of step `t` on the active rows: `feed` (each row's newest token, pad for
+        a finished row) in, the next step's logits and the grown KV cache out."""
+        step_pos = state.next_pos.unsqueeze(-1)
+        out = self.model(
+            input_ids=feed.unsqueeze(-1),
+            attention_mask=state.attn_all[:, : state.P + t + 1],
+            position_ids=step_pos.expand(3, -1, -1) if state.mrope else step_pos,
+            use_cache=True,
+            **{self.cache_kwarg: state.past},
+        )
+        state.past, state.logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
+        state.next_pos = state.next_pos + 1
+
+    def _samples(self, rows: list, state: _Decode, spec: SamplingSpec) -> list[Sample]:
+        """Each row's response: its tokens up to its length, decoded and cut at a stop string."""
         samples = []
-        tokens, logps, lengths, stopped = tokens.cpu(), logps.cpu(), lengths.cpu(), stopped.cpu()
+        tokens, logps = state.tokens.cpu(), state.logps.cpu()
+        lengths, stopped = state.lengths.cpu(), state.stopped.cpu()
         for i, (req, j) in enumerate(rows):
             n = int(lengths[i])
             tok_ids = tokens[i, :n].tolist()
@@ -428,6 +280,76 @@ class TransformersBackend:
                 )
             )
         return samples
+
+
+def left_pad(prompts: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids, attention mask) of prompts left-padded to `width`.  # -> [B, width] x 2"""
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attn[i, width - len(p) :] = 1
+    return ids, attn
+
+
+@dataclass
+class _Decode:
+    """One batch's decode loop state. `tokens`, `logps` [B, T] and `lengths`, `finished`,
+    `stopped` [B] cover every row; the per-step tensors (`uniforms`, `past`, `logits`,
+    `attn_all`, `next_pos`) hold only the rows still sampling, `act` (indices into the batch)."""
+
+    P: int  # the padded prompt width
+    T: int  # max_new_tokens
+    pad: int
+    mrope: bool  # positions are [3, B, P] (M-RoPE), not [B, P]
+    tokens: torch.Tensor
+    logps: torch.Tensor
+    lengths: torch.Tensor
+    finished: torch.Tensor
+    stopped: torch.Tensor
+    uniforms: torch.Tensor
+    act: torch.Tensor
+    past: Any
+    logits: torch.Tensor
+    attn_all: torch.Tensor
+    next_pos: torch.Tensor
+
+    def record(
+        self, t: int, tok: torch.Tensor, lp: torch.Tensor, eos: torch.Tensor
+    ) -> torch.Tensor:
+        """Step `t`'s draws of the active rows: kept where the row was live, which ends at eos.
+        Returns which active rows were live and did not draw eos (a stop string may end them)."""
+        act = self.act
+        live = ~self.finished[act]
+        self.tokens[act, t] = torch.where(live, tok, self.pad)
+        self.logps[act, t] = torch.where(live, lp, 0.0)
+        self.lengths[act] += live
+        hit_eos = torch.isin(tok, eos) & live
+        self.finished[act] = self.finished[act] | hit_eos
+        self.stopped[act] = self.stopped[act] | hit_eos
+        return live & ~hit_eos
+
+    def check_stop(
+        self, tokenizer, t: int, open_rows: torch.Tensor, stop: tuple[str, ...], window: int
+    ) -> None:
+        """End the rows of `open_rows` (a mask over the active rows) whose text holds a stop
+        string after step `t`. Text-level, per row, over the last tokens only (`stop_in_tail`):
+        a stop string that completes at this step lies within them (every earlier step was
+        checked), and decoding the whole response each step costs O(T^2) per row."""
+        for i in self.act[open_rows].tolist():
+            if stop_in_tail(tokenizer, self.tokens[i], t + 1, stop, window):
+                self.finished[i] = True
+                self.stopped[i] = True
+
+    def drop_finished(self, tok: torch.Tensor, done: torch.Tensor):
+        """Keep only the rows not done in the per-step tensors and the KV cache; returns this
+        step's `tok` and `done` of the kept rows."""
+        keep = torch.nonzero(~done).flatten()
+        self.past.batch_select_indices(keep)
+        self.act, tok, done = self.act[keep], tok[keep], done[keep]
+        self.attn_all, self.next_pos = self.attn_all[keep], self.next_pos[keep]
+        self.uniforms = self.uniforms[keep]
+        return tok, done
 
 
 class InPlace:

@@ -1,14 +1,13 @@
 """A KV cache that is written in place: transformers' DynamicLayer with preallocated room.
 
 transformers' DynamicLayer grows by `torch.cat` at every decode step, so step t copies the whole
-cache of every layer (at SmolLM2-135M, 128 rows and ~100 positions: about 0.6 GB a step, a third
-of the step's time on CPU). `reserve` swaps each plain DynamicLayer of a prefilled cache for a
-`ReservedLayer` that holds buffers sized for every step to come and writes each new key and value
-into them; attention reads a view of the filled positions, so what the model computes is
-unchanged (same values, same mask sizes, same positions). Layers of any other kind (sliding
-windows, quantized, linear attention) are left as they are. The room is taken at the first
-step: rows x (longest prompt + max_new_tokens) per layer, the size `generate.batch_tokens`
-plans a batch by (before, the cache grew with the responses and shrank as rows finished).
+cache of every layer, a copy that grows with the rows and the positions. `reserve` swaps each plain
+DynamicLayer of a prefilled cache for a `ReservedLayer` that holds buffers sized for every step to
+come and writes each new key and value into them; attention reads a view of the filled positions, so
+what the model computes is unchanged (same values, same mask sizes, same positions). Layers of any
+other kind (sliding windows, quantized, linear attention) are left as they are. The room is taken at
+the first step: rows x (longest prompt + max_new_tokens) per layer, the size `generate.batch_tokens`
+plans a batch by, so a batch's cache needs no more memory than its plan says.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import logging
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -174,10 +174,83 @@ def generate_rollouts(
     `out` is cleared only once the prompts are rendered and checked."""
     if not prompts and not allow_empty:
         raise StageError("the prompt set is empty; check data.train / data.eval and the filters")
-    by_id: dict[str, PromptRow] = {}
-    texts: dict[str, tuple[str, list[int]]] = {}
-    requests: list[PromptRequest] = []
-    skipped: list[str] = []
+    rendered = _render_all(backend, tokenizer, prompts, spec, iteration, max_prompt_tokens, tools)
+    # image prompts: each row points at its images in the run's copy of the dataset (relative
+    # to the run, so a store seen at another path, as in a container, writes the same bytes)
+    refs = {p.prompt_id: relative_ref(p.images_ref, run_root) for p in prompts if p.images_ref}
+    out.begin(force=True)  # inputs are good: clear any partial output, then stream
+    multi = tools is not None  # multi-turn: trajectories with tool observations
+    parts = _PartStream(out, _optional_columns(multi, environment, refs), rows_per_part)
+    tally = _Tally()
+    row = _RowMaker(rendered, refs, checkpoint_uri, policy_version, multi, environment)
+    t0 = time.perf_counter()
+    try:
+        # disable=None: a bar on a terminal, none in a worker's piped log (which gets one line).
+        with tqdm(
+            total=len(rendered.requests), desc=desc, unit="prompt", dynamic_ncols=True, disable=None
+        ) as bar:
+            max_tokens = (max_response_tokens or spec.max_new_tokens * max_turns) if multi else 0
+            requests = rendered.requests
+            source = (
+                _trajectory_batches(
+                    backend, tokenizer, requests, spec, tools, max_turns, max_tokens, environment
+                )
+                if multi
+                else backend.generate(requests, spec)
+            )
+            _write_samples(source, row, tally, parts, bar, t0)
+    finally:
+        parts.close()
+    elapsed = time.perf_counter() - t0
+    multi_stats = tally.multi_stats(tools, max_turns) if multi else {}
+    return {**multi_stats, **_stats(backend, spec, rendered, parts.parts, tally, elapsed)}
+
+
+def _optional_columns(multi: bool, environment: Any, refs: dict[str, str]) -> tuple[str, ...]:
+    """The rollout columns this call writes beyond the required ones."""
+    optional = ("response_mask", "turns") if multi else ()
+    optional += ("env_reward",) if environment else ()
+    optional += (IMAGES_REF,) if refs else ()
+    return optional
+
+
+def _write_samples(source, row: _RowMaker, tally: _Tally, parts: _PartStream, bar, t0: float):
+    """Every batch of samples from `source` as rows into `parts`, counted in `tally`, with the
+    prompts done and the tokens/s so far on the progress `bar`."""
+    for samples in source:
+        for s in samples:
+            values = row(s)
+            tally.add(s, row.multi)
+            parts.add(values)
+        bar.update(len({s.prompt_id for s in samples}))
+        elapsed = time.perf_counter() - t0
+        bar.set_postfix(tok_s=f"{sum(tally.resp_lens) / max(elapsed, 1e-9):.0f}")
+    parts.flush()
+
+
+@dataclass
+class _Rendered:
+    """The prompts to sample: each kept one's row, text and token ids, and its request."""
+
+    by_id: dict[str, PromptRow]
+    texts: dict[str, tuple[str, list[int]]]
+    requests: list[PromptRequest]
+    skipped: list[str]
+    """The ids of prompts over generate.max_prompt_tokens, which are not sampled."""
+
+
+def _render_all(
+    backend: Backend,
+    tokenizer,
+    prompts: list[PromptRow],
+    spec: SamplingSpec,
+    iteration: int,
+    max_prompt_tokens: int,
+    tools: Any,
+) -> _Rendered:
+    """Render every prompt and seed its n samples, skipping (with a warning) prompts over
+    `max_prompt_tokens`; raises where nothing is left to sample or image prompts meet tools."""
+    got = _Rendered({}, {}, [], [])
     vision = getattr(backend, "vision", None)
     if tools is not None and any(p.images for p in prompts):
         raise StageError(
@@ -193,136 +266,150 @@ def generate_rollouts(
                 len(ids),
                 max_prompt_tokens,
             )
-            skipped.append(p.prompt_id)
+            got.skipped.append(p.prompt_id)
             continue
-        by_id[p.prompt_id], texts[p.prompt_id] = p, (text, ids)
+        got.by_id[p.prompt_id], got.texts[p.prompt_id] = p, (text, ids)
         seeds = [sample_seed(spec.seed, iteration, p.prompt_id, j) for j in range(spec.n)]
-        requests.append(PromptRequest(p.prompt_id, ids, seeds, images, vi))
+        got.requests.append(PromptRequest(p.prompt_id, ids, seeds, images, vi))
 
-    if prompts and not requests:
+    if prompts and not got.requests:
         raise StageError(
             f"all {len(prompts)} prompts are longer than generate.max_prompt_tokens="
             f"{max_prompt_tokens}; raise it"
         )
-    # image prompts: each row points at its images in the run's copy of the dataset (relative
-    # to the run, so a store seen at another path, as in a container, writes the same bytes)
-    refs = {p.prompt_id: relative_ref(p.images_ref, run_root) for p in prompts if p.images_ref}
-    out.begin(force=True)  # inputs are good: clear any partial output, then stream
-    tmp = Path(tempfile.mkdtemp(prefix="rlvr-gen-"))
-    buf: dict[str, list] = {}
-    parts = 0
-    resp_lens: list[int] = []
-    truncated = 0
-    multi = tools is not None  # multi-turn: trajectories with tool observations
-    turn_counts: list[int] = []
-    call_counts: list[int] = []
-    errors = env_errors = 0
+    return got
 
-    def flush() -> None:
-        nonlocal parts, buf
-        if not buf or not buf["prompt_id"]:
+
+@dataclass
+class _RowMaker:
+    """A sample's rollout row: its prompt's columns, its own, and the optional ones (images_ref,
+    multi-turn columns, the environment's reward) where the run writes them."""
+
+    rendered: _Rendered
+    refs: dict[str, str]
+    checkpoint_uri: str
+    policy_version: int
+    multi: bool
+    environment: Any
+
+    def __call__(self, s) -> dict[str, Any]:
+        row = self.rendered.by_id[s.prompt_id]
+        text, ids = self.rendered.texts[s.prompt_id]
+        values = {
+            "prompt_id": s.prompt_id,
+            "sample_index": s.sample_index,
+            "data_source": row.data_source,
+            "ground_truth": row.ground_truth,
+            "prompt": text,
+            "prompt_token_ids": ids,
+            "response": s.response,
+            "response_token_ids": s.response_token_ids,
+            "response_logprobs": s.response_logprobs,
+            "finish_reason": s.finish_reason,
+            "checkpoint": self.checkpoint_uri,
+            "extra_info": row.extra_info,
+            "policy_version": self.policy_version,
+        }
+        if self.refs:
+            values[IMAGES_REF] = self.refs.get(s.prompt_id)
+        if self.multi:
+            values["response_mask"] = s.mask
+            values["turns"] = s.turns
+            if self.environment is not None:
+                values["env_reward"] = s.env_reward
+        return values
+
+
+class _PartStream:
+    """Rows into numbered Parquet parts of `rows_per_part` rows each, written in a scratch
+    directory and put into `out` one by one (so a part is never half there)."""
+
+    def __init__(self, out: OutputDir, optional: tuple[str, ...], rows_per_part: int) -> None:
+        self.out, self.optional, self.rows_per_part = out, optional, rows_per_part
+        self.tmp = Path(tempfile.mkdtemp(prefix="rlvr-gen-"))
+        self.buf: dict[str, list] = {}
+        self.parts = 0
+
+    def add(self, values: dict[str, Any]) -> None:
+        for k, v in values.items():
+            self.buf.setdefault(k, []).append(v)
+        if len(self.buf["prompt_id"]) >= self.rows_per_part:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buf or not self.buf["prompt_id"]:
             return
-        path = tmp / f"part-{parts:05d}.parquet"
-        optional = ("response_mask", "turns") if multi else ()
-        optional += ("env_reward",) if environment else ()
-        optional += (IMAGES_REF,) if refs else ()
-        w = PartWriter(path, "rollouts", optional)
-        w.write(buf)
+        path = self.tmp / f"part-{self.parts:05d}.parquet"
+        w = PartWriter(path, "rollouts", self.optional)
+        w.write(self.buf)
         w.close()
-        out.put_file(path, path.name)
+        self.out.put_file(path, path.name)
         path.unlink()
-        parts += 1
-        buf = {}
+        self.parts += 1
+        self.buf = {}
 
-    t0 = time.perf_counter()
-    try:
-        # disable=None: a bar on a terminal, none in a worker's piped log (which gets one line).
-        with tqdm(
-            total=len(requests), desc=desc, unit="prompt", dynamic_ncols=True, disable=None
-        ) as bar:
-            source = (
-                _trajectory_batches(
-                    backend,
-                    tokenizer,
-                    requests,
-                    spec,
-                    tools,
-                    max_turns,
-                    max_response_tokens or spec.max_new_tokens * max_turns,
-                    environment,
-                )
-                if multi
-                else backend.generate(requests, spec)
-            )
-            for batch in source:
-                for s in batch:
-                    row = by_id[s.prompt_id]
-                    text, ids = texts[s.prompt_id]
-                    values = {
-                        "prompt_id": s.prompt_id,
-                        "sample_index": s.sample_index,
-                        "data_source": row.data_source,
-                        "ground_truth": row.ground_truth,
-                        "prompt": text,
-                        "prompt_token_ids": ids,
-                        "response": s.response,
-                        "response_token_ids": s.response_token_ids,
-                        "response_logprobs": s.response_logprobs,
-                        "finish_reason": s.finish_reason,
-                        "checkpoint": checkpoint_uri,
-                        "extra_info": row.extra_info,
-                        "policy_version": policy_version,
-                    }
-                    if refs:
-                        values[IMAGES_REF] = refs.get(s.prompt_id)
-                    if multi:
-                        values["response_mask"] = s.mask
-                        values["turns"] = s.turns
-                        if environment is not None:
-                            values["env_reward"] = s.env_reward
-                        turn_counts.append(sum(t["role"] == "assistant" for t in s.turns))
-                        call_counts.append(s.tool_calls)
-                        errors += s.tool_errors
-                        env_errors += s.error is not None
-                        if s.error:
-                            log.warning("%s sample %d: %s", s.prompt_id, s.sample_index, s.error)
-                    for k, v in values.items():
-                        buf.setdefault(k, []).append(v)
-                    resp_lens.append(len(s.response_token_ids))
-                    truncated += s.finish_reason == "length"
-                    if len(buf["prompt_id"]) >= rows_per_part:
-                        flush()
-                bar.update(len({s.prompt_id for s in batch}))
-                elapsed = time.perf_counter() - t0
-                bar.set_postfix(tok_s=f"{sum(resp_lens) / max(elapsed, 1e-9):.0f}")
-            flush()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    elapsed = time.perf_counter() - t0
-    n_samples = len(resp_lens)
-    multi_stats = {}
-    if multi:
-        calls = sum(call_counts)
-        multi_stats = {
-            "turns_mean": float(np.mean(turn_counts)) if turn_counts else 0.0,
+    def close(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@dataclass
+class _Tally:
+    """Counts over the samples written: response lengths, truncations and, multi-turn, the
+    trajectories' turns, tool calls and errors."""
+
+    resp_lens: list[int] = field(default_factory=list)
+    truncated: int = 0
+    turn_counts: list[int] = field(default_factory=list)
+    call_counts: list[int] = field(default_factory=list)
+    errors: int = 0
+    env_errors: int = 0
+
+    def add(self, s, multi: bool) -> None:
+        if multi:
+            self.turn_counts.append(sum(t["role"] == "assistant" for t in s.turns))
+            self.call_counts.append(s.tool_calls)
+            self.errors += s.tool_errors
+            self.env_errors += s.error is not None
+            if s.error:
+                log.warning("%s sample %d: %s", s.prompt_id, s.sample_index, s.error)
+        self.resp_lens.append(len(s.response_token_ids))
+        self.truncated += s.finish_reason == "length"
+
+    def multi_stats(self, tools: Any, max_turns: int) -> dict[str, Any]:
+        n_samples = len(self.resp_lens)
+        calls = sum(self.call_counts)
+        call_counts = self.call_counts
+        return {
+            "turns_mean": float(np.mean(self.turn_counts)) if self.turn_counts else 0.0,
             "tool_calls": calls,
             "tool_calls_per_sample": calls / n_samples if n_samples else 0.0,
             "tool_call_rate": float(np.mean([c > 0 for c in call_counts])) if call_counts else 0.0,
-            "tool_error_share": errors / calls if calls else 0.0,
-            "env_errors": env_errors,
+            "tool_error_share": self.errors / calls if calls else 0.0,
+            "env_errors": self.env_errors,
             "tools": sorted(tools.tools),
             "max_turns": max_turns,
         }
+
+
+def _stats(
+    backend: Backend,
+    spec: SamplingSpec,
+    rendered: _Rendered,
+    parts: int,
+    tally: _Tally,
+    elapsed: float,
+) -> dict[str, Any]:
+    """The stage's stats of one generate_rollouts call (the multi-turn ones apart)."""
+    resp_lens, n_samples = tally.resp_lens, len(tally.resp_lens)
     return {
-        **multi_stats,
-        "prompts": len(requests),
+        "prompts": len(rendered.requests),
         "samples": n_samples,
-        "skipped_prompts": len(skipped),
-        "skipped_prompt_ids": skipped,  # all: the curriculum excludes them from its draws
+        "skipped_prompts": len(rendered.skipped),
+        "skipped_prompt_ids": rendered.skipped,  # all: the curriculum excludes them from its draws
         "parts": parts,
         "response_length_mean": float(np.mean(resp_lens)) if resp_lens else 0.0,
         "response_length_max": int(max(resp_lens)) if resp_lens else 0,
-        "truncated_fraction": truncated / n_samples if n_samples else 0.0,
+        "truncated_fraction": tally.truncated / n_samples if n_samples else 0.0,
         "response_tokens": int(sum(resp_lens)),
         "tokens_per_s": sum(resp_lens) / elapsed if elapsed > 0 else 0.0,
         "seconds": elapsed,

@@ -31,13 +31,13 @@ from components.core.schemas import read_dataset
 from components.core.timing import Timeline
 from components.core.warm import Stage, is_committed, policy_version
 from components.generate.engine import PolicyEngine
+from components.generate.prompt_sampler import PromptSampler
 from components.generate.rollouts import (
     dataset_uri,
     generate_rollouts,
     prompts_from,
     spec_from,
 )
-from components.generate.sampler import PromptSampler
 
 __all__ = ["GenerateStage", "run", "serve"]
 

@@ -75,9 +75,24 @@ def _dummy_batch() -> dict[str, torch.Tensor]:
 
 
 def check_train(cfg: RunConfig, problems: Problems) -> None:
-    """Problems of the train section (nothing is loaded; well under a second)."""
-    from components.train.objective import build_targets, micro_batch_loss
+    """Problems of the train section. Nothing is loaded (no model, no data), so it can run
+    before any work."""
+    t = cfg.train
+    ok = _check_algorithms(cfg, problems)
+    if t.loss_agg == "seq-mean-token-sum-norm" and not (
+        t.loss_agg_horizon or cfg.generate.max_new_tokens
+    ):
+        problems.error("config train.loss_agg_horizon", "seq-mean-token-sum-norm needs a horizon")
+    if t.old_logprobs == "rollout":
+        _check_rollout_logprobs(cfg, problems)
+    check_nodes(cfg, problems)
+    if ok:
+        _check_objective(cfg, problems)
 
+
+def _check_algorithms(cfg: RunConfig, problems: Problems) -> bool:
+    """Every algorithm name, and the options of the advantage estimator and the policy loss
+    against their functions' parameters. Whether all of them are valid."""
     t = cfg.train
     ok = _check_name(problems, "advantage", algos.ADVANTAGES, t.advantage)
     ok &= _check_name(problems, "policy_loss", algos.POLICY_LOSSES, t.policy_loss)
@@ -99,60 +114,71 @@ def check_train(cfg: RunConfig, problems: Problems) -> None:
         ok &= _check_options(
             problems, "policy_loss_options", "policy loss", t.policy_loss, fn, t.policy_loss_options
         )
-    if t.loss_agg == "seq-mean-token-sum-norm" and not (
-        t.loss_agg_horizon or cfg.generate.max_new_tokens
-    ):
-        problems.error("config train.loss_agg_horizon", "seq-mean-token-sum-norm needs a horizon")
-    if t.old_logprobs == "rollout":
-        for setting, why in {
-            "rollout_correction": "it compares the sampler's logprobs with the trainer's own; "
-            "taken as the old ones, its weights would all be 1",
-            "forking_top_rho": "it needs the entropy of the trainer's own no-grad pass",
-        }.items():
-            if getattr(t, setting) is not None:
-                problems.error(
-                    "config train.old_logprobs",
-                    f"rollout cannot go with train.{setting}: {why}",
-                    "set it to recompute or auto",
-                )
-        if cfg.generate.backend != "transformers":
+    return ok
+
+
+def _check_rollout_logprobs(cfg: RunConfig, problems: Problems) -> None:
+    """train.old_logprobs: rollout: the settings it cannot go with, a sampler whose logprobs are
+    not defined as the trainer's, and a warning where they may differ from the trainer's."""
+    t = cfg.train
+    for setting, why in {
+        "rollout_correction": "it compares the sampler's logprobs with the trainer's own; "
+        "taken as the old ones, its weights would all be 1",
+        "forking_top_rho": "it needs the entropy of the trainer's own no-grad pass",
+    }.items():
+        if getattr(t, setting) is not None:
             problems.error(
                 "config train.old_logprobs",
-                f"rollout: the {cfg.generate.backend} sampler's logprobs are not defined as the "
-                "trainer's",
+                f"rollout cannot go with train.{setting}: {why}",
                 "set it to recompute or auto",
             )
-        from components.core.checkpoint import device_and_dtype
+    if cfg.generate.backend != "transformers":
+        problems.error(
+            "config train.old_logprobs",
+            f"rollout: the {cfg.generate.backend} sampler's logprobs are not defined as the "
+            "trainer's",
+            "set it to recompute or auto",
+        )
+    differs = _rollout_differences(cfg)
+    if differs:
+        problems.warn(
+            "config train.old_logprobs",
+            f"rollout with {', '.join(differs)}: the old logprobs are the sampler's, not the "
+            "trainer's, so PPO's ratio is taken against the policy as the sampler evaluated "
+            "it (verl's bypass mode); nothing checks how far apart the two are",
+            "use auto to take them only where they are the trainer's, or recompute",
+        )
 
-        # as they resolve here (auto: bf16 on a GPU, fp32 on a CPU)
-        sampler_dtype = device_and_dtype(cfg.generate.dtype)[1]
-        trainer_dtype = device_and_dtype(cfg.train.dtype)[1]
-        differs = [
-            why
-            for hit, why in [
-                (cfg.model.lora is not None, "LoRA (generate merges the adapter)"),
-                (bool(cfg.generate.tools or cfg.generate.environment), "tools"),
-                (
-                    sampler_dtype != torch.float32,
-                    f"a {sampler_dtype} sampler".replace("torch.", ""),
-                ),
-                (trainer_dtype != torch.float32, "a bf16 trainer"),
-                (cfg.train.max_staleness > 0, "stale rollouts"),
-            ]
-            if hit
+
+def _rollout_differences(cfg: RunConfig) -> list[str]:
+    """What makes the sampler's logprobs differ from the trainer's own in this config."""
+    from components.core.checkpoint import device_and_dtype
+
+    # as they resolve here (auto: bf16 on a GPU, fp32 on a CPU)
+    sampler_dtype = device_and_dtype(cfg.generate.dtype)[1]
+    trainer_dtype = device_and_dtype(cfg.train.dtype)[1]
+    return [
+        why
+        for hit, why in [
+            (cfg.model.lora is not None, "LoRA (generate merges the adapter)"),
+            (bool(cfg.generate.tools or cfg.generate.environment), "tools"),
+            (
+                sampler_dtype != torch.float32,
+                f"a {sampler_dtype} sampler".replace("torch.", ""),
+            ),
+            (trainer_dtype != torch.float32, "a bf16 trainer"),
+            (cfg.train.max_staleness > 0, "stale rollouts"),
         ]
-        if differs:
-            problems.warn(
-                "config train.old_logprobs",
-                f"rollout with {', '.join(differs)}: the old logprobs are the sampler's, not the "
-                "trainer's, so PPO's ratio is taken against the policy as the sampler evaluated "
-                "it (verl's bypass mode); nothing checks how far apart the two are",
-                "use auto to take them only where they are the trainer's, or recompute",
-            )
-    check_nodes(cfg, problems)
-    if not ok:
-        return
-    # The objective once, as an iteration computes it, on a tiny batch.
+        if hit
+    ]
+
+
+def _check_objective(cfg: RunConfig, problems: Problems) -> None:
+    """The objective once, as an iteration computes it, on a tiny batch: a bad option value or
+    a combination that needs an input the config does not provide fails there."""
+    from components.train.objective import build_targets, micro_batch_loss
+
+    t = cfg.train
     b = _dummy_batch()
     try:
         targets = build_targets(

@@ -29,9 +29,9 @@ def free_port() -> int:
 
 def import_deepspeed():
     """`deepspeed`, imported without MLflow. DeepSpeed's autotuner (never used here) imports
-    mlflow at deepspeed's import wherever it is installed, and that took 1.3 s of the train
-    worker's 3 s start-up on 2 cores (mlflow is a dev dependency, and common). Hidden for
-    that one import unless something already loaded it; rlvr's own MLflow tracker imports it
+    mlflow at deepspeed's import wherever it is installed (mlflow is a dev dependency, and
+    common), and that import is a large part of a train worker's start-up. Hidden for that
+    one import unless something already loaded it; rlvr's own MLflow tracker imports it
     normally afterwards."""
     if "deepspeed" in sys.modules:
         return sys.modules["deepspeed"]

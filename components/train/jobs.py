@@ -175,56 +175,126 @@ def _mark_failed(cfg: RunConfig, attempt: str, retried: bool, e: BaseException) 
 
 
 def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s):
-    import secrets
-
-    from kubernetes import client as k8s
-    from kubernetes.client.exceptions import ApiException
-
-    kind = KINDS[cfg.cluster.train_job.api]
-    tj = cfg.cluster.train_job
-    namespace = tj.namespace or own_namespace()
-    try:
-        api_client = api_client or default_client()
-    except Exception as e:  # noqa: BLE001 - no in-cluster config and no kubeconfig
-        raise StageError(
-            f"cannot reach the Kubernetes API to submit the {kind.kind}: {e}"
-        ) from None
-    custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
-    followers = LogFollower(core, namespace, kind.container, out)
-    say = followers.say
-    api = Api(sleep, monotonic, api_grace_s, tj.poll_s, say)
-    ref = dict(group=kind.group, version=kind.version, namespace=namespace, plural=kind.plural)
-    step = f"{jobspec.STEP_LABEL}={jobspec.step_key(cfg, stage_args)}"
-    no_crd = {
-        404: f"the cluster has no {kind.plural}.{kind.group} (install Kubeflow "
-        + ("Trainer v2.2 or later" if kind.kind == "TrainJob" else "Training Operator")
-        + "; docs/deploy.md, Multi-node training)"
-    }
-
+    job = _Submission(
+        cfg,
+        stage_args,
+        api_client=api_client,
+        out=out,
+        sleep=sleep,
+        monotonic=monotonic,
+        api_grace_s=api_grace_s,
+    )
     # What an earlier submission of this step left (its task died before cleaning up) goes
     # first, pods and all: committed iterations are skipped by the stage itself, so nothing is
     # trained twice, and no old rank can still write.
-    _clear_leftovers(api, custom, core, ref, kind, step, say, sleep, monotonic, no_crd)
+    job.clear_leftovers()
+    job.name_it()
+    try:
+        job.create()
+        job.follow()
+    except _Cancelled:
+        job.say(f"stopped: deleting {job.what}")
+        for d in pod_failures(job.pods):  # why it had not finished, if a pod says
+            job.say(f"  {d}")
+        raise
+    finally:
+        if job.sent:  # nothing was created when no create was sent
+            job.delete()
+    return committed_result(cfg, stage_args, job.name)
 
-    name = jobspec.job_name(cfg, stage_args, secrets.token_hex(3)[:5])
-    body = jobspec.job_spec(
-        cfg,
-        stage_args,
-        name=name,
-        namespace=namespace,
-        iterations=len(iterations_served(cfg, stage_args)),
-        owner=owner_of_job(core, namespace),
-    )
-    what = f"{kind.kind} {namespace}/{name}"
-    uid: list[str] = []  # the created job's uid: only this job is ever deleted
-    sent: list[bool] = []  # a create was sent (its outcome may be unknown)
 
-    def create() -> dict[str, Any]:
-        sent.append(True)
+class _Submission:
+    """One train job of this step on the cluster: the API clients it is submitted through, its
+    name and uid once known, and the pods the last poll saw."""
+
+    def __init__(self, cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s):
+        from kubernetes import client as k8s
+
+        self.cfg, self.stage_args = cfg, stage_args
+        self.sleep, self.monotonic = sleep, monotonic
+        self.kind = kind = KINDS[cfg.cluster.train_job.api]
+        self.tj = tj = cfg.cluster.train_job
+        self.namespace = tj.namespace or own_namespace()
         try:
-            return custom.create_namespaced_custom_object(
-                **ref,
-                body=body,
+            api_client = api_client or default_client()
+        except Exception as e:  # noqa: BLE001 - no in-cluster config and no kubeconfig
+            raise StageError(
+                f"cannot reach the Kubernetes API to submit the {kind.kind}: {e}"
+            ) from None
+        self.custom, self.core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
+        self.followers = LogFollower(self.core, self.namespace, kind.container, out)
+        self.say = self.followers.say
+        self.api = Api(sleep, monotonic, api_grace_s, tj.poll_s, self.say)
+        self.ref = dict(
+            group=kind.group, version=kind.version, namespace=self.namespace, plural=kind.plural
+        )
+        self.step = f"{jobspec.STEP_LABEL}={jobspec.step_key(cfg, stage_args)}"
+        self.no_crd = {
+            404: f"the cluster has no {kind.plural}.{kind.group} (install Kubeflow "
+            + ("Trainer v2.2 or later" if kind.kind == "TrainJob" else "Training Operator")
+            + "; docs/deploy.md, Multi-node training)"
+        }
+        self.name = self.what = ""
+        self.body: dict[str, Any] = {}
+        self.uid: str | None = None  # the created job's uid: only this job is ever deleted
+        self.sent = False  # a create was sent (its outcome may be unknown)
+        self.pods: list[dict[str, Any]] = []
+        # what the follow loop carries from one poll to the next
+        self.waits: list[str] = []
+        self.pending_since: float | None = None
+        self.fatal_since: float | None = None
+
+    def clear_leftovers(self) -> None:
+        _clear_leftovers(
+            self.api,
+            self.custom,
+            self.core,
+            self.ref,
+            self.kind,
+            self.step,
+            self.say,
+            self.sleep,
+            self.monotonic,
+            self.no_crd,
+        )
+
+    def name_it(self) -> None:
+        """A name never used before, and the job's spec under it."""
+        import secrets
+
+        cfg, stage_args = self.cfg, self.stage_args
+        self.name = jobspec.job_name(cfg, stage_args, secrets.token_hex(3)[:5])
+        self.body = jobspec.job_spec(
+            cfg,
+            stage_args,
+            name=self.name,
+            namespace=self.namespace,
+            iterations=len(iterations_served(cfg, stage_args)),
+            owner=owner_of_job(self.core, self.namespace),
+        )
+        self.what = f"{self.kind.kind} {self.namespace}/{self.name}"
+
+    def create(self) -> None:
+        created = self.api(
+            f"creating {self.what}",
+            lambda **kw: self._create_once(),
+            errors=self.no_crd,
+            hint=lambda e: _version_hint(self.kind, e),
+        )
+        self.uid = ((created or {}).get("metadata") or {}).get("uid") or None
+        self.say(
+            f"submitted {self.what}: {self.cfg.train.nodes} nodes x "
+            f"{jobspec.processes_per_node(self.cfg)} rank(s)"
+        )
+
+    def _create_once(self) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        self.sent = True
+        try:
+            return self.custom.create_namespaced_custom_object(
+                **self.ref,
+                body=self.body,
                 field_manager="rlvr",
                 field_validation="Strict",
                 _request_timeout=REQUEST_TIMEOUT,
@@ -233,111 +303,105 @@ def _run_job(cfg, stage_args, *, api_client, out, sleep, monotonic, api_grace_s)
             if e.status != 409:
                 raise
             # the name is this submission's own: an earlier create of it landed after all
-            return custom.get_namespaced_custom_object(
-                **ref, name=name, _request_timeout=REQUEST_TIMEOUT
+            return self.custom.get_namespaced_custom_object(
+                **self.ref, name=self.name, _request_timeout=REQUEST_TIMEOUT
             )
 
-    def delete() -> None:
-        options = k8s.V1DeleteOptions(
-            propagation_policy="Background",
-            preconditions=k8s.V1Preconditions(uid=uid[0]) if uid else None,
-        )
-        try:
-            with _sigterm_deferred():  # a second SIGTERM must not leave the job behind
-                api(f"deleting {what}", tolerant_delete(custom), **ref, name=name, body=options)
-        except StageError as e:
-            say(
-                f"could not delete {what} ({e}): delete it by hand (kubectl -n {namespace} "
-                f"delete {kind.plural} {name})"
-            )
-
-    pods: list[dict[str, Any]] = []
-    try:
-        created = api(
-            f"creating {what}",
-            lambda **kw: create(),
-            errors=no_crd,
-            hint=lambda e: _version_hint(kind, e),
-        )
-        uid.extend(filter(None, [((created or {}).get("metadata") or {}).get("uid")]))
-        say(
-            f"submitted {what}: {cfg.train.nodes} nodes x {jobspec.processes_per_node(cfg)} rank(s)"
-        )
-        state, message = "running", ""
-        pending_since: float | None = None
-        fatal_since: float | None = None
-        waits: list[str] = []
+    def follow(self) -> None:
+        """Poll the job until it leaves running, streaming its pods' logs; a StageError when it
+        failed, or when its pods wait past what `check_waits` allows."""
         gone = {
             404: "it was deleted while it ran (by someone else: this task deletes it only "
             "when it ends); rerun the step"
         }
         while True:
-            obj = api(
-                f"reading {what}",
-                custom.get_namespaced_custom_object,
-                **ref,
-                name=name,
+            obj = self.api(
+                f"reading {self.what}",
+                self.custom.get_namespaced_custom_object,
+                **self.ref,
+                name=self.name,
                 errors=gone,
             )
-            pods = api(
-                f"listing the pods of {what}",
+            self.pods = self.api(
+                f"listing the pods of {self.what}",
                 list_pods,
-                core,
-                namespace,
-                f"{kind.pod_label}={name}",
+                self.core,
+                self.namespace,
+                f"{self.kind.pod_label}={self.name}",
             )
-            state, message = job_state(kind, obj)
-            followers.update(pods)
+            state, message = job_state(self.kind, obj)
+            self.followers.update(self.pods)
             if state != "running":
                 break
-            now_waiting = pod_failures(pods)  # pods that wait: unschedulable, image pull
-            if now_waiting != waits and now_waiting:
-                say("not running: " + "; ".join(now_waiting))
-            waits = now_waiting
-            now = monotonic()
-            # No pod at all counts as waiting too (a controller that is not running, or a
-            # runtime it cannot find, leaves the job podless forever), unless a queue holds the
-            # job suspended.
-            pending = (not pods and not suspended(obj)) or any(
-                (p.get("status") or {}).get("phase") == "Pending" for p in pods
-            )
-            pending_since = _since(pending_since, pending, now)
-            if (
-                tj.schedule_timeout_s
-                and pending_since is not None
-                and now - pending_since > tj.schedule_timeout_s
-            ):
-                why = now_waiting if pods else [_no_pods(kind, tj)]
-                raise StageError(
-                    f"{what}: pods still Pending after {tj.schedule_timeout_s:.0f} s "
-                    "(cluster.train_job.schedule_timeout_s)" + "".join(f"\n  {d}" for d in why)
-                )
-            fatal = fatal_waits(pods)
-            fatal_since = _since(fatal_since, bool(fatal), now)
-            if fatal_since is not None and now - fatal_since > FATAL_WAIT_S:
-                raise StageError(
-                    f"{what}: a node cannot start, and waiting will not help "
-                    "(fix the image or what the pod refers to, then rerun)"
-                    + "".join(f"\n  {d}" for d in fatal)
-                )
-            sleep(tj.poll_s)
-        followers.join(timeout_s=30.0)
+            self.check_waits(obj)
+            self.sleep(self.tj.poll_s)
+        self.followers.join(timeout_s=30.0)
         if state == "failed":
-            details = pod_failures(pods)
+            details = pod_failures(self.pods)
             raise StageError(
-                f"{what} failed: {message or 'no reason given'}"
+                f"{self.what} failed: {message or 'no reason given'}"
                 + "".join(f"\n  {d}" for d in details)
             )
-        say(f"{what} completed: {message}" if message else f"{what} completed")
-    except _Cancelled:
-        say(f"stopped: deleting {what}")
-        for d in pod_failures(pods):  # why it had not finished, if a pod says
-            say(f"  {d}")
-        raise
-    finally:
-        if sent:  # nothing was created when no create was sent
-            delete()
-    return committed_result(cfg, stage_args, name)
+        self.say(f"{self.what} completed: {message}" if message else f"{self.what} completed")
+
+    def check_waits(self, obj: dict[str, Any]) -> None:
+        """Say why pods wait (unschedulable, image pull) when that changes; a StageError when
+        they have been Pending past cluster.train_job.schedule_timeout_s, or a node cannot
+        start at all (FATAL_WAITS) for FATAL_WAIT_S."""
+        pods, tj = self.pods, self.tj
+        now_waiting = pod_failures(pods)  # pods that wait: unschedulable, image pull
+        if now_waiting != self.waits and now_waiting:
+            self.say("not running: " + "; ".join(now_waiting))
+        self.waits = now_waiting
+        now = self.monotonic()
+        # No pod at all counts as waiting too (a controller that is not running, or a
+        # runtime it cannot find, leaves the job podless forever), unless a queue holds the
+        # job suspended.
+        pending = (not pods and not suspended(obj)) or any(
+            (p.get("status") or {}).get("phase") == "Pending" for p in pods
+        )
+        self.pending_since = _since(self.pending_since, pending, now)
+        if (
+            tj.schedule_timeout_s
+            and self.pending_since is not None
+            and now - self.pending_since > tj.schedule_timeout_s
+        ):
+            why = now_waiting if pods else [_no_pods(self.kind, tj)]
+            raise StageError(
+                f"{self.what}: pods still Pending after {tj.schedule_timeout_s:.0f} s "
+                "(cluster.train_job.schedule_timeout_s)" + "".join(f"\n  {d}" for d in why)
+            )
+        fatal = fatal_waits(pods)
+        self.fatal_since = _since(self.fatal_since, bool(fatal), now)
+        if self.fatal_since is not None and now - self.fatal_since > FATAL_WAIT_S:
+            raise StageError(
+                f"{self.what}: a node cannot start, and waiting will not help "
+                "(fix the image or what the pod refers to, then rerun)"
+                + "".join(f"\n  {d}" for d in fatal)
+            )
+
+    def delete(self) -> None:
+        """Delete the job (by its uid once known), and say how by hand if that fails."""
+        from kubernetes import client as k8s
+
+        options = k8s.V1DeleteOptions(
+            propagation_policy="Background",
+            preconditions=k8s.V1Preconditions(uid=self.uid) if self.uid else None,
+        )
+        try:
+            with _sigterm_deferred():  # a second SIGTERM must not leave the job behind
+                self.api(
+                    f"deleting {self.what}",
+                    tolerant_delete(self.custom),
+                    **self.ref,
+                    name=self.name,
+                    body=options,
+                )
+        except StageError as e:
+            self.say(
+                f"could not delete {self.what} ({e}): delete it by hand (kubectl -n "
+                f"{self.namespace} delete {self.kind.plural} {self.name})"
+            )
 
 
 def _no_pods(kind: JobKind, tj: TrainJobSection) -> str:

@@ -1,9 +1,9 @@
 """One iteration's policy-gradient updates on a DeepSpeed engine (the math of the train stage).
 
 Read in this order: `train_iteration` (old and reference logprobs once, before any update, then
-`ppo_epochs` x `mini_batches` optimizer steps) -> `accumulate_mini_batch` (one mini-batch's
-forward/backward over its micro-batches) -> `sequence_logprobs` (teacher-forced logprobs, the same
-definition as generation).
+`ppo_epochs` x `mini_batches` optimizer steps; each step a method of `_Iteration`, in that
+order) -> `accumulate_mini_batch` (one mini-batch's forward/backward over its micro-batches)
+-> `sequence_logprobs` (teacher-forced logprobs, the same definition as generation).
 
 Exactness: a mini-batch's loss is normalized by its GLOBAL token and sequence counts (summed over
 micro-batches and data-parallel ranks), never per micro-batch, so one update's gradient does not
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,8 @@ log = logging.getLogger("rlvr.train")
 
 
 #: How far (nats, max over tokens) the sampler's logprobs may be from the trainer's own for
-#: train.old_logprobs: auto to take them: the logprob contract's bound (measured: 5e-7).
+#: train.old_logprobs: auto to take them: the logprob contract's bound, the one its tests
+#: assert (docs/algorithms.md).
 ROLLOUT_LOGPROB_TOLERANCE = 1e-4
 
 
@@ -337,150 +339,280 @@ def train_iteration(
     pass; with `check_rollout` too, the trainer's own pass on one micro-batch checks them
     first (its mismatch in the metrics), and the whole pass is made after all when they are
     more than ROLLOUT_LOGPROB_TOLERANCE from it."""
-    n = len(ro)
-    lengths = ro.lengths()
+    it = _Iteration(
+        engine,
+        ro,
+        t,
+        temperature=temperature,
+        horizon=horizon,
+        total_steps=total_steps,
+        iteration=iteration,
+        pad_id=pad_id,
+        device=device,
+        rank=rank,
+        world=world,
+    )
     resp_mask = response_mask_of([len(r) for r in ro.response_tokens], ro.sampled)
-    L = resp_mask.shape[1]
+    rollout_lp = pad_rows(ro.rollout_logprobs, resp_mask.shape[1])
 
     # No-grad passes, once, with the weights before any update.
-    need_entropy = t.forking_top_rho is not None
-    rollout_lp = pad_rows(ro.rollout_logprobs, L)
-    checked: dict[str, float] = {}
-    old_lp: torch.Tensor | None = None
-    old_ent = None
-    if old_from_rollout:
-        if need_entropy:
-            raise StageError("train.forking_top_rho needs the trainer's own no-grad pass")
-        old_lp = rollout_lp
-        plan = plan_micro_batches(lengths, list(range(n)), t.micro_batch_tokens) if n else []
-        if check_rollout and plan:  # one micro-batch of the trainer's own pass vs the sampler's
-            sample = plan[0]
-            own, _ = no_grad_pass(
-                engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, False, sample
-            )
-            checked = rollout_mismatch(own[sample], rollout_lp[sample], resp_mask[sample])
-            worst = all_reduce_max(checked["train/rollout_lp_diff_max"])  # every rank alike
-            # every rank holds every row: whether the sample had a sampled token is shared
-            unchecked = not bool(resp_mask[sample].any())
-            if len(plan) == 1 and not unchecked:  # the sample was every row: the pass itself
-                old_lp, old_from_rollout = own, False
-            elif unchecked or not worst <= ROLLOUT_LOGPROB_TOLERANCE:  # NaN included
-                log.warning(
-                    "train %05d: the sampler's logprobs are %s the trainer's on one "
-                    "micro-batch (tolerance %.0e): recomputing the old logprobs "
-                    "(train.old_logprobs)",
-                    iteration,
-                    "unchecked against (no sampled token)" if unchecked else f"{worst:.2g} from",
-                    ROLLOUT_LOGPROB_TOLERANCE,
-                )
-                old_lp, old_from_rollout = None, False
-    if old_lp is None:
-        old_lp, old_ent = no_grad_pass(
-            engine.module, ro, t.micro_batch_tokens, temperature, pad_id, device, need_entropy
-        )
-    ref_lp = None
-    if t.kl_coef > 0 or t.kl_metric:
-        if ref_model is None:
-            raise StageError("train.kl_coef > 0 (or kl_metric) needs the reference model")
-        ref_lp, _ = no_grad_pass(
-            ref_model, ro, t.micro_batch_tokens, temperature, pad_id, device, False
-        )
-    targets = build_targets(
-        t,
-        rewards=torch.tensor(ro.rewards, dtype=torch.float32),
-        group_ids=ro.group_ids(),
-        response_mask=resp_mask,
-        truncated=torch.tensor(ro.truncated, dtype=torch.bool),
-        old_logprobs=old_lp,
-        rollout_logprobs=rollout_lp,
-        ref_logprobs=ref_lp,
-        entropy=old_ent,
-        void=torch.from_numpy(ro.void(t.answer_pattern)) if t.void_turn_filter else None,
+    old_lp, old_ent, checked, old_from_rollout = it.old_logprobs(
+        resp_mask, rollout_lp, from_rollout=old_from_rollout, check=check_rollout
     )
-    usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
+    ref_lp = it.reference_logprobs(ref_model)
+    targets = it.targets(resp_mask, old_lp, rollout_lp, ref_lp, old_ent)
     if compare_rollout and not old_from_rollout:
         targets.metrics.update(rollout_mismatch(old_lp, rollout_lp, resp_mask))
     else:
         targets.metrics.update(checked)
     targets.metrics["train/old_logprobs_from_rollout"] = float(old_from_rollout)
 
-    rng = np.random.default_rng([seed, iteration])
-    sums: dict[str, float] = {}
-    real_tokens = padded_tokens = 0
-    step = start_step
-    grad_norms: list[float] = []
-    lr = t.lr
     t0 = time.perf_counter()
-    bar = tqdm(
-        total=steps_per_iteration(t), desc=f"train {iteration:05d}", unit="step", disable=rank != 0
-    )
-    for _epoch in range(t.ppo_epochs):
-        perm = rng.permutation(n).tolist()
-        for mini in np.array_split(np.asarray(perm, dtype=np.int64), t.mini_batches):
-            mini_rows = [int(r) for r in mini if usable[int(r)]]
-            num_tokens = int(targets.loss_mask[mini_rows].sum()) if mini_rows else 0
-            num_seqs = len(mini_rows)
-            my_rows = shard_rows(mini_rows, rank, world)
-            plan: list[list[int]] = (
-                plan_micro_batches(lengths, my_rows, t.micro_batch_tokens) if my_rows else []
-            )
-            # Every rank takes as many micro-batches as the busiest (at least one).
-            plan += [[]] * (max(int(all_reduce_max(len(plan))), 1) - len(plan))
-            lr = learning_rate(
-                step,
-                base_lr=t.lr,
-                warmup_steps=t.warmup_steps,
-                total_steps=total_steps,
-                schedule=t.lr_schedule,
-                min_lr_ratio=t.min_lr_ratio,
-            )
-            for group in engine.optimizer.param_groups:
-                group["lr"] = lr
-            part, real, padded = accumulate_mini_batch(
-                engine,
-                ro,
-                plan,
-                targets,
-                old_lp,
-                ref_lp,
-                t,
-                num_tokens=num_tokens,
-                num_seqs=num_seqs,
-                horizon=horizon,
-                temperature=temperature,
-                pad_id=pad_id,
-                device=device,
-                world=world,
-            )
-            for key, val in part.items():
-                sums[key] = sums.get(key, 0.0) + val
-            real_tokens += real
-            padded_tokens += padded
-            pre_clip_norm = grad_norm(engine)
-            engine.step()
-            gn = engine.get_global_grad_norm() if pre_clip_norm is None else pre_clip_norm
-            grad_norms.append(float(gn) if gn is not None else float("nan"))
-            step += 1
-            bar.update(1)
-    bar.close()
+    tally = it.updates(targets, old_lp, ref_lp, start_step=start_step, seed=seed)
     elapsed = time.perf_counter() - t0
-    n_updates = steps_per_iteration(t)
-    keys = sorted(sums)  # identical on every rank: dummy micro-batches report the same keys
-    totals = all_reduce_sum_many(
-        [sums[k] for k in keys] + [float(real_tokens), float(padded_tokens)]
-    )
-    metrics_out = {k: v / n_updates for k, v in zip(keys, totals[: len(keys)], strict=True)}
-    real_tokens, padded_tokens = int(totals[-2]), int(totals[-1])
-    metrics_out.update(targets.metrics)
-    metrics_out.update(
-        {
-            "train/grad_norm": float(np.nanmean(grad_norms)) if grad_norms else 0.0,
-            "train/lr": lr,
-            "train/tokens_per_s": real_tokens / elapsed if elapsed > 0 else 0.0,
-            "train/world_size": float(world),
-            "train/padding_waste": 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0,
-            "train/steps": float(n_updates),
-            "train/global_step": float(step),
-        }
-    )
-    return step, metrics_out
+    return tally.step, it.metrics(tally, targets, elapsed)
+
+
+@dataclass
+class _Tally:
+    """What one iteration's optimizer steps add up, on this rank: metric sums, token counts, the
+    gradient norm of each step, and the global step and learning rate reached."""
+
+    step: int
+    lr: float
+    sums: dict[str, float] = field(default_factory=dict)
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    grad_norms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Iteration:
+    """The steps of `train_iteration`, in its order, over what they all read: the engine, the
+    rollouts, the train section and the iteration's settings."""
+
+    engine: Any
+    ro: Rollouts
+    t: TrainSection
+    temperature: float
+    horizon: int
+    total_steps: int
+    iteration: int
+    pad_id: int
+    device: str
+    rank: int
+    world: int
+    lengths: list[int] = field(init=False)  # prompt + response tokens of each rollout
+
+    def __post_init__(self) -> None:
+        self.lengths = self.ro.lengths()
+
+    def no_grad(
+        self, model, entropy: bool, only: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return no_grad_pass(
+            model,
+            self.ro,
+            self.t.micro_batch_tokens,
+            self.temperature,
+            self.pad_id,
+            self.device,
+            entropy,
+            only,
+        )
+
+    def old_logprobs(
+        self, resp_mask: torch.Tensor, rollout_lp: torch.Tensor, *, from_rollout: bool, check: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float], bool]:
+        """(old logprobs, their entropy or None, the sampler check's metrics, whether the old
+        logprobs are the sampler's). The trainer's own no-grad pass unless `from_rollout`; with
+        `check` too, `checked_rollout` decides."""
+        need_entropy = self.t.forking_top_rho is not None
+        checked: dict[str, float] = {}
+        old_lp: torch.Tensor | None = None
+        if from_rollout:
+            if need_entropy:
+                raise StageError("train.forking_top_rho needs the trainer's own no-grad pass")
+            old_lp = rollout_lp
+            if check:
+                old_lp, from_rollout, checked = self.checked_rollout(resp_mask, rollout_lp)
+        if old_lp is not None:
+            return old_lp, None, checked, from_rollout
+        old_lp, old_ent = self.no_grad(self.engine.module, need_entropy)
+        return old_lp, old_ent, checked, from_rollout
+
+    def checked_rollout(
+        self, resp_mask: torch.Tensor, rollout_lp: torch.Tensor
+    ) -> tuple[torch.Tensor | None, bool, dict[str, float]]:
+        """The sampler's logprobs against the trainer's own pass on one micro-batch: (old
+        logprobs, whether they are the sampler's, the mismatch metrics). Old logprobs None: the
+        sampler's are too far off (or nothing could be compared), so the whole pass is made."""
+        n = len(self.ro)
+        plan = (
+            plan_micro_batches(self.lengths, list(range(n)), self.t.micro_batch_tokens) if n else []
+        )
+        if not plan:
+            return rollout_lp, True, {}
+        sample = plan[0]
+        own, _ = self.no_grad(self.engine.module, False, sample)
+        checked = rollout_mismatch(own[sample], rollout_lp[sample], resp_mask[sample])
+        worst = all_reduce_max(checked["train/rollout_lp_diff_max"])  # every rank alike
+        # every rank holds every row: whether the sample had a sampled token is shared
+        unchecked = not bool(resp_mask[sample].any())
+        if len(plan) == 1 and not unchecked:  # the sample was every row: the pass itself
+            return own, False, checked
+        if unchecked or not worst <= ROLLOUT_LOGPROB_TOLERANCE:  # NaN included
+            log.warning(
+                "train %05d: the sampler's logprobs are %s the trainer's on one "
+                "micro-batch (tolerance %.0e): recomputing the old logprobs "
+                "(train.old_logprobs)",
+                self.iteration,
+                "unchecked against (no sampled token)" if unchecked else f"{worst:.2g} from",
+                ROLLOUT_LOGPROB_TOLERANCE,
+            )
+            return None, False, checked
+        return rollout_lp, True, checked
+
+    def reference_logprobs(self, ref_model) -> torch.Tensor | None:
+        """The reference model's logprobs, where a KL penalty or metric needs them."""
+        if not (self.t.kl_coef > 0 or self.t.kl_metric):
+            return None
+        if ref_model is None:
+            raise StageError("train.kl_coef > 0 (or kl_metric) needs the reference model")
+        ref_lp, _ = self.no_grad(ref_model, False)
+        return ref_lp
+
+    def targets(
+        self,
+        resp_mask: torch.Tensor,
+        old_lp: torch.Tensor,
+        rollout_lp: torch.Tensor,
+        ref_lp: torch.Tensor | None,
+        old_ent: torch.Tensor | None,
+    ) -> Targets:
+        ro, t = self.ro, self.t
+        return build_targets(
+            t,
+            rewards=torch.tensor(ro.rewards, dtype=torch.float32),
+            group_ids=ro.group_ids(),
+            response_mask=resp_mask,
+            truncated=torch.tensor(ro.truncated, dtype=torch.bool),
+            old_logprobs=old_lp,
+            rollout_logprobs=rollout_lp,
+            ref_logprobs=ref_lp,
+            entropy=old_ent,
+            void=torch.from_numpy(ro.void(t.answer_pattern)) if t.void_turn_filter else None,
+        )
+
+    def updates(
+        self,
+        targets: Targets,
+        old_lp: torch.Tensor,
+        ref_lp: torch.Tensor | None,
+        *,
+        start_step: int,
+        seed: int,
+    ) -> _Tally:
+        """`ppo_epochs` x `mini_batches` optimizer steps, each epoch over a fresh permutation of
+        the rollouts (seeded by run seed and iteration, so every rank draws the same)."""
+        t = self.t
+        usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
+        rng = np.random.default_rng([seed, self.iteration])
+        tally = _Tally(step=start_step, lr=t.lr)
+        bar = tqdm(
+            total=steps_per_iteration(t),
+            desc=f"train {self.iteration:05d}",
+            unit="step",
+            disable=self.rank != 0,
+        )
+        for _epoch in range(t.ppo_epochs):
+            perm = rng.permutation(len(self.ro)).tolist()
+            for mini in np.array_split(np.asarray(perm, dtype=np.int64), t.mini_batches):
+                mini_rows = [int(r) for r in mini if usable[int(r)]]
+                self.update(tally, mini_rows, targets, old_lp, ref_lp)
+                bar.update(1)
+        bar.close()
+        return tally
+
+    def micro_batches(self, mini_rows: list[int]) -> list[list[int]]:
+        """This rank's share of a mini-batch, planned into micro-batches, padded with empty ones
+        so that every rank takes as many as the busiest (at least one)."""
+        my_rows = shard_rows(mini_rows, self.rank, self.world)
+        plan: list[list[int]] = (
+            plan_micro_batches(self.lengths, my_rows, self.t.micro_batch_tokens) if my_rows else []
+        )
+        plan += [[]] * (max(int(all_reduce_max(len(plan))), 1) - len(plan))
+        return plan
+
+    def update(
+        self,
+        tally: _Tally,
+        mini_rows: list[int],
+        targets: Targets,
+        old_lp: torch.Tensor,
+        ref_lp: torch.Tensor | None,
+    ) -> None:
+        """One optimizer step on the mini-batch `mini_rows` (global row indices), into `tally`."""
+        t, engine = self.t, self.engine
+        num_tokens = int(targets.loss_mask[mini_rows].sum()) if mini_rows else 0
+        plan = self.micro_batches(mini_rows)
+        tally.lr = learning_rate(
+            tally.step,
+            base_lr=t.lr,
+            warmup_steps=t.warmup_steps,
+            total_steps=self.total_steps,
+            schedule=t.lr_schedule,
+            min_lr_ratio=t.min_lr_ratio,
+        )
+        for group in engine.optimizer.param_groups:
+            group["lr"] = tally.lr
+        part, real, padded = accumulate_mini_batch(
+            engine,
+            self.ro,
+            plan,
+            targets,
+            old_lp,
+            ref_lp,
+            t,
+            num_tokens=num_tokens,
+            num_seqs=len(mini_rows),
+            horizon=self.horizon,
+            temperature=self.temperature,
+            pad_id=self.pad_id,
+            device=self.device,
+            world=self.world,
+        )
+        for key, val in part.items():
+            tally.sums[key] = tally.sums.get(key, 0.0) + val
+        tally.real_tokens += real
+        tally.padded_tokens += padded
+        pre_clip_norm = grad_norm(engine)
+        engine.step()
+        gn = engine.get_global_grad_norm() if pre_clip_norm is None else pre_clip_norm
+        tally.grad_norms.append(float(gn) if gn is not None else float("nan"))
+        tally.step += 1
+
+    def metrics(self, tally: _Tally, targets: Targets, elapsed: float) -> dict[str, float]:
+        """The iteration's metrics: the steps' sums over all ranks, averaged over the steps, then
+        the targets' metrics and the iteration's totals."""
+        n_updates = steps_per_iteration(self.t)
+        # the same keys on every rank: dummy micro-batches report them too
+        keys = sorted(tally.sums)
+        totals = all_reduce_sum_many(
+            [tally.sums[k] for k in keys] + [float(tally.real_tokens), float(tally.padded_tokens)]
+        )
+        metrics_out = {k: v / n_updates for k, v in zip(keys, totals[: len(keys)], strict=True)}
+        real_tokens, padded_tokens = int(totals[-2]), int(totals[-1])
+        metrics_out.update(targets.metrics)
+        metrics_out.update(
+            {
+                "train/grad_norm": float(np.nanmean(tally.grad_norms)) if tally.grad_norms else 0.0,
+                "train/lr": tally.lr,
+                "train/tokens_per_s": real_tokens / elapsed if elapsed > 0 else 0.0,
+                "train/world_size": float(self.world),
+                "train/padding_waste": 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0,
+                "train/steps": float(n_updates),
+                "train/global_step": float(tally.step),
+            }
+        )
+        return metrics_out

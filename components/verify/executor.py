@@ -308,8 +308,8 @@ def score_batch(
         return [ScoreResult(*_score_item(item, None, None, 0)) for item in batch]
     warm_math = "math" in specs.values()
     if warm_math:
-        # import sympy once here so that forked workers inherit it instead of each paying
-        # about a second on their first symbolic comparison
+        # import sympy once here so that forked workers inherit it instead of each importing
+        # it within the deadline of their first symbolic comparison
         from components.verify.math import warm_up
 
         warm_up()
@@ -322,6 +322,222 @@ def score_batch(
     )
 
 
+def _open_progress(batch: list[ScoreItem], nbytes: int) -> tuple[int | None, str | None, mmap.mmap]:
+    """The shared progress memory for one batch: ``(batch_id, path, mapping)``.
+
+    Under ``fork`` the workers inherit the batch and an anonymous mapping (``batch_id`` set):
+    nothing is pickled but the chunks' index ranges, and there is no file to clean up.
+    Otherwise the mapping is backed by a temporary file (``path`` set) that workers open.
+    """
+    if multiprocessing.get_start_method() == "fork":
+        batch_id = next(_BATCH_IDS)
+        mm = mmap.mmap(-1, nbytes)
+        with _FORK_LOCK:
+            _FORK_BATCHES[batch_id] = batch
+            _FORK_PROGRESS[batch_id] = mm
+        return batch_id, None, mm
+    fd, path = tempfile.mkstemp(prefix="rlvr-verify-", suffix=".progress", dir=_progress_dir())
+    try:
+        os.ftruncate(fd, nbytes)
+        mm = mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+    return None, path, mm
+
+
+class _ResultColumns:
+    """A batch's outcomes as columns, in input order; ``have`` marks the items that got one."""
+
+    def __init__(self, n: int) -> None:
+        self.rewards: list[float] = [0.0] * n
+        self.extracted: list[str | None] = [None] * n
+        self.errors: list[str | None] = [None] * n
+        self.timed: list[bool] = [False] * n
+        self.have = bytearray(n)
+
+    def put(self, i: int, outcome: _Outcome) -> None:
+        self.rewards[i], self.extracted[i], self.errors[i], self.timed[i] = outcome
+        self.have[i] = 1
+
+    def put_columns(self, indices: range | list[int], columns: _Columns) -> None:
+        cr, ce, cerr, ct = columns
+        if len(cr) != len(indices):  # pragma: no cover - a worker scores its whole chunk
+            raise RuntimeError(f"internal error: {len(cr)} results for {len(indices)} items")
+        if isinstance(indices, range):
+            lo, hi = indices.start, indices.stop
+            self.rewards[lo:hi] = cr
+            self.extracted[lo:hi] = ce
+            self.errors[lo:hi] = cerr
+            self.timed[lo:hi] = ct
+            self.have[lo:hi] = b"\x01" * (hi - lo)
+        else:
+            for k, i in enumerate(indices):
+                self.put(i, (cr[k], ce[k], cerr[k], ct[k]))
+
+    def to_results(self) -> list[ScoreResult]:
+        if self.have.count(0):  # pragma: no cover - every path of _PoolRun fills its items
+            missing = [i for i, h in enumerate(self.have) if not h]
+            raise RuntimeError(f"internal error: no result for items {missing[:10]}")
+        # one allocation burst of n small tuples: without the pause it would run dozens of
+        # collections, each walking the parent's heap
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            columns = zip(self.rewards, self.extracted, self.errors, self.timed, strict=True)
+            return list(map(_make_result, columns))
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+
+class _PoolRun:
+    """One batch scored in a pebble process pool, with a deadline per item.
+
+    ``submit`` sends a chunk of item indices to the pool; ``run`` waits for the chunks,
+    stores their outcomes and, every ``poll_s``, kills the chunks whose current item overran
+    its deadline (``_watchdog``); ``close`` shuts the pool down and frees the progress memory.
+    Progress slot ``_SLOT * chunk_id`` holds the running item's start time (``-1`` between
+    items, ``0`` before the first) and the next slot its position in the chunk.
+    """
+
+    def __init__(
+        self,
+        batch: list[ScoreItem],
+        *,
+        num_workers: int,
+        timeout_s: float,
+        num_chunks: int,
+        warm_math: bool,
+    ) -> None:
+        import pebble
+
+        n = len(batch)
+        # chunk ids: the first chunks, at most one resubmission per resolved failure, and at
+        # most one single-item rerun per item
+        max_ids = num_chunks + 2 * n + 1
+        nbytes = 8 * _SLOT * max_ids
+        self.batch = batch
+        self.timeout_s = timeout_s
+        self.batch_id, self.path, self.mm = _open_progress(batch, nbytes)
+        self.progress = memoryview(self.mm).cast("d")
+        self.results = _ResultColumns(n)
+        self.ids = itertools.count()
+        self.grace = max(1.0, timeout_s)
+        self.poll_s = min(0.05, max(0.002, timeout_s / 10))
+        self.timeout_outcome: _Outcome = (0.0, None, _timeout_message(timeout_s), True)
+        self.pool = pebble.ProcessPool(
+            max_workers=num_workers,
+            initializer=_init_worker,
+            initargs=(self.batch_id, self.path, nbytes, warm_math),
+        )
+        self.pending: dict[Any, _Chunk] = {}
+        self.done_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def submit(self, indices: range | list[int]) -> None:
+        cid = next(self.ids)
+        self.progress[_SLOT * cid] = 0.0
+        payload = indices if self.batch_id is not None else [self.batch[i] for i in indices]
+        future = self.pool.schedule(
+            _run_chunk,
+            args=(cid, self.batch_id, payload, self.timeout_s),
+            timeout=self.timeout_s * len(indices) + self.grace,
+        )
+        self.pending[future] = _Chunk(cid, indices)
+        future.add_done_callback(self.done_queue.put)
+
+    def run(self, chunks: list[range]) -> None:
+        """Submit ``chunks`` and return once every item has an outcome."""
+        for indices in chunks:
+            self.submit(indices)
+        last_scan = time.monotonic()
+        while self.pending:
+            try:
+                future = self.done_queue.get(timeout=self.poll_s)
+            except queue.Empty:
+                future = None
+            if future is not None:
+                self._collect(future)
+            now = time.monotonic()
+            if now - last_scan < self.poll_s:
+                continue
+            last_scan = now
+            self._watchdog(now)
+
+    def _collect(self, future: Any) -> None:
+        """Store the outcomes of a finished chunk, or handle its failure."""
+        chunk = self.pending.pop(future, None)
+        if chunk is None:
+            return
+        try:
+            columns = future.result()
+        except CancelledError:
+            pass  # killed by the watchdog, already handled
+        except FutureTimeoutError:
+            self._fail_chunk(chunk, self.timeout_outcome)
+        except Exception as exc:  # worker crash, pickling error, ...
+            self._fail_chunk(chunk, (0.0, None, _error_message(exc), False))
+        else:
+            self.results.put_columns(chunk.indices, columns)
+
+    def _watchdog(self, now: float) -> None:
+        """Kill the chunks whose current item overran its deadline."""
+        progress = self.progress
+        for future, chunk in list(self.pending.items()):
+            base = _SLOT * chunk.chunk_id
+            start = progress[base]
+            if start <= 0 or now - start <= self.timeout_s:
+                continue
+            pos = int(progress[base + 1])
+            if progress[base] != start or not future.cancel():
+                continue  # moved on meanwhile, or just finished
+            del self.pending[future]
+            self._drop_and_resubmit(chunk, pos, self.timeout_outcome)
+
+    def _drop_and_resubmit(self, chunk: _Chunk, pos: int, outcome: _Outcome) -> None:
+        """Give the item at ``pos`` its outcome and rerun the chunk's other items."""
+        self.results.put(chunk.indices[pos], outcome)
+        rest = [*chunk.indices[:pos], *chunk.indices[pos + 1 :]]
+        if rest:
+            self.submit(rest)
+
+    def _fail_chunk(self, chunk: _Chunk, outcome: _Outcome) -> None:
+        """A chunk failed as a whole: blame the running item if known, else split."""
+        if len(chunk.indices) == 1:
+            self.results.put(chunk.indices[0], outcome)
+            return
+        start = self.progress[_SLOT * chunk.chunk_id]
+        if start > 0:
+            pos = int(self.progress[_SLOT * chunk.chunk_id + 1])
+            self._drop_and_resubmit(chunk, pos, outcome)
+        else:
+            for i in chunk.indices:
+                self.submit([i])
+
+    def close(self, clean: bool) -> None:
+        """Shut the pool down (gracefully when ``clean``) and free the progress memory."""
+        if self.batch_id is not None:
+            with _FORK_LOCK:
+                _FORK_BATCHES.pop(self.batch_id, None)
+                _FORK_PROGRESS.pop(self.batch_id, None)
+        if clean:
+            # every task is done: let the pool wind down (pebble's join waits for its
+            # management thread's next tick) off the caller's critical path
+            self.pool.close()
+            threading.Thread(
+                target=self.pool.join, name="rlvr-verify-pool-join", daemon=True
+            ).start()
+        else:
+            self.pool.stop()
+            self.pool.join()
+        self.progress.release()
+        self.mm.close()
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
 def _score_pool(
     batch: list[ScoreItem],
     *,
@@ -330,167 +546,17 @@ def _score_pool(
     chunks: list[range],
     warm_math: bool,
 ) -> list[ScoreResult]:
-    import pebble
-
-    n = len(batch)
-    # chunk ids: the first chunks, at most one resubmission per resolved failure, and at
-    # most one single-item rerun per item
-    max_ids = len(chunks) + 2 * n + 1
-    nbytes = 8 * _SLOT * max_ids
-    batch_id: int | None = None
-    path: str | None = None
-    if multiprocessing.get_start_method() == "fork":
-        # workers inherit the batch and a shared anonymous mapping: nothing is pickled but
-        # the chunks' index ranges, and there is no file to clean up
-        batch_id = next(_BATCH_IDS)
-        mm = mmap.mmap(-1, nbytes)
-        with _FORK_LOCK:
-            _FORK_BATCHES[batch_id] = batch
-            _FORK_PROGRESS[batch_id] = mm
-    else:
-        fd, path = tempfile.mkstemp(prefix="rlvr-verify-", suffix=".progress", dir=_progress_dir())
-        try:
-            os.ftruncate(fd, nbytes)
-            mm = mmap.mmap(fd, nbytes)
-        finally:
-            os.close(fd)
-    progress = memoryview(mm).cast("d")
-    # results as columns; ``have`` marks the items that got one
-    rewards: list[float] = [0.0] * n
-    extracted: list[str | None] = [None] * n
-    errors: list[str | None] = [None] * n
-    timed: list[bool] = [False] * n
-    have = bytearray(n)
-    ids = itertools.count()
-    grace = max(1.0, timeout_s)
-    poll_s = min(0.05, max(0.002, timeout_s / 10))
-    timeout_outcome: _Outcome = (0.0, None, _timeout_message(timeout_s), True)
-
-    def put(i: int, outcome: _Outcome) -> None:
-        rewards[i], extracted[i], errors[i], timed[i] = outcome
-        have[i] = 1
-
-    def put_columns(indices: range | list[int], columns: _Columns) -> None:
-        cr, ce, cerr, ct = columns
-        if len(cr) != len(indices):  # pragma: no cover - a worker scores its whole chunk
-            raise RuntimeError(f"internal error: {len(cr)} results for {len(indices)} items")
-        if isinstance(indices, range):
-            lo, hi = indices.start, indices.stop
-            rewards[lo:hi] = cr
-            extracted[lo:hi] = ce
-            errors[lo:hi] = cerr
-            timed[lo:hi] = ct
-            have[lo:hi] = b"\x01" * (hi - lo)
-        else:
-            for k, i in enumerate(indices):
-                put(i, (cr[k], ce[k], cerr[k], ct[k]))
-
-    pool = pebble.ProcessPool(
-        max_workers=num_workers,
-        initializer=_init_worker,
-        initargs=(batch_id, path, nbytes, warm_math),
+    run = _PoolRun(
+        batch,
+        num_workers=num_workers,
+        timeout_s=timeout_s,
+        num_chunks=len(chunks),
+        warm_math=warm_math,
     )
-    pending: dict[Any, _Chunk] = {}
-    done_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-    def submit(indices: range | list[int]) -> None:
-        cid = next(ids)
-        progress[_SLOT * cid] = 0.0
-        payload = indices if batch_id is not None else [batch[i] for i in indices]
-        future = pool.schedule(
-            _run_chunk,
-            args=(cid, batch_id, payload, timeout_s),
-            timeout=timeout_s * len(indices) + grace,
-        )
-        pending[future] = _Chunk(cid, indices)
-        future.add_done_callback(done_queue.put)
-
-    def drop_and_resubmit(chunk: _Chunk, pos: int, outcome: _Outcome) -> None:
-        """Give the item at ``pos`` its outcome and rerun the chunk's other items."""
-        put(chunk.indices[pos], outcome)
-        rest = [*chunk.indices[:pos], *chunk.indices[pos + 1 :]]
-        if rest:
-            submit(rest)
-
-    def fail_chunk(chunk: _Chunk, outcome: _Outcome) -> None:
-        """A chunk failed as a whole: blame the running item if known, else split."""
-        if len(chunk.indices) == 1:
-            put(chunk.indices[0], outcome)
-            return
-        start = progress[_SLOT * chunk.chunk_id]
-        if start > 0:
-            drop_and_resubmit(chunk, int(progress[_SLOT * chunk.chunk_id + 1]), outcome)
-        else:
-            for i in chunk.indices:
-                submit([i])
-
     clean = False
     try:
-        for indices in chunks:
-            submit(indices)
-        last_scan = time.monotonic()
-        while pending:
-            try:
-                future = done_queue.get(timeout=poll_s)
-            except queue.Empty:
-                future = None
-            chunk = pending.pop(future, None) if future is not None else None
-            if chunk is not None:
-                try:
-                    columns = future.result()
-                except CancelledError:
-                    pass  # killed by the watchdog below, already handled
-                except FutureTimeoutError:
-                    fail_chunk(chunk, timeout_outcome)
-                except Exception as exc:  # worker crash, pickling error, ...
-                    fail_chunk(chunk, (0.0, None, _error_message(exc), False))
-                else:
-                    put_columns(chunk.indices, columns)
-            now = time.monotonic()
-            if now - last_scan < poll_s:
-                continue
-            last_scan = now
-            # watchdog: kill chunks whose current item overran its deadline
-            for future, chunk in list(pending.items()):
-                base = _SLOT * chunk.chunk_id
-                start = progress[base]
-                if start <= 0 or now - start <= timeout_s:
-                    continue
-                pos = int(progress[base + 1])
-                if progress[base] != start or not future.cancel():
-                    continue  # moved on meanwhile, or just finished
-                del pending[future]
-                drop_and_resubmit(chunk, pos, timeout_outcome)
+        run.run(chunks)
         clean = True
     finally:
-        if batch_id is not None:
-            with _FORK_LOCK:
-                _FORK_BATCHES.pop(batch_id, None)
-                _FORK_PROGRESS.pop(batch_id, None)
-        if clean:
-            # every task is done: let the pool wind down (pebble's join takes up to one
-            # 0.1 s management tick) off the caller's critical path
-            pool.close()
-            threading.Thread(target=pool.join, name="rlvr-verify-pool-join", daemon=True).start()
-        else:
-            pool.stop()
-            pool.join()
-        progress.release()
-        mm.close()
-        if path is not None:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-    if have.count(0):  # pragma: no cover - every path above fills its items
-        missing = [i for i, h in enumerate(have) if not h]
-        raise RuntimeError(f"internal error: no result for items {missing[:10]}")
-    # one allocation burst of n small tuples: without the pause it would run dozens of
-    # collections, each walking the parent's heap
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return list(map(_make_result, zip(rewards, extracted, errors, timed, strict=True)))
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+        run.close(clean)
+    return run.results.to_results()

@@ -12,7 +12,7 @@ from components.core import run_setup
 from components.core.checkpoint import load_policy
 from components.core.layout import RunLayout
 from components.core.schemas import SCORED, components_dict
-from components.evaluate.stage import EVAL_SEED_ITERATION
+from components.evaluate.sampling import EVAL_SEED_ITERATION
 from components.evaluate.stage import run as evaluate
 from components.generate.rollouts import spec_from
 from components.generate.stage import run as generate

@@ -165,7 +165,7 @@ def test_a_plugin_returning_nonsense_is_a_user_error(tmp_path):
 def test_config_driven_refusals_are_user_errors():
     from components.core.commit import check_shard
     from components.generate.environments import ws_url
-    from components.generate.sampler import select_indices
+    from components.generate.prompt_sampler import select_indices
 
     with pytest.raises(UserError, match="exceeds the 4 rows"):
         select_indices(4, 5, seed=0, iteration=0)

@@ -206,7 +206,7 @@ def test_results_equal_lm_evals_own_cli_and_land_everywhere(tmp_path, tiny_asset
     in report.md, in TensorBoard under eval/lm_eval/<task>/<metric>, and in `rlvr report`."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from components.evaluate.stage import evaluate_external
+    from components.evaluate.local import evaluate_external
 
     cfg = load_config(suite_config(tmp_path, tiny_assets))
     result = evaluate_external(cfg, str(tiny_assets / "base"))
@@ -256,6 +256,7 @@ def test_a_warm_worker_hands_its_own_model_to_lm_eval(tmp_path, tiny_assets):
     evaluation is not run again, while a changed task file makes it stale."""
     from components.core import run_setup
     from components.core.timing import Timeline
+    from components.evaluate.lm_eval_suite import _policy
     from components.evaluate.lm_eval_suite import adapter as lm_adapter
     from components.evaluate.stage import EvaluateStage
 
@@ -264,7 +265,7 @@ def test_a_warm_worker_hands_its_own_model_to_lm_eval(tmp_path, tiny_assets):
     stage = EvaluateStage(cfg)
     try:
         stage._load(0, Timeline("evaluate", 0))
-        model, _ = stage._policy(0)
+        model, _ = _policy(stage.engine, stage.store, stage.layout.checkpoint(0), stage.task)
         assert model is stage.engine.backend.model
         assert lm_adapter(model, stage.engine.tokenizer, cfg.data.lm_eval[0]).model is model
         stage.step(0, timeline=Timeline("evaluate", 0))
@@ -375,8 +376,8 @@ def test_a_lora_checkpoint_is_its_base_with_the_adapter_as_lm_eval_loads_it(tmp_
 def test_a_config_of_suites_alone_evaluates_and_reports(tmp_path, tiny_assets):
     """No held-out set, only standard benchmarks: the evaluation, its tables and the run
     report (which draws pass@1 plots only where there is pass@1) all work."""
+    from components.evaluate.local import evaluate_external
     from components.evaluate.run_report import write_run_report
-    from components.evaluate.stage import evaluate_external
 
     path = suite_config(tmp_path, tiny_assets)
     raw = yaml.safe_load(path.read_text())

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from components.core import run_setup
 from components.core.layout import RunLayout
-from components.evaluate.stage import resolve_checkpoint, watch_run
+from components.evaluate.local import watch_run
+from components.evaluate.stage import resolve_checkpoint
 from pipelines.cli import main
 
 

@@ -1,6 +1,6 @@
 """The curriculum prompt sampler: per-prompt stats, the Beta weights, retirement, determinism,
 and the stages that commit and read them (components/core/curriculum.py,
-components/generate/sampler.py)."""
+components/generate/prompt_sampler.py)."""
 
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def test_the_stats_horizon_waits_for_nothing_generate_does_not():
     from components.core.config import RunConfig
     from components.core.layout import RunLayout
     from components.core.lineages import sampler_config, stats_horizon
-    from components.generate.sampler import PromptSampler
+    from components.generate.prompt_sampler import PromptSampler
 
     cfg = RunConfig(model={"base": "b"}, data={"train": "t", "sampler": "curriculum"})
     cfg.train.max_staleness = 1
@@ -270,7 +270,7 @@ def curriculum_cfg(tmp_path, tiny_assets):
 @pytest.mark.slow
 def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
     from components.core import run_setup
-    from components.generate.sampler import PromptSampler
+    from components.generate.prompt_sampler import PromptSampler
     from components.generate.stage import run as generate
     from components.train.stage import run as train
     from components.verify.stage import run as verify

@@ -10,8 +10,9 @@ from components.core.checkpoint import load_policy
 from components.core.commit import read_manifest
 from components.core.store import LocalStore
 from components.generate.backends import PromptRequest, SamplingSpec, cut_at_stop
-from components.generate.hf_backend import TransformersBackend, filter_logits, sample_inverse_cdf
-from components.generate.sampler import select_indices
+from components.generate.hf_backend import TransformersBackend
+from components.generate.prompt_sampler import select_indices
+from components.generate.token_sampling import filter_logits, sample_inverse_cdf
 from tests.support.invariance import assert_equal_up_to_rounding
 from tests.support.sampling import check_logprobs, collect, requests
 
@@ -242,7 +243,7 @@ def test_shards_union_equals_unsharded_up_to_rounding(cfg, threads):
 
 def test_draw_margin_finds_near_ties():
     """draw_margin is the distance to the nearest decision boundary of each sampling rule."""
-    from components.generate.hf_backend import draw_margin, sampling_probs
+    from components.generate.token_sampling import draw_margin, sampling_probs
 
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
     spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1)
@@ -382,7 +383,7 @@ def test_sample_step_is_the_inverse_cdf_draw_and_its_logprob(temperature, top_p,
     """sample_step draws what sample_inverse_cdf(sampling_probs) draws (greedy: the argmax), and
     its logprob is log_softmax(logits/T) of that token before truncation, computed here in
     float64. Tolerance: the step's float64 result rounded to float32 (1 ulp at |logp| < 16)."""
-    from components.generate.hf_backend import sample_step, sampling_probs
+    from components.generate.token_sampling import sample_step, sampling_probs
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 3000, generator=g) * 4
@@ -417,7 +418,7 @@ def test_sample_step_in_row_chunks_equals_one_piece(
     one-row chunk would reduce its row in another order (its logprob's last bits would move:
     chunks of 4 and 1 fail this test at top-p with the tail at -30, at top-k and greedy at -45),
     with near-certain rows (logprobs near 0, where those bits show)."""
-    from components.generate import hf_backend
+    from components.generate import token_sampling
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(rows, vocab, generator=g) * 0.5 + offset
@@ -427,14 +428,14 @@ def test_sample_step_in_row_chunks_equals_one_piece(
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        whole = hf_backend.sample_rows(logits, u, spec)
+        whole = token_sampling.sample_rows(logits, u, spec)
         calls = []
-        real = hf_backend.sample_rows
-        monkeypatch.setattr(hf_backend, "SAMPLER_CHUNK_ELEMENTS", per_chunk * vocab)
+        real = token_sampling.sample_rows
+        monkeypatch.setattr(token_sampling, "SAMPLER_CHUNK_ELEMENTS", per_chunk * vocab)
         monkeypatch.setattr(
-            hf_backend, "sample_rows", lambda x, *a: calls.append(len(x)) or real(x, *a)
+            token_sampling, "sample_rows", lambda x, *a: calls.append(len(x)) or real(x, *a)
         )
-        tok, lp = hf_backend.sample_step(logits, u, spec)
+        tok, lp = token_sampling.sample_step(logits, u, spec)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(tok, whole[0]) and torch.equal(lp, whole[1])
@@ -444,7 +445,7 @@ def test_sample_step_in_row_chunks_equals_one_piece(
 def test_sample_step_never_draws_a_zero_probability_token():
     """Rows whose tail underflows to probability 0 (logits 1e4 apart) and a uniform at the top
     of the CDF still draw a token of positive probability."""
-    from components.generate.hf_backend import sample_step
+    from components.generate.token_sampling import sample_step
 
     logits = torch.full((2, 6), -1e4)
     logits[:, :2] = torch.tensor([0.0, 0.5])

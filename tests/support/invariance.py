@@ -30,7 +30,7 @@ def assert_equal_up_to_rounding(
     """The contract of docs/contracts.md, "Batch and shard invariance": the same rows; per row,
     token streams equal up to a first divergence that is a near-tie of the reference draw;
     logprobs on the common prefix within LOGPROB_ATOL. Returns the diverged keys."""
-    from components.generate.hf_backend import draw_margin, sample_uniforms
+    from components.generate.token_sampling import draw_margin, sample_uniforms
 
     assert ref.keys() == got.keys()
     diverged = []

@@ -218,8 +218,7 @@ def cispo_loss(
     conventional starting point (DAPO's clip-higher value).
     Metrics: the weight is clipped regardless of the sign of A, so ``clipfrac_high`` =
     [r > 1 + clip_high], ``clipfrac_low`` = [r < 1 - clip_low], ``clipfrac`` = either.
-    Paper: MiniMax-M1, arXiv:2506.13585. verl: no core_algos equivalent in the versions this
-    was written against.
+    Paper: MiniMax-M1, arXiv:2506.13585. verl: none in core_algos.
     Shapes: all inputs [B, L] -> loss [B, L], metrics {name: [B, L]}, zero where masked.
     """
     _check_nonneg("clip_low", clip_low)

@@ -8,8 +8,8 @@
   process (``harness/runner.py``) runs the test code with stand-ins for the solution's
   names and sends the verdict. This process relays queries one way and answers the
   other, strictly in turn, and takes the verdict from the tests' process only.
-* ``assert`` with ``"isolation": "in_process"``: the old single-interpreter harness,
-  marked as such in the result.
+* ``assert`` with ``"isolation": "in_process"``: the solution and the tests in one
+  interpreter (``harness/in_process.py``), marked as such in the result.
 """
 
 from __future__ import annotations

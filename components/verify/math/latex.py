@@ -150,6 +150,65 @@ def _function_application(s: str, i: int, func: str) -> tuple[str, int] | None:
     return text, end
 
 
+def _fraction(s: str, i: int, name: str) -> tuple[str, int] | None:
+    """``\\frac`` or ``\\binom`` with its two groups starting at ``s[i]``."""
+    a = _read_group(s, i)
+    if a is None:
+        return None
+    b = _read_group(s, a[1])
+    if b is None:
+        return None
+    pa, pb = latex_to_plain(a[0]), latex_to_plain(b[0])
+    if pa is None or pb is None:
+        return None
+    return (f"(({pa})/({pb}))" if name == "frac" else f"binomial({pa},{pb})"), b[1]
+
+
+def _root(s: str, i: int) -> tuple[str, int] | None:
+    """``\\sqrt{x}`` or ``\\sqrt[n]{x}`` starting after the command name."""
+    n = len(s)
+    root = None
+    if i < n and s[i] == "[":
+        j = s.find("]", i)
+        if j < 0:
+            return None
+        root = latex_to_plain(s[i + 1 : j])
+        if root is None:
+            return None
+        i = j + 1
+    a = _read_group(s, i)
+    if a is None:
+        return None
+    pa = latex_to_plain(a[0])
+    if pa is None:
+        return None
+    return (f"sqrt({pa})" if root is None else f"(({pa})**(1/({root})))"), a[1]
+
+
+def _command(s: str, i: int) -> tuple[str, int] | None:
+    """The command starting with the backslash at ``s[i]`` (and its arguments) as plain
+    math, and where it ends; None for a command outside the supported subset."""
+    n = len(s)
+    m = re.match(r"\\([a-zA-Z]+)", s[i:])
+    if not m:
+        return None
+    name = m.group(1)
+    i += len(m.group(0))
+    while i < n and s[i] == " ":
+        i += 1
+    if name == "frac" or name == "binom":
+        return _fraction(s, i, name)
+    if name == "sqrt":
+        return _root(s, i)
+    if name in _FUNC_CMDS:
+        return _function_application(s, i, _FUNC_CMDS[name])
+    if name in _CMD_MAP:
+        return " " + _CMD_MAP[name] + " ", i
+    if name in GREEK:
+        return f" {name} ", i
+    return None
+
+
 def latex_to_plain(s: str) -> str | None:
     """Convert normalized LaTeX-ish math to a string for sympy's ``parse_expr``.
 
@@ -161,55 +220,11 @@ def latex_to_plain(s: str) -> str | None:
     while i < n:
         ch = s[i]
         if ch == "\\":
-            m = re.match(r"\\([a-zA-Z]+)", s[i:])
-            if not m:
+            converted = _command(s, i)
+            if converted is None:
                 return None
-            name = m.group(1)
-            i += len(m.group(0))
-            while i < n and s[i] == " ":
-                i += 1
-            if name == "frac" or name == "binom":
-                a = _read_group(s, i)
-                if a is None:
-                    return None
-                b = _read_group(s, a[1])
-                if b is None:
-                    return None
-                pa, pb = latex_to_plain(a[0]), latex_to_plain(b[0])
-                if pa is None or pb is None:
-                    return None
-                out.append(f"(({pa})/({pb}))" if name == "frac" else f"binomial({pa},{pb})")
-                i = b[1]
-            elif name == "sqrt":
-                root = None
-                if i < n and s[i] == "[":
-                    j = s.find("]", i)
-                    if j < 0:
-                        return None
-                    root = latex_to_plain(s[i + 1 : j])
-                    if root is None:
-                        return None
-                    i = j + 1
-                a = _read_group(s, i)
-                if a is None:
-                    return None
-                pa = latex_to_plain(a[0])
-                if pa is None:
-                    return None
-                out.append(f"sqrt({pa})" if root is None else f"(({pa})**(1/({root})))")
-                i = a[1]
-            elif name in _FUNC_CMDS:
-                applied = _function_application(s, i, _FUNC_CMDS[name])
-                if applied is None:
-                    return None
-                out.append(applied[0])
-                i = applied[1]
-            elif name in _CMD_MAP:
-                out.append(" " + _CMD_MAP[name] + " ")
-            elif name in GREEK:
-                out.append(f" {name} ")
-            else:
-                return None
+            out.append(converted[0])
+            i = converted[1]
             continue
         if ch == "{":
             out.append("(")
@@ -233,20 +248,25 @@ def latex_to_plain(s: str) -> str | None:
         else:
             out.append(ch)
         i += 1
-    plain = "".join(out)
+    return _sympy_names("".join(out))
+
+
+def _ident(m: re.Match[str]) -> str:
+    word = m.group(0)
+    if word in FUNCS or word in GREEK or "_" in word:
+        return f" {word} "
+    if len(word) == 1:
+        return {"e": " E ", "i": " I "}.get(word, f" {word} ")
+    # an unknown multi-letter word is a product of single-letter symbols
+    return "(" + "*".join(word) + ")"
+
+
+def _sympy_names(plain: str) -> str | None:
+    """Check the converted text against the allowed characters and spell its names the way
+    ``parse_expr`` reads them (``e`` and ``i`` as constants, ``xy`` as ``x*y``)."""
     if not _SYMPY_ALLOWED_RE.fullmatch(plain) or re.search(r"(?<![A-Za-z])_|__", plain):
         return None
-
-    def ident(m: re.Match[str]) -> str:
-        word = m.group(0)
-        if word in FUNCS or word in GREEK or "_" in word:
-            return f" {word} "
-        if len(word) == 1:
-            return {"e": " E ", "i": " I "}.get(word, f" {word} ")
-        # an unknown multi-letter word is a product of single-letter symbols
-        return "(" + "*".join(word) + ")"
-
-    plain = IDENT_RE.sub(ident, plain)
+    plain = IDENT_RE.sub(_ident, plain)
     # 2x, x2 -> implicit multiplication is left to parse_expr; x2 must not become a name
     plain = re.sub(r"(?<![A-Za-z_])([A-Za-z])\s*(\d)", r"\1*\2", plain)
     return plain

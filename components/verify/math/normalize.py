@@ -159,7 +159,15 @@ def normalize_answer(s: str) -> str:
     s = s.strip()
     if _SIMPLE_NUMBER_RE.fullmatch(s):
         return s[1:] if s.startswith("+") else s
-    s = _unwrap_boxed(s)
+    s = _strip_markup(_unwrap_boxed(s))
+    s = _canonical_phrasing(s)
+    s = _canonical_numbers(s)
+    return _compact(s)
+
+
+def _strip_markup(s: str) -> str:
+    """Drop what only typesets: math delimiters, sizing and spacing commands, separators
+    inside numbers, degree and percent signs, ``\\text{}`` wrappers, a trailing period."""
     if not s.isascii():
         s = s.translate(_UNICODE_TABLE)
     # math-mode delimiters and dollar signs
@@ -185,7 +193,12 @@ def normalize_answer(s: str) -> str:
         s = new
     s = s.strip()
     s = s.strip("*").strip()
-    s = s.rstrip(".").strip()
+    return s.rstrip(".").strip()
+
+
+def _canonical_phrasing(s: str) -> str:
+    """One spelling for what can be said in words: all reals, ratios, lists joined by "or" /
+    "and"; trailing units dropped."""
     if s.lower() in _ALL_REALS:
         s = "(-\\infty,\\infty)"
     s = _REALS_RE.sub(lambda _: "(-\\infty,\\infty)", s)
@@ -199,7 +212,12 @@ def normalize_answer(s: str) -> str:
     if " and " in s and not _RELATION_RE.search(s):
         s = _AND_RE.sub(",", s)
     s = _strip_units(s)
-    s = s.rstrip(".").strip()
+    return s.rstrip(".").strip()
+
+
+def _canonical_numbers(s: str) -> str:
+    """Scientific notation, thousands separators and mixed numbers as plain numbers;
+    infinity and the relations as one symbol each."""
     m = _SCI_RE.fullmatch(s)
     if m:  # an integer stays exact (2 \\times 10^3 is 2000); a decimal mantissa is rounded
         mantissa, exponent = m.group("m"), int(m.group("e") or m.group("d"))
@@ -215,7 +233,12 @@ def normalize_answer(s: str) -> str:
     s = _INFTY_RE.sub(r"\\infty", s)
     s = _LE_RE.sub("≤", s)
     s = _GE_RE.sub("≥", s)
-    s = _NE_RE.sub("≠", s)
+    return _NE_RE.sub("≠", s)
+
+
+def _compact(s: str) -> str:
+    """Remove whitespace, then brace the short forms (``\\frac12``, ``\\sqrt2``) and spell
+    empty sets and intervals one way; no leading plus sign or trailing period."""
     # remove whitespace, keeping a separator between a command and a following letter
     s = _CMD_SPACE_RE.sub(lambda mm: mm.group(1) + "\x00", s)
     s = _WS_RE.sub("", s).replace("\x00", " ")

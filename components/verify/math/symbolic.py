@@ -58,7 +58,7 @@ _SYMPY: Any = None
 
 
 def warm_up() -> None:
-    """Import sympy and build the parser tables now (about a second) rather than on the
+    """Import sympy and build the parser tables now rather than within the time of the
     first answer that needs the symbolic fallback. The executor calls this in the parent
     process so forked workers inherit it."""
     _sympy()
@@ -81,8 +81,9 @@ def _sympy() -> Any:
 
 
 # The most digits any integer sympy is asked to build may have: a product or power of a few
-# 50,000-digit integers, or factorial(5,000), costs milliseconds; binomial(99999, 50000)
-# (30,000 digits, but built through much larger intermediates) costs about a second.
+# 50,000-digit integers, or factorial(5,000), is cheap to build; binomial(99999, 50000)
+# (30,000 digits, but built through much larger intermediates) is at the edge of
+# compute_score's time bound.
 MAX_DIGITS = 50_000
 _LOG10_2 = math.log10(2)
 

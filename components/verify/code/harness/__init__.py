@@ -41,7 +41,7 @@ RUNNER_MAIN = _main("rlvr_runner")
 @functools.cache
 def _pyc(module: str, source: str) -> bytes:
     """``source`` compiled for *this* interpreter, as a sourceless ``.pyc``: the
-    sandbox imports it without compiling (about a millisecond per module per run)."""
+    sandbox imports it without compiling it again on every run."""
     code = compile(source, f"{module}.py", "exec", dont_inherit=True)
     header = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") * 3
     return header + marshal.dumps(code)

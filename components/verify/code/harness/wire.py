@@ -5,7 +5,8 @@ Stdlib only and self-contained: the parent imports it as
 next to its ``main.py``.
 
 Frames: one byte of kind, four bytes of big-endian length, a JSON payload (over the
-channel's raw file descriptor: no ``socket`` module, whose import costs milliseconds).
+channel's raw file descriptor: no ``socket`` module, whose import would add to every
+sandbox's start-up).
 
 * ``R`` from the solution's process: its ready message or the answer to a query;
 * ``Q`` from the test runner: a query for the solution's process (a call, an attribute);
@@ -35,10 +36,10 @@ class WireError(Exception):
 
 
 def _codec():
-    """(dumps, loads) for JSON. In a sandbox every millisecond of start-up counts and
-    ``import json`` costs about as much as starting the interpreter (it pulls in ``re``),
-    so the C accelerator ``_json`` is used directly where it has the interface this was
-    written against; otherwise the ``json`` package."""
+    """(dumps, loads) for JSON. Every sandboxed run pays its interpreter's start-up and
+    ``import json`` is a large part of it (it pulls in ``re``), so the C accelerator
+    ``_json`` is used directly where it has the interface this code is written against;
+    otherwise the ``json`` package."""
     try:
         import _json
 
