@@ -24,7 +24,9 @@ HEADER = """# Config reference
 Every key of a run's config (`rlvr run CONFIG`, `--set key=value`), section by section, with its
 type, default and meaning. Generated from the pydantic models in `components/core/config*.py`
 by `python -m components.core.config_reference > docs/config.md`; a test fails when this file
-is stale. Unknown keys are errors; relative paths resolve against the config file. See
+is stale. Unknown keys are errors. Relative paths in `model`, `data` and `prepare` resolve
+against the config file's directory; `run.store` and reward plugin files (`file.py:fn`) against
+the directory `rlvr` runs in. See
 `examples/arithmetic/config.yaml` for a whole config, and [index.md](index.md) for the rest of
 the docs.
 """
