@@ -66,8 +66,9 @@ def chain_next_segment(
 ) -> str:
     """Body of the `next-segment` task: once the segment's last checkpoint is committed, submit
     segment+1 of the run from inside the cluster (`cluster.kfp_api`, the pod's service account
-    token). Returns the new run id, or "" for the last segment and when chaining is off. It
-    fails, submitting nothing, when a worker of the segment fails."""
+    token). Returns the new run id, or "" for the last segment, when chaining is off and when
+    the run stopped under its health rule. It fails, submitting nothing, when a worker of the
+    segment fails."""
 
     from components.core.config import effective_config
     from components.core.warm import segments
@@ -76,21 +77,29 @@ def chain_next_segment(
     if not chain or segment + 1 >= len(segments(cfg)):
         return ""
     # Started beside the workers: wait, like them, for the segment's training to be committed.
+    from components.core.health import StopWatch
     from components.core.layout import RunLayout, store_for
     from components.core.store import join
-    from components.core.warm import RunStatus, wait_committed
+    from components.core.warm import RunStatus, RunStopped, wait_committed
     from components.core.warm import segment as segment_of
 
     layout, stop = RunLayout.of(cfg), segment_of(cfg, segment).stop
     store = store_for(cfg)
-    wait_committed(
-        store,
-        [layout.checkpoint(stop)],
-        status=RunStatus.of(cfg, attempt),
-        task="next-segment",
-        timeout_s=cfg.run.wait_timeout_s * max(1, cfg.run.segment_iterations),
-        poll_max_s=cfg.run.poll_max_s or 5.0,
-    )
+    watch = StopWatch(cfg)  # the run stopped under its health rule: no next segment
+    try:
+        wait_committed(
+            store,
+            [layout.checkpoint(stop)],
+            status=RunStatus.of(cfg, attempt),
+            task="next-segment",
+            timeout_s=cfg.run.wait_timeout_s * max(1, cfg.run.segment_iterations),
+            poll_max_s=cfg.run.poll_max_s or 5.0,
+            stopped=lambda: watch.past("evaluate", stop),
+        )
+    except RunStopped:
+        return ""
+    if watch(force=True) is not None:
+        return ""
     # Exactly once: a retried task (its pod lost after the submission) finds the claim.
     claim = join(layout.root, "status", "segments", f"{segment + 1:05d}.json")
     if store.exists(claim):

@@ -212,6 +212,7 @@ def run_local(
     and the run report. Exits 2 on a user error of a task (its hints printed), 1 on any other
     failure. `config_path` and `overrides` go into the hints, which give the command that
     resumes the run."""
+    from components.core.health import read_stop
     from components.core.warm import segments
     from pipelines.plan import segment_up_to_date
     from pipelines.train import build_train_pipeline
@@ -230,8 +231,18 @@ def run_local(
     # (which `rlvr check` used): there it checks again.
     task_env = local_thread_env(cfg, inputs_checked=inputs_checked and runner != "docker")
     for seg in segs:
+        stop = read_stop(cfg)
+        if stop is not None and stop.beyond("train", seg.start):
+            console.print(
+                f"segment {seg.index} (iterations {seg.start}..{seg.stop - 1}): not run, the run "
+                f"stopped after iteration {stop.after_iteration}"
+            )
+            continue
         if segment_up_to_date(cfg, seg):
-            console.print(f"segment {seg.index} (iterations {seg.start}..{seg.stop - 1}): done")
+            stopped = f", the run stopped after iteration {stop.after_iteration}" if stop else ""
+            console.print(
+                f"segment {seg.index} (iterations {seg.start}..{seg.stop - 1}): done{stopped}"
+            )
             continue
         local.segment(pipeline, seg, task_env)
     _finish(cfg, time.perf_counter() - t0)
@@ -349,6 +360,7 @@ def _finish(cfg: RunConfig, elapsed: float) -> None:
         console.print(f"[yellow]retention sweep failed ({e}); nothing a stage needs was deleted")
     if cfg.data.evaluates:
         Console().print(*eval_tables(cfg))
+    print_health(store, layout.root)
     summary = summarize_run(store, layout.root)
     if summary:
         console.print(summary)
@@ -359,3 +371,23 @@ def _finish(cfg: RunConfig, elapsed: float) -> None:
         console.print(f"dashboard (training dynamics): {paths['index.html']}")
     if "tensorboard" in cfg.tracking.backends:
         print_tensorboard_hint(join(layout.root, "tensorboard"))
+
+
+def print_health(store: Any, root: str) -> None:
+    """The run's health verdict (components/core/health.py), as the newest checkpoint records
+    it; nothing for a run with no update yet."""
+    from components.core.health import latest
+
+    h = latest(store, root)
+    if h is None:
+        return
+    color = {"healthy": "green", "warning": "yellow"}.get(h.verdict, "red")
+    console.print(f"[bold {color}]health: {h.verdict}[/] (after iteration {h.iteration})")
+    if h.verdict != "healthy":
+        console.print(h.summary, markup=False, highlight=False)
+    if h.stop:
+        console.print(
+            f"[bold red]the run stopped after iteration {h.iteration}[/]: no learning signal for "
+            f"{h.streak} iterations in a row (health.stop_after). To go on anyway: "
+            "--set health.stop_after=0"
+        )

@@ -292,12 +292,8 @@ def train_worker(
     job_id: str = "",
 ) -> str:
     """Serve train for every iteration of a segment, the DeepSpeed engine kept in memory; the KFP
-    UI shows the train metrics of the segment's last iteration."""
-    from components.core.commit import read_manifest
-    from components.core.config import effective_config
-    from components.core.layout import RunLayout, store_for
-    from components.core.stage_cli import serve_from_pipeline
-    from components.core.warm import segment as segment_of
+    UI shows the train and health figures of the segment's last update."""
+    from components.core.stage_cli import segment_train_figures, serve_from_pipeline
 
     params = dict(
         config_json=config_json,
@@ -309,12 +305,8 @@ def train_worker(
     out = serve_from_pipeline(
         "train", params, segment=segment, attempt=attempt or job_id, retried=not attempt
     )
-    cfg = effective_config(**params)
-    last = segment_of(cfg, segment).stop
-    stats = read_manifest(store_for(cfg), RunLayout.of(cfg).checkpoint(last))["stats"]
-    for key, value in stats.items():
-        if isinstance(value, int | float) and key.startswith("train/"):
-            metrics.log_metric(key, float(value))
+    for key, value in segment_train_figures(params, segment).items():
+        metrics.log_metric(key, value)
     return out
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from components.core import lineages
 from components.core.commit import SUCCESS, OutputDir, committed_parts
 from components.core.config import RunConfig
+from components.core.health import read_stop, stop_uri
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.stages import ITERATION_STAGES
 from components.core.store import Store, StoreError, join
@@ -51,9 +52,13 @@ def _state(cfg: RunConfig, store: Store, layout: RunLayout, stage: str, i: int) 
 
 def first_out_of_date(cfg: RunConfig, seg: Segment) -> tuple[int, str, str] | None:
     """(iteration, stage, 'stale' | 'missing') of the first output of the segment, in data order,
-    that is not current; None when the whole segment is current (evaluations aside)."""
+    that is not current; None when the whole segment is current (evaluations aside), up to
+    the iteration after which the run stopped (components/core/health.py), if it did."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
+    stop = read_stop(cfg)
     for i in seg.iterations:
+        if stop is not None and stop.beyond("train", i):
+            break  # the run stopped under its health rule before this iteration
         for name in ORDER:
             state = _state(cfg, store, layout, name, i)
             if state != "current":
@@ -116,6 +121,7 @@ def _indices(store: Store, uri: str) -> set[int]:
 def plan_segment(cfg: RunConfig, index: int, attempt: str) -> dict[str, Any]:
     """The init task's second half: uncommit what is stale, then commit the attempt's plan."""
     seg = segment_of(cfg, index)
+    drop_stale_stop(cfg)
     found = first_out_of_date(cfg, seg)
     removed: list[str] = []
     if found is not None:
@@ -142,16 +148,29 @@ def plan_segment(cfg: RunConfig, index: int, attempt: str) -> dict[str, Any]:
     return stats
 
 
+def drop_stale_stop(cfg: RunConfig) -> None:
+    """Remove a stop record that no longer holds (the iteration that decided it is redone, the
+    health rule changed, stopping is off), so that no worker keeps checking it."""
+    store = store_for(cfg)
+    uri = stop_uri(RunLayout.of(cfg).root)
+    if store.exists(uri) and read_stop(cfg) is None:
+        store.delete(uri)
+        log.info("the run's stop record no longer holds (config changed): the run goes on")
+
+
 def segment_up_to_date(cfg: RunConfig, seg: Segment) -> bool:
     """Every output of the segment is committed and was computed from the current inputs and
     config (the same test each stage makes before it skips an iteration)."""
     if first_out_of_date(cfg, seg) is not None:
         return False
     store, layout = store_for(cfg), RunLayout.of(cfg)
+    stop = read_stop(cfg)
+    checkpoints = segment_eval_checkpoints(cfg, seg) if cfg.data.evaluates else []
     try:
         return all(
             lineages.evaluate_current(cfg, store, layout, c)
-            for c in (segment_eval_checkpoints(cfg, seg) if cfg.data.evaluates else [])
+            for c in checkpoints
+            if stop is None or not stop.beyond("evaluate", c)
         )
     except StoreError:
         return False

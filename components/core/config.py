@@ -292,6 +292,31 @@ class RetentionSection(Strict):
     than this, or of a process gone from this host, is a crashed reader's and no longer does."""
 
 
+class HealthSection(Strict):
+    """Run health (components/core/health.py; docs/health.md): train judges every iteration
+    from the figures the stages commit, records the verdict in its checkpoint's manifest, warns
+    as a symptom appears and stops the run when no group has carried a learning signal for
+    `stop_after` iterations in a row. None of it changes what any stage computes."""
+
+    stop_after: int = Field(3, ge=0)
+    """End the run cleanly after this many iterations in a row in which (nearly) every group
+    had equal rewards: GRPO-family advantages are then zero, so the update has no evidence to
+    learn from (0: never stop; the verdict is still given)."""
+    no_signal_share: float = Field(0.95, gt=0.0, le=1.0)
+    """An iteration has no signal when at least this share of its groups has equal rewards."""
+    truncation: float = Field(0.5, gt=0.0, le=1.0)
+    """A truncation surge: at least this share of responses cut at max_new_tokens ..."""
+    truncation_rise: float = Field(3.0, ge=1.0)
+    """... and at least this many times iteration 0's share."""
+    update_kl: float = Field(0.3, gt=0.0)
+    """An update that moved the policy too far: train/approx_kl or train/ppo_kl above this."""
+    logprob_gap: float = Field(0.05, gt=0.0)
+    """Sampler and trainer disagree: train/rollout_kl (their logprobs' KL) above this."""
+    reward_drop: float = Field(0.5, gt=0.0, lt=1.0)
+    """The reward fell: two iterations in a row at or below this fraction of the best
+    two-iteration mean so far (once that best is at least 0.1)."""
+
+
 class RunConfig(Strict):
     run: RunSection = Field(default_factory=RunSection)
     """The run: its store, id, length, segments, seed and waits."""
@@ -315,6 +340,8 @@ class RunConfig(Strict):
     """Experiment trackers: TensorBoard (default), MLflow, W&B."""
     retention: RetentionSection = Field(default_factory=RetentionSection)
     """What the run keeps in its store."""
+    health: HealthSection = Field(default_factory=HealthSection)
+    """Run health: the verdict per iteration, and when a run with no signal left stops."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

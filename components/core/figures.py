@@ -6,6 +6,7 @@ Every stage commits its figures in its output's `_SUCCESS` stats; this module na
 * ``verify/…``   verify: reward, per data source and component, errors, and the share of GRPO
   groups with no signal (every sample of a prompt got the same reward);
 * ``train/…``    train: loss, KL, clip fractions, entropy, gradient norm, learning rate, …;
+* ``health/…``   train: the run's health after the iteration (components/core/health.py);
 * ``eval/…``     evaluate: ``eval/<set>/pass@k``, ``mean@n``, ``maj@k`` and 95% CI bounds;
 * ``time/…``     each stage's seconds of one iteration (``time/<stage>_s``: everything but the
   wait for inputs; ``time/<stage>_work_s``: sampling, scoring or updating alone).
@@ -26,7 +27,7 @@ from typing import Any
 __all__ = ["FAMILIES", "combine_shards", "eval_figures", "stage_figures"]
 
 #: Figure families, in the order the dashboard shows them.
-FAMILIES = ("eval", "verify", "rollout", "train", "time")
+FAMILIES = ("eval", "verify", "rollout", "train", "health", "time")
 
 _ROLLOUT_KEYS = {
     "response_length_mean": "rollout/response_length_mean",
@@ -125,7 +126,7 @@ def stage_figures(stage: str, stats: Mapping[str, Any]) -> dict[str, float]:
         if len(components) > 1:  # one component is reward_mean itself
             out |= _numbers(components, "verify/reward/{}".format)
     elif stage == "train":
-        out = _numbers(stats, lambda key: key if key.startswith("train/") else None)
+        out = _numbers(stats, lambda key: key if key.startswith(("train/", "health/")) else None)
     else:
         raise ValueError(f"unknown stage {stage!r}: expected generate, verify or train")
     out.update(_seconds(stats.get("timeline"), stage))

@@ -169,3 +169,30 @@ def serve_from_pipeline(stage: str, params: dict[str, str], **kwargs: Any) -> st
     result = importlib.import_module(STAGE_MODULES[stage]).serve(cfg, **kwargs)
     served.set()
     return json.dumps(result, default=str)
+
+
+def segment_train_figures(params: dict[str, str], segment: int) -> dict[str, float]:
+    """What a train worker shows in the KFP UI: the train and health figures of the newest
+    checkpoint its segment committed (the segment's last, or the one after which the run
+    stopped under its health rule); {} when it committed none."""
+    from components.core.commit import read_manifest
+    from components.core.config import effective_config
+    from components.core.layout import RunLayout, committed_indices, store_for
+    from components.core.store import join
+    from components.core.warm import segment as segment_of
+
+    cfg = effective_config(**params)
+    store, layout, seg = store_for(cfg), RunLayout.of(cfg), segment_of(cfg, segment)
+    done = [
+        c
+        for c in committed_indices(store, join(layout.root, "checkpoints"))
+        if seg.start < c <= seg.stop
+    ]
+    if not done:
+        return {}
+    stats = read_manifest(store, layout.checkpoint(done[-1]))["stats"]
+    return {
+        k: float(v)
+        for k, v in stats.items()
+        if isinstance(v, int | float) and k.startswith(("train/", "health/"))
+    }

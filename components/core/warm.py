@@ -23,6 +23,7 @@ After each step that committed, the worker logs the step's figures to the config
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import socket
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from components.core.commit import NotCommittedError, check_shard, committed_parts, shard_name
 from components.core.config import RunConfig
 from components.core.errors import UserError, is_user_error
+from components.core.health import StopWatch
 from components.core.layout import RunLayout, store_for
 from components.core.store import Store, StoreError, join
 from components.core.timing import Timeline, process_start_time
@@ -99,6 +101,8 @@ class Stage:
     """`run.wait_timeout_s` while serving."""
     served: list[int] = []  # noqa: RUF012 - set per instance by `serve`
     """The iterations (evaluate: checkpoints) this worker serves."""
+    stopped: Callable[[], bool] | None = None
+    """While serving: whether the run stopped before the current step (health.stop_after)."""
 
     def wait_for(self, store: Store, uris: list[str]) -> float:
         """Inside a step: block until `uris` are committed, stopping when a peer fails (as the
@@ -110,6 +114,7 @@ class Stage:
             status=status,
             task=self.task,
             timeout_s=self.wait_s or self.cfg.run.wait_timeout_s,
+            stopped=self.stopped,
         )
 
     def close(self) -> None:
@@ -163,6 +168,11 @@ class Stage:
 
 class PeerFailed(RuntimeError):
     """Another worker of this run failed; waiting for its output is pointless."""
+
+
+class RunStopped(Exception):  # noqa: N818 - not an error: the run ended under its health rule
+    """The run stopped under `health.stop_after` before this step (components/core/health.py):
+    the worker ends cleanly."""
 
 
 def _describe(error: BaseException) -> str:
@@ -273,12 +283,14 @@ def wait_committed(
     timeout_s: float,
     poll_max_s: float = 1.0,
     early: Callable[[], bool] | None = None,
+    stopped: Callable[[], bool] | None = None,
 ) -> float:
     """Block until every URI is committed, or `early()` says the caller may go on before;
     returns the seconds waited.
 
     Polls with a backoff from 20 ms to `poll_max_s` (one listing per poll on S3). Raises
-    PeerFailed as soon as another task of the run records a failure, TimeoutError after
+    PeerFailed as soon as another task of the run records a failure, RunStopped when
+    `stopped()` says the run ended before the caller's step, TimeoutError after
     `timeout_s`."""
     t0 = time.monotonic()
     delay = 0.02
@@ -291,6 +303,8 @@ def wait_committed(
                 return time.monotonic() - t0
         if early is not None and early():
             return time.monotonic() - t0
+        if stopped is not None and stopped():
+            raise RunStopped(task)
         # A failure that KFP may still retry (within its grace) is waited out: the retried
         # task clears its marker and carries on, and this worker with it.
         now = time.time()
@@ -379,6 +393,7 @@ def serve(
     results = []
     i = None
     tracking = _tracking(stage)
+    watch = StopWatch(stage.cfg)
     try:
         stage.check()
         previous = start
@@ -386,23 +401,27 @@ def serve(
             timeline = Timeline(stage.task, i)
             _cold_start(timeline)
             gap = max(1, i - previous) if previous is not None else 1
+            stage.stopped = functools.partial(watch.past, stage.name, i)
             wait = dict(
-                status=status, task=stage.task, timeout_s=timeout_s * gap, poll_max_s=poll_max_s
+                status=status,
+                task=stage.task,
+                timeout_s=timeout_s * gap,
+                poll_max_s=poll_max_s,
+                stopped=stage.stopped,
             )
-            if plan and not results:  # before anything else is looked at
-                t0 = time.time()
-                wait_committed(store, [status.plan], **wait)
-                timeline.add("wait", t0, time.time())
-            if stage.prewarms:
-                t0 = time.time()
-                wait_committed(store, stage.warm_needs(i), **wait)
-                timeline.add("wait", t0, time.time())
-                with timeline.span("load"):
-                    stage.warm(i)
-            t0 = time.time()
-            wait_committed(store, stage.needs(i), **wait, early=lambda i=i: stage.early(i))
-            timeline.add("wait", t0, time.time())
-            results.append(stage.step(i, timeline=timeline))
+            try:
+                _wait_for_step(stage, i, store, wait, timeline, plan=plan and not results)
+                if watch.past(stage.name, i, force=True):
+                    raise RunStopped(stage.task)
+                results.append(stage.step(i, timeline=timeline))
+            except RunStopped:
+                log.info(
+                    "%s: the run stopped after iteration %d (%s)",
+                    stage.task,
+                    watch().after_iteration,
+                    watch().summary,
+                )
+                break
             tracking.after_step(i, results[-1], timeline)
             previous = i
     except BaseException as e:
@@ -414,6 +433,26 @@ def serve(
         tracking.close()
         stage.close()
     return results
+
+
+def _wait_for_step(
+    stage: Stage, i: int, store: Store, wait: dict, timeline: Timeline, *, plan: bool
+) -> None:
+    """Wait for step i's inputs: the attempt's plan first (`plan`), then what warming the
+    stage needs (then it warms), then the rest."""
+    if plan:  # before anything else is looked at
+        t0 = time.time()
+        wait_committed(store, [stage.status.plan], **wait)
+        timeline.add("wait", t0, time.time())
+    if stage.prewarms:
+        t0 = time.time()
+        wait_committed(store, stage.warm_needs(i), **wait)
+        timeline.add("wait", t0, time.time())
+        with timeline.span("load"):
+            stage.warm(i)
+    t0 = time.time()
+    wait_committed(store, stage.needs(i), **wait, early=lambda: stage.early(i))
+    timeline.add("wait", t0, time.time())
 
 
 def segment_summary(stage: Stage, segment: int, results: list[dict]) -> dict:

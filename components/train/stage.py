@@ -313,6 +313,7 @@ class TrainStage(Stage):
         metrics["train/replayed"] = float(replayed[0])
         metrics["train/replay_mismatches"] = float(replayed[1])
         metrics["train/seconds"] = timeline.seconds("work")
+        metrics.update(self._health(iteration, metrics))
 
         # --- the handoff: checkpoint i+1, whose _SUCCESS lets generate start ---
         metrics.update(self._commit(ckpt_out, metrics, lineage_in, timeline))
@@ -331,6 +332,30 @@ class TrainStage(Stage):
             load,
         )
         return {"skipped": False, "uri": ckpt_out.uri, "stats": metrics}
+
+    def _health(self, iteration: int, metrics: dict) -> dict[str, Any]:
+        """Run health after this iteration (components/core/health.py), for the checkpoint's
+        manifest: the record, its figures, a warning per new symptom; and, when the run is to
+        stop, the stop record, written before the checkpoint commits (rank 0). Judging never
+        fails the step."""
+        from components.core import health
+
+        if self.rank != 0:
+            return {}
+        try:
+            h = health.judge(self.cfg, self.store, self.layout, iteration, metrics)
+            if h.stop:
+                health.write_stop(self.cfg, h)
+        except (StoreError, OSError, ValueError):
+            log.warning("train: could not judge the run's health", exc_info=True)
+            return {}
+        for event in h.events:
+            if event.iteration == iteration:
+                level = logging.INFO if event.level == "note" else logging.WARNING
+                log.log(level, "health: %s", event.message)
+        if h.stop:
+            log.warning("health: the run stops after iteration %d: %s", iteration, h.summary)
+        return {"health": h.model_dump(mode="json"), **health.figures(h)}
 
     def _update(self, inputs: IterationInputs, timeline: Timeline) -> tuple[int, dict]:
         """Iteration `inputs.iteration`'s optimizer steps on the held engine."""

@@ -1,0 +1,508 @@
+"""Run health: is the run still learning, and if not, why (docs/health.md).
+
+Train judges every iteration, after its update and before it commits the checkpoint, from
+figures the stages already commit (components/core/figures.py): the iteration's rollout and
+verify figures and train's own. :func:`fold` is a pure step from the health after iteration
+i - 1 (the previous checkpoint's manifest holds it) and iteration i's figures to the health
+after i, so the verdict costs two manifest reads per iteration whatever the run's length, and
+the same fold over a recorded run's dynamics (report/dynamics.csv) gives the same verdicts
+(tests pin the thresholds that way).
+
+Symptoms, each raised once when it appears (an :class:`Event`):
+
+* **no signal**: at least `health.no_signal_share` of the groups had equal rewards, so
+  GRPO-family advantages are zero. Two such iterations in a row give the verdict:
+  *collapsed* (every group wrong, after groups carried signal), *saturated* (every group
+  right: nothing left to learn from these prompts) or *no signal* (from the start, or equal
+  partial rewards). `health.stop_after` of them in a row stop the run.
+* **truncation surge**: the share of responses cut at max_new_tokens rose past
+  `health.truncation` and `health.truncation_rise` times iteration 0's.
+* **update too large**: train/approx_kl or train/ppo_kl above `health.update_kl` (the first
+  update's size is the usual cause of a collapse).
+* **logprob gap**: the sampler's and the trainer's logprobs disagree (train/rollout_kl above
+  `health.logprob_gap`).
+* **reward fell**: two iterations at or below `health.reward_drop` of the best two-iteration
+  reward mean so far.
+* **entropy** (a note, not a warning: it falls in runs that learn well too): train/entropy
+  below a tenth of iteration 0's.
+* **moving without signal** (a cause in a verdict): the policy still moved (ppo_kl) in an
+  iteration whose gradient was zero: Adam's momentum.
+
+A run that is told to stop writes ``status/stopped.json`` (:class:`StopRecord`) before it
+commits the checkpoint of the iteration that decided it; every worker checks it between
+steps and while it waits, and ends cleanly past that iteration (evaluate past its
+checkpoint). The record holds for as long as that checkpoint is current under the config and
+the health rule is unchanged: change either and the run goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from components.core.config import HealthSection, RunConfig
+
+log = logging.getLogger("rlvr.health")
+
+__all__ = ["Event", "Health", "StopRecord", "StopWatch", "figures", "fold", "fold_run", "judge"]
+
+Verdict = Literal["healthy", "warning", "collapsed", "saturated", "no_signal"]
+
+#: The figures a verdict reads (components/core/figures.py names).
+NO_SIGNAL = "verify/zero_signal_share"
+ALL_WRONG = "verify/all_wrong_share"
+ALL_RIGHT = "verify/all_correct_share"
+REWARD = "verify/reward_mean"
+TRUNCATED = "rollout/truncated_fraction"
+LENGTH = "rollout/response_length_mean"
+ENTROPY = "train/entropy"
+APPROX_KL = "train/approx_kl"
+PPO_KL = "train/ppo_kl"
+ROLLOUT_KL = "train/rollout_kl"
+GRAD_NORM = "train/grad_norm"
+
+#: How many events a health record keeps (the newest): a record rides in every manifest.
+MAX_EVENTS = 32
+#: The verdict needs this many no-signal iterations in a row (one can be chance).
+VERDICT_AFTER = 2
+
+FIXES = {
+    "update_kl": "a lower train.lr, a KL term (train.kl_coef), or a tighter clip",
+    "truncation": "train.overlong_filter (truncated responses out of the loss) or "
+    "generate.overlong_penalty, or a larger generate.max_new_tokens",
+    "logprob_gap": "train.rollout_correction: tis, and the sampler's dtype (generate.dtype)",
+    "collapsed": "a lower train.lr, a KL term (train.kl_coef), train.overlong_filter, "
+    "train.dynamic_sampling",
+    "saturated": "harder prompts, or a curriculum (data.sampler) that skips solved ones",
+    "no_signal": "easier prompts or a stronger base model; more samples per prompt (generate.n)",
+    "reward": "a lower train.lr, or a KL term (train.kl_coef)",
+}
+
+
+class Event(BaseModel):
+    """A symptom as it appeared."""
+
+    iteration: int
+    symptom: str
+    """no_signal, collapsed, saturated, truncation, update_kl, logprob_gap, reward, entropy,
+    recovered."""
+    level: Literal["note", "warning", "verdict"]
+    message: str
+
+
+class Health(BaseModel):
+    """The health of a run after `iteration` (train's checkpoint manifest, stats["health"])."""
+
+    iteration: int = -1
+    verdict: Verdict = "healthy"
+    summary: str = "healthy"
+    """One sentence: the verdict and, where clear, its cause and the usual fixes."""
+    stop: bool = False
+    """`health.stop_after` no-signal iterations in a row: the run stops after this iteration."""
+    streak: int = 0
+    """No-signal iterations in a row, up to this one."""
+    streak_start: int | None = None
+    streak_kind: str = ""
+    """What the streak's groups agree on: wrong, right or equal."""
+    had_signal: bool = False
+    first: dict[str, float] = Field(default_factory=dict)
+    """Iteration 0's figures: the baselines of the surges."""
+    best_reward2: float | None = None
+    """The best mean reward of two iterations in a row so far."""
+    last_reward: float | None = None
+    low_reward: int = 0
+    active: list[str] = Field(default_factory=list)
+    """The symptoms present at this iteration (an event is raised when one appears)."""
+    causes: dict[str, str] = Field(default_factory=dict)
+    """Each warning symptom seen in the run: its latest description (a verdict's causes)."""
+    events: list[Event] = Field(default_factory=list)
+
+    def warnings(self) -> list[Event]:
+        return [e for e in self.events if e.level != "note"]
+
+
+def _get(figures: Mapping[str, float], name: str) -> float | None:
+    value = figures.get(name)
+    return None if value is None else float(value)
+
+
+def _no_signal(figures: Mapping[str, float], rule: HealthSection) -> str | None:
+    """'wrong', 'right' or 'equal' when the iteration carried no signal; None otherwise (or
+    when it had no groups of more than one sample to judge)."""
+    share = _get(figures, NO_SIGNAL)
+    groups, samples = _get(figures, "verify/groups"), _get(figures, "verify/samples")
+    if share is None or (groups and samples is not None and samples <= groups):
+        return None  # no figure, or one sample per prompt: no groups to agree
+    if share < rule.no_signal_share:
+        return None
+    if (_get(figures, ALL_WRONG) or 0.0) >= rule.no_signal_share:
+        return "wrong"
+    if (_get(figures, ALL_RIGHT) or 0.0) >= rule.no_signal_share:
+        return "right"
+    return "equal"
+
+
+def _symptoms(h: Health, i: int, f: Mapping[str, float], rule: HealthSection) -> dict:
+    """{symptom: (level, message)} present at iteration i (no_signal aside)."""
+    out: dict[str, tuple[str, str]] = {}
+    first_t = h.first.get(TRUNCATED)
+    t = _get(f, TRUNCATED)
+    if t is not None and first_t is not None and i > 0:
+        if t >= rule.truncation and t >= rule.truncation_rise * max(first_t, 0.01):
+            out["truncation"] = (
+                "warning",
+                f"truncation rose {first_t:.0%} -> {t:.0%} (responses cut at max_new_tokens "
+                f"get no reward): {FIXES['truncation']}",
+            )
+    kl = max((x for x in (_get(f, APPROX_KL), _get(f, PPO_KL)) if x is not None), default=None)
+    if kl is not None and kl > rule.update_kl:
+        which = "the first update" if i == 0 else f"update {i}"
+        out["update_kl"] = (
+            "warning",
+            f"{which} moved the policy far (KL {kl:.2f} > {rule.update_kl}): {FIXES['update_kl']}",
+        )
+    gap = _get(f, ROLLOUT_KL)
+    if gap is not None and gap > rule.logprob_gap:
+        out["logprob_gap"] = (
+            "warning",
+            f"the sampler's and the trainer's logprobs disagree (rollout_kl {gap:.3f} > "
+            f"{rule.logprob_gap}): {FIXES['logprob_gap']}",
+        )
+    ent, first_e = _get(f, ENTROPY), h.first.get(ENTROPY)
+    if ent is not None and first_e and i > 0 and ent < 0.1 * first_e:
+        out["entropy"] = (
+            "note",
+            f"entropy fell {first_e:.3f} -> {ent:.3f}: sampling is nearly deterministic, so "
+            "groups will agree more often (an entropy bonus or a higher temperature keeps "
+            "exploring)",
+        )
+    if h.low_reward >= 2 and h.best_reward2 is not None:
+        out["reward"] = (
+            "warning",
+            f"the reward fell to {h.last_reward:.3f} from a best of {h.best_reward2:.3f}: "
+            f"{FIXES['reward']}",
+        )
+    return out
+
+
+def _track_reward(h: Health, reward: float | None, rule: HealthSection) -> None:
+    if reward is None:
+        return
+    best = h.best_reward2
+    if best is not None and best >= 0.1 and reward <= rule.reward_drop * best:
+        h.low_reward += 1
+    else:
+        h.low_reward = 0
+    if h.last_reward is not None:
+        pair = (h.last_reward + reward) / 2
+        h.best_reward2 = pair if best is None else max(best, pair)
+    h.last_reward = reward
+
+
+def _moving_without_signal(f: Mapping[str, float]) -> str | None:
+    kl, g = _get(f, PPO_KL), _get(f, GRAD_NORM)
+    if kl is not None and g is not None and g < 1e-6 and abs(kl) > 1e-3:
+        return (
+            f"the policy kept moving without a gradient (ppo_kl {kl:.3f} at grad_norm 0, "
+            "from Adam's momentum)"
+        )
+    return None
+
+
+def _verdict_sentence(h: Health, i: int, f: Mapping[str, float]) -> tuple[Verdict, str]:
+    kind, start, k = h.streak_kind, h.streak_start, h.streak
+    share = {"wrong": ALL_WRONG, "right": ALL_RIGHT}.get(kind, NO_SIGNAL)
+    agree = {"wrong": "all wrong", "right": "all correct", "equal": "with equal rewards"}[kind]
+    reward = _get(f, REWARD)
+    what = f"no signal for {k} iterations ({(_get(f, share) or 0.0):.0%} of groups {agree}" + (
+        f", reward {reward:.3f})" if reward is not None else ")"
+    )
+    if kind == "wrong" and h.had_signal:
+        verdict: Verdict = "collapsed"
+    elif kind == "right":
+        verdict = "saturated"
+    else:
+        verdict = "no_signal"
+    causes = [h.causes[s] for s in ("truncation", "update_kl", "logprob_gap") if s in h.causes]
+    if moving := _moving_without_signal(f):
+        causes.append(moving)
+    head = {
+        "collapsed": f"collapsed at iteration {start}",
+        "saturated": f"saturated at iteration {start}",
+        "no_signal": f"no signal since iteration {start}"
+        + ("" if h.had_signal else " (none from the start)"),
+    }[verdict]
+    cause = ("; after " + "; ".join(c.split(": ")[0] for c in causes)) if causes else ""
+    return verdict, f"{head}: {what}{cause}. Usual fixes: {FIXES[verdict]}"
+
+
+def _raise(h: Health, i: int, symptom: str, level: str, message: str) -> None:
+    h.events.append(Event(iteration=i, symptom=symptom, level=level, message=message))
+    h.events = h.events[-MAX_EVENTS:]
+
+
+def fold(h: Health | None, i: int, figures: Mapping[str, float], rule: HealthSection) -> Health:
+    """The health after iteration `i` from the health after i - 1 (None: before iteration 0)
+    and iteration i's figures (rollout/…, verify/… and train/… names)."""
+    h = Health() if h is None else h.model_copy(deep=True)
+    if i == 0 or not h.first:
+        h.first = {k: float(figures[k]) for k in (TRUNCATED, LENGTH, ENTROPY) if k in figures}
+    _track_reward(h, _get(figures, REWARD), rule)
+    kind = _no_signal(figures, rule)
+    previous = set(h.active)
+    present = _symptoms(h, i, figures, rule)
+    if kind is None:
+        if h.streak >= VERDICT_AFTER:
+            _raise(h, i, "recovered", "note", f"signal returned at iteration {i}")
+        h.streak, h.streak_start, h.streak_kind = 0, None, ""
+        if _get(figures, NO_SIGNAL) is not None:
+            h.had_signal = True
+    else:
+        if h.streak == 0 or kind != h.streak_kind:
+            h.streak, h.streak_start, h.streak_kind = 0, i, kind
+        h.streak += 1
+        present["no_signal"] = ("warning", _no_signal_message(i, kind, figures))
+    for symptom, (level, message) in present.items():
+        if level == "warning" and symptom != "no_signal":
+            h.causes.setdefault(symptom, message)  # as it first appeared
+        if symptom not in previous:
+            _raise(h, i, symptom, level, message)
+    h.active = sorted(present)
+    h.iteration = i
+    _judge(h, i, figures, rule)
+    return h
+
+
+def _no_signal_message(i: int, kind: str, figures: Mapping[str, float]) -> str:
+    agree = {"wrong": "all wrong", "right": "all correct", "equal": "with equal rewards"}[kind]
+    share = _get(figures, NO_SIGNAL) or 0.0
+    return f"iteration {i}: no signal in {share:.0%} of groups ({agree}): advantages are zero"
+
+
+def _judge(h: Health, i: int, figures: Mapping[str, float], rule: HealthSection) -> None:
+    if h.streak >= VERDICT_AFTER:
+        verdict, sentence = _verdict_sentence(h, i, figures)
+        if h.verdict != verdict:
+            _raise(h, i, verdict, "verdict", sentence)
+        h.verdict, h.summary = verdict, sentence
+    elif h.warnings():
+        last = h.warnings()[-1]
+        n = len(h.warnings())
+        h.verdict = "warning"
+        h.summary = f"{n} warning{'s' if n > 1 else ''}; the latest at iteration " + (
+            f"{last.iteration}: {last.message}"
+        )
+    else:
+        h.verdict, h.summary = "healthy", "healthy"
+    h.stop = rule.stop_after > 0 and h.streak >= rule.stop_after
+
+
+def figures(h: Health) -> dict[str, float]:
+    """The health as figures for trackers and the dashboard (``health/…``)."""
+    return {
+        "health/no_signal_streak": float(h.streak),
+        "health/warnings": float(len(h.warnings())),
+        "health/failing": float(h.verdict in ("collapsed", "saturated", "no_signal")),
+        "health/stop": float(h.stop),
+    }
+
+
+def fold_run(rows: Mapping[int, Mapping[str, float]], rule: HealthSection) -> list[Health]:
+    """The health after each iteration of a recorded run ({iteration: figures}, as
+    report/dynamics.csv holds them), in order."""
+    out: list[Health] = []
+    h: Health | None = None
+    for i in sorted(rows):
+        h = fold(h, i, rows[i], rule)
+        out.append(h)
+    return out
+
+
+def rule_digest(rule: HealthSection) -> str:
+    """What a stop record was decided under: the health rule's settings."""
+    text = json.dumps(rule.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class StopRecord(BaseModel):
+    """``<run>/status/stopped.json``: the run stops after `after_iteration`."""
+
+    after_iteration: int
+    verdict: Verdict
+    summary: str
+    rule: str
+    """:func:`rule_digest` of the health section that decided it."""
+    at: float
+
+    def beyond(self, stage: str, step: int) -> bool:
+        """Whether `stage`'s step `step` is past the stop: iterations after it; for evaluate
+        (whose steps are checkpoints), checkpoints after the one the last iteration
+        committed."""
+        return step > self.after_iteration + (1 if stage == "evaluate" else 0)
+
+
+def stop_uri(root: str) -> str:
+    from components.core.store import join
+
+    return join(root, "status", "stopped.json")
+
+
+def write_stop(cfg: RunConfig, health: Health) -> StopRecord:
+    """Record that the run stops after `health.iteration` (before its checkpoint commits)."""
+    import time
+
+    from components.core.layout import RunLayout, store_for
+
+    record = StopRecord(
+        after_iteration=health.iteration,
+        verdict=health.verdict,
+        summary=health.summary,
+        rule=rule_digest(cfg.health),
+        at=time.time(),
+    )
+    store_for(cfg).write_text(stop_uri(RunLayout.of(cfg).root), record.model_dump_json(indent=1))
+    return record
+
+
+def read_stop(cfg: RunConfig) -> StopRecord | None:
+    """The run's stop record if it holds: health.stop_after is on, the rule is the one that
+    decided it, and the checkpoint of the iteration that decided it is committed and current
+    under this config (a config change that redoes it, or a changed rule, lets the run go on).
+    """
+    from components.core import lineages
+    from components.core.layout import RunLayout, store_for
+    from components.core.store import StoreError
+
+    if cfg.health.stop_after == 0:
+        return None
+    store, layout = store_for(cfg), RunLayout.of(cfg)
+    try:
+        record = StopRecord.model_validate_json(store.read_text(stop_uri(layout.root)))
+    except (StoreError, OSError, ValueError):
+        return None
+    if record.rule != rule_digest(cfg.health):
+        return None
+    try:
+        current = lineages.current(cfg, store, layout, "train", record.after_iteration)
+    except StoreError:
+        return None
+    return record if current else None
+
+
+class StopWatch:
+    """A worker's view of the stop record: read while the record is absent (one existence
+    check per look), validated once it appears, final once it holds."""
+
+    every_s = 0.2
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from components.core.layout import RunLayout, store_for
+
+        self.cfg, self.store = cfg, store_for(cfg)
+        self.uri = stop_uri(RunLayout.of(cfg).root)
+        self.record: StopRecord | None = None
+        self._checked = 0.0
+
+    def __call__(self, *, force: bool = False) -> StopRecord | None:
+        """The record once it holds; a record that does not hold (yet: train writes it before
+        the checkpoint it names commits) is checked again at most every `every_s`, or now
+        with `force`."""
+        import time
+
+        if self.cfg.health.stop_after == 0:
+            return None
+        due = force or time.monotonic() - self._checked >= self.every_s
+        if self.record is None and due:
+            self._checked = time.monotonic()
+            if self.store.exists(self.uri):
+                self.record = read_stop(self.cfg)
+        return self.record
+
+    def past(self, stage: str, step: int, *, force: bool = False) -> bool:
+        """Whether the run stopped before `stage`'s step `step`."""
+        record = self(force=force)
+        return record is not None and record.beyond(stage, step)
+
+
+def iteration_figures(store, layout, iteration: int) -> dict[str, float]:
+    """Iteration `iteration`'s rollout and verify figures, every shard combined, from their
+    manifests (as the run dashboard reads them: components/evaluate/dynamics.py)."""
+    from components.core.commit import committed_parts, read_manifest
+    from components.core.figures import combine_shards, stage_figures
+
+    out: dict[str, float] = {}
+    for stage, uri in (
+        ("generate", layout.rollouts(iteration)),
+        ("verify", layout.scored(iteration)),
+    ):
+        parts = [
+            stage_figures(stage, read_manifest(store, p).get("stats") or {})
+            for p in committed_parts(store, uri)
+        ]
+        out |= combine_shards(parts)
+    return out
+
+
+def _recorded(store, layout, iteration: int) -> Health | None:
+    """The health after `iteration - 1`, as checkpoint `iteration`'s manifest holds it."""
+    from components.core.commit import read_manifest
+    from components.core.store import StoreError
+
+    if iteration == 0:
+        return None
+    try:
+        stats = read_manifest(store, layout.checkpoint(iteration)).get("stats") or {}
+        h = Health.model_validate(stats["health"])
+    except (StoreError, KeyError, ValueError):
+        return None
+    return h if h.iteration == iteration - 1 else None
+
+
+def _refold(store, layout, iteration: int, rule: HealthSection) -> Health | None:
+    """The health after `iteration - 1`, folded from the run's committed figures (a run
+    recorded before health existed, or a checkpoint imported without it)."""
+    from components.core.commit import read_manifest
+    from components.core.figures import stage_figures
+
+    h = None
+    for j in range(iteration):
+        train = read_manifest(store, layout.checkpoint(j + 1)).get("stats") or {}
+        h = fold(h, j, iteration_figures(store, layout, j) | stage_figures("train", train), rule)
+    return h
+
+
+def judge(cfg: RunConfig, store, layout, iteration: int, train: Mapping[str, float]) -> Health:
+    """The health after `iteration`, with train's figures of it (`train/…` names): train calls
+    it after its update, before it commits the checkpoint that will hold the result."""
+    from components.core.figures import stage_figures
+
+    rule = cfg.health
+    previous = _recorded(store, layout, iteration)
+    if previous is None and iteration > 0:
+        previous = _refold(store, layout, iteration, rule)
+    figures = iteration_figures(store, layout, iteration) | stage_figures("train", dict(train))
+    return fold(previous, iteration, figures, rule)
+
+
+def latest(store, root: str) -> Health | None:
+    """The health after the newest committed update of the run at `root` (its checkpoint's
+    manifest); None before the first, or for a run recorded before health existed."""
+    from components.core.commit import read_manifest
+    from components.core.layout import RunLayout, committed_indices
+    from components.core.store import StoreError, join
+
+    layout = RunLayout(root.rstrip("/"))
+    for c in reversed(committed_indices(store, join(layout.root, "checkpoints"))):
+        if c == 0:
+            return None
+        try:
+            record = (read_manifest(store, layout.checkpoint(c)).get("stats") or {}).get("health")
+            return Health.model_validate(record) if record else None
+        except (StoreError, ValueError):
+            continue
+    return None
