@@ -34,7 +34,7 @@ from components.core.errors import UserError
 from components.core.stage_cli import run_stage, setup_logging
 from components.core.stages import STEPS
 from components.core.store import get_store, join
-from pipelines.local import console, eval_tables, prepare_inputs
+from pipelines.local import console, eval_tables, prepare_inputs, print_health
 
 SET_OPTION = click.option(
     "--set", "overrides", multiple=True, help="Override a config key: a.b=value (repeatable)."
@@ -384,10 +384,27 @@ def schedule(config, host, experiment, namespace, token, cron, run_id, overrides
     click.echo(f"recurring run id: {rr}")
 
 
-@main.command(help="List recent runs on a KFP cluster.")
-@_cluster_options
+@main.command(
+    help="List the runs in a store (--store: iterations, pass@1, health) and/or on a KFP "
+    "cluster (--host)."
+)
+@click.option(
+    "--store", "store_uri", default=None, help="A run store, e.g. ./rlvr-runs or s3://b/p."
+)
+@click.option("--host", default=None, help="KFP API endpoint, e.g. https://kfp.example.com")
+@click.option("--experiment", default="rlvr", show_default=True)
+@click.option("--namespace", default=None, help="Kubeflow profile namespace (multi-user).")
+@click.option("--token", envvar="KFP_TOKEN", default=None, help="Existing bearer token.")
 @click.option("--limit", type=int, default=20, show_default=True)
-def runs(host, experiment, namespace, token, limit) -> None:
+def runs(store_uri, host, experiment, namespace, token, limit) -> None:
+    if not store_uri and not host:
+        raise click.UsageError("give --store DIR (the runs in a store) or --host URL (a cluster's)")
+    if store_uri:
+        from pipelines.local import store_runs_table
+
+        Console().print(store_runs_table(store_uri))
+    if not host:
+        return
     from pipelines.cluster import list_runs
 
     table = Table(title=f"runs on {host}")
@@ -455,8 +472,9 @@ def _run_dir(run_dir: str) -> tuple[Any, str]:
 def report(run_dir: str) -> None:
     from components.evaluate.run_report import write_run_report
 
-    _run_dir(run_dir)
+    store, root = _run_dir(run_dir)
     Console().print(*eval_tables(run_dir))
+    print_health(store, root)
     paths = run_stage(lambda _cfg: write_run_report(get_store(run_dir), run_dir), None)
     console.print(f"plots and report: {paths['report.md']}")
     console.print(f"dashboard: {paths['index.html']}")

@@ -391,3 +391,36 @@ def print_health(store: Any, root: str) -> None:
             f"{h.streak} iterations in a row (health.stop_after). To go on anyway: "
             "--set health.stop_after=0"
         )
+
+
+def store_runs_table(store_uri: str) -> Table:
+    """`rlvr runs --store`: every run in a store (a directory with run.yaml), with its
+    committed updates, its newest evaluation's pass@1 and its health verdict."""
+    from components.core.health import latest
+
+    store, root = get_store(store_uri), store_uri.rstrip("/")
+    table = Table(title=f"runs in {root}")
+    for column in ("run id", "updates", "last pass@1", "health"):
+        table.add_column(
+            column, justify="right" if column in ("updates", "last pass@1") else "left"
+        )
+    for name in sorted(store.list_dirs(root)):
+        run = join(root, name)
+        if not store.exists(join(run, "run.yaml")):
+            continue
+        updates = [c for c in committed_indices(store, join(run, "checkpoints")) if c > 0]
+        evals = committed_indices(store, join(run, "evals"))
+        pass1 = "-"
+        if evals:
+            top = json.loads(
+                store.read_text(join(run, "evals", f"{evals[-1]:05d}", "metrics.json"))
+            )
+            overall = top.get("overall") or {}
+            pass1 = f"{overall['pass@1']:.3f} ({evals[-1]:05d})" if "pass@1" in overall else "-"
+        h = latest(store, run)
+        verdict = "-"
+        if h is not None:
+            verdict = h.summary.split(":")[0] if h.verdict != "warning" else "warnings"
+            verdict += f"; stopped after {h.iteration}" if h.stop else ""
+        table.add_row(name, str(len(updates)), pass1, verdict)
+    return table

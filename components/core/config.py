@@ -306,7 +306,7 @@ class HealthSection(Strict):
     """An iteration has no signal when at least this share of its groups has equal rewards."""
     truncation: float = Field(0.5, gt=0.0, le=1.0)
     """A truncation surge: at least this share of responses cut at max_new_tokens ..."""
-    truncation_rise: float = Field(3.0, ge=1.0)
+    truncation_rise: float = Field(1.5, ge=1.0)
     """... and at least this many times iteration 0's share."""
     update_kl: float = Field(0.3, gt=0.0)
     """An update that moved the policy too far: train/approx_kl or train/ppo_kl above this."""

@@ -93,6 +93,8 @@ class Event(BaseModel):
     recovered."""
     level: Literal["note", "warning", "verdict"]
     message: str
+    since: int | None = None
+    """A verdict's first iteration without signal (the iteration its sentence names)."""
 
 
 class Health(BaseModel):
@@ -124,6 +126,18 @@ class Health(BaseModel):
 
     def warnings(self) -> list[Event]:
         return [e for e in self.events if e.level != "note"]
+
+    def markers(self) -> list[tuple[int, str]]:
+        """(iteration, label) of each verdict, at the first iteration it names, and of the
+        stop: what the dashboard's plots mark."""
+        out = [
+            (e.since, e.symptom)
+            for e in self.events
+            if e.level == "verdict" and e.since is not None
+        ]
+        if self.stop:
+            out.append((self.iteration, "stopped"))
+        return out
 
 
 def _get(figures: Mapping[str, float], name: str) -> float | None:
@@ -241,8 +255,10 @@ def _verdict_sentence(h: Health, i: int, f: Mapping[str, float]) -> tuple[Verdic
     return verdict, f"{head}: {what}{cause}. Usual fixes: {FIXES[verdict]}"
 
 
-def _raise(h: Health, i: int, symptom: str, level: str, message: str) -> None:
-    h.events.append(Event(iteration=i, symptom=symptom, level=level, message=message))
+def _raise(
+    h: Health, i: int, symptom: str, level: str, message: str, since: int | None = None
+) -> None:
+    h.events.append(Event(iteration=i, symptom=symptom, level=level, message=message, since=since))
     h.events = h.events[-MAX_EVENTS:]
 
 
@@ -288,7 +304,7 @@ def _judge(h: Health, i: int, figures: Mapping[str, float], rule: HealthSection)
     if h.streak >= VERDICT_AFTER:
         verdict, sentence = _verdict_sentence(h, i, figures)
         if h.verdict != verdict:
-            _raise(h, i, verdict, "verdict", sentence)
+            _raise(h, i, verdict, "verdict", sentence, since=h.streak_start)
         h.verdict, h.summary = verdict, sentence
     elif h.warnings():
         last = h.warnings()[-1]
@@ -400,11 +416,13 @@ class StopWatch:
 
     every_s = 0.2
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig | None) -> None:
+        """`cfg` None: a worker outside any run (a test's stage): never stopped."""
         from components.core.layout import RunLayout, store_for
 
-        self.cfg, self.store = cfg, store_for(cfg)
-        self.uri = stop_uri(RunLayout.of(cfg).root)
+        self.cfg = cfg
+        self.store = store_for(cfg) if cfg is not None else None
+        self.uri = stop_uri(RunLayout.of(cfg).root) if cfg is not None else ""
         self.record: StopRecord | None = None
         self._checked = 0.0
 
@@ -414,7 +432,7 @@ class StopWatch:
         with `force`."""
         import time
 
-        if self.cfg.health.stop_after == 0:
+        if self.cfg is None or self.cfg.health.stop_after == 0:
             return None
         due = force or time.monotonic() - self._checked >= self.every_s
         if self.record is None and due:

@@ -31,7 +31,6 @@ from components.core.commit import (
 from components.core.config import CurriculumSection, RunConfig, unused_keys
 from components.core.layout import RunLayout
 from components.core.store import Store, StoreError, join
-from components.core.warm import policy_version
 
 __all__ = [
     "NOT_IN_LINEAGE",
@@ -51,6 +50,11 @@ __all__ = [
 #: Train settings that change how the policy is stored and moved, never what is trained: kept
 #: out of train's lineage (with kl_metric, a figure, and gradient checkpointing, memory).
 NOT_IN_LINEAGE = {"kl_metric", "gradient_checkpointing", "state_every", "handoff"}
+
+
+def policy_version(cfg: RunConfig, iteration: int) -> int:
+    """The checkpoint that samples iteration i: i - train.max_staleness (never before 0)."""
+    return max(0, iteration - cfg.train.max_staleness)
 
 
 @dataclass(frozen=True)

@@ -385,7 +385,8 @@ def serve(
     step (or since `start`): evaluate waits `evaluate.every` iterations for its next checkpoint.
     On any error the task's failure marker is written (peers stop waiting unless KFP may still
     retry the task within `grace_s`) and the error is re-raised; a retried task clears its own
-    marker first."""
+    marker first. A run that stopped under its health rule (components/core/health.py) ends
+    the loop cleanly before the first step past the stop."""
     status.clear(stage.task)
     iterations = list(iterations)
     stage.serving, stage.status, stage.wait_s = True, status, timeout_s
@@ -393,7 +394,8 @@ def serve(
     results = []
     i = None
     tracking = _tracking(stage)
-    watch = StopWatch(stage.cfg)
+    watch = StopWatch(getattr(stage, "cfg", None))  # the run's stop (health.stop_after)
+    name = stage.task.split("-")[0]
     try:
         stage.check()
         previous = start
@@ -401,7 +403,7 @@ def serve(
             timeline = Timeline(stage.task, i)
             _cold_start(timeline)
             gap = max(1, i - previous) if previous is not None else 1
-            stage.stopped = functools.partial(watch.past, stage.name, i)
+            stage.stopped = functools.partial(watch.past, name, i)
             wait = dict(
                 status=status,
                 task=stage.task,
@@ -411,7 +413,7 @@ def serve(
             )
             try:
                 _wait_for_step(stage, i, store, wait, timeline, plan=plan and not results)
-                if watch.past(stage.name, i, force=True):
+                if watch.past(name, i, force=True):
                     raise RunStopped(stage.task)
                 results.append(stage.step(i, timeline=timeline))
             except RunStopped:
@@ -533,8 +535,3 @@ def segment_eval_checkpoints(cfg: RunConfig, seg: Segment) -> list[int]:
     (start+1 .. stop), plus the base in the first segment."""
     lo = -1 if seg.index == 0 else seg.start
     return [c for c in eval_checkpoints(cfg) if lo < c <= seg.stop]
-
-
-def policy_version(cfg: RunConfig, iteration: int) -> int:
-    """The checkpoint that samples iteration i: i - train.max_staleness (never before 0)."""
-    return max(0, iteration - cfg.train.max_staleness)

@@ -217,11 +217,17 @@ def _last_tables(dyn: Dynamics) -> str:
 def _cards(dyn: Dynamics) -> str:
     cards = []
 
-    def card(key: str, value: str, sub: str = "") -> None:
+    def card(key: str, value: str, sub: str = "", css: str = "") -> None:
         cards.append(
-            f'<div class="card"><div class="k">{_e(key)}</div><div class="v">{_e(value)}</div>'
-            f'<div class="s">{_e(sub)}</div></div>'
+            f'<div class="card {css}"><div class="k">{_e(key)}</div>'
+            f'<div class="v">{_e(value)}</div><div class="s">{_e(sub)}</div></div>'
         )
+
+    if (h := dyn.health) is not None:
+        sub = (
+            f"stopped after iteration {h.iteration}" if h.stop else f"after iteration {h.iteration}"
+        )
+        card("health", h.verdict, sub, _health_class(h.verdict))
 
     trained = dyn.series("train/reward_mean")[0] or [
         s for s in dyn.steps if any(k.startswith("train/") for k in dyn.rows[s])
@@ -264,6 +270,40 @@ def _cards(dyn: Dynamics) -> str:
     return f'<div class="cards">{"".join(cards)}</div>'
 
 
+def _health_class(verdict: str) -> str:
+    return {"healthy": "", "warning": "warning"}.get(verdict, "failing")
+
+
+def _health_section(dyn: Dynamics) -> str:
+    """The run's health (components/core/health.py): the verdict, its sentence, whether the run
+    stopped, and every symptom as it appeared."""
+    h = dyn.health
+    stopped = (
+        f" · the run stopped after iteration {h.iteration} (<code>health.stop_after</code>)"
+        if h.stop
+        else ""
+    )
+    rows = "".join(
+        f"<tr><td>{e.iteration}</td><td>{_e(e.level)}</td><td>{_e(e.symptom)}</td>"
+        f'<td class="msg">{_e(e.message)}</td></tr>'
+        for e in h.events
+    )
+    events = (
+        '<table class="events"><tr><th>iteration</th><th>level</th><th>symptom</th>'
+        f"<th>what and the usual fixes</th></tr>{rows}</table>"
+        if rows
+        else ""
+    )
+    return (
+        '<section id="health"><h2>Run health</h2>'
+        f'<div class="health {_health_class(h.verdict)}"><b>{_e(h.verdict)}</b> after '
+        f"iteration {h.iteration}{stopped}<br>{_e(h.summary)}</div>{events}"
+        '<p class="note">Judged by train after every update from the figures below '
+        "(docs/health.md). Dashed red lines in the plots mark where a verdict's iterations "
+        "without signal began, and the stop.</p></section>"
+    )
+
+
 def render_html(
     dyn: Dynamics,
     run_id: str,
@@ -276,6 +316,8 @@ def render_html(
     ``{family: PNG bytes}``), ``extra`` plots (``{title: (note, PNG bytes)}``), the last
     iteration's figures and how to open TensorBoard. Pure: the same inputs give the same text."""
     page = _Sections()
+    if dyn.health is not None:
+        page.add(_health_section(dyn), "health", "health")
     _evaluation_sections(page, dyn)
     _plot_sections(page, plots, extra or {})
     if gallery:  # image prompts with their responses (gallery.py)

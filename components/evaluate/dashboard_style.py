@@ -40,5 +40,14 @@ td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px
 pre { background: var(--bg); border: 1px solid var(--line); border-radius: 6px; padding: 10px 14px;
       overflow-x: auto; font-size: 13px; }
 footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
+.health { border-left: 4px solid #1a7f37; background: #f0fff4; padding: 8px 14px;
+          border-radius: 0 6px 6px 0; margin: 8px 0 12px; }
+.health.warning { border-color: #bf8700; background: #fff8c5; }
+.health.failing { border-color: #cf222e; background: #ffebe9; }
+.health b { text-transform: uppercase; letter-spacing: .04em; }
+.card.failing { border-color: #cf222e; background: #ffebe9; }
+.card.warning { border-color: #bf8700; background: #fff8c5; }
+table.events td { white-space: normal; text-align: left; }
+table.events td.msg { max-width: 980px; }
 code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12.5px; }
 """

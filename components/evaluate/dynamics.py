@@ -15,6 +15,7 @@ figure name; a cell is empty where that step has no value. Load it with
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -26,6 +27,7 @@ from typing import Any
 
 from components.core.commit import SUCCESS, committed_layout
 from components.core.figures import FAMILIES, combine_shards, eval_figures, stage_figures
+from components.core.health import Health
 from components.core.layout import RunLayout, committed_indices
 from components.core.store import Store, StoreError, join
 
@@ -51,6 +53,8 @@ class Dynamics:
     """Figures per step. ``rows[step][name]`` is a finite float; absent where not recorded."""
 
     rows: dict[int, dict[str, float]] = field(default_factory=dict)
+    health: Health | None = None
+    """The run's health after its newest update (components/core/health.py)."""
 
     @property
     def steps(self) -> list[int]:
@@ -165,6 +169,7 @@ def collect(store: Store, root: str) -> Dynamics:
         results = list(pool.map(lambda job: job[1](), jobs))
 
     shards: dict[tuple[str, int], list[dict[str, float]] | None] = {}
+    health: tuple[int, dict] | None = None
     dyn = Dynamics()
     for (key, _), result in zip(jobs, results, strict=True):
         kind, step_text = key.split(":")
@@ -182,9 +187,15 @@ def collect(store: Store, root: str) -> Dynamics:
         stats = result.get("stats") or {}
         if stage == "train" and stats.get("iteration", step) != step:
             continue  # not the train stats of this iteration (e.g. an imported checkpoint)
+        if stage == "train" and stats.get("health"):
+            newest = step if health is None or step > health[0] else health[0]
+            health = (newest, stats["health"] if newest == step else health[1])
         if (parts := shards.setdefault((stage, step), [])) is not None:
             parts.append(stage_figures(stage, stats))
     for (_, step), figures in sorted(shards.items()):
         if figures:
             dyn.add(step, combine_shards(figures))
+    if health is not None:
+        with contextlib.suppress(ValueError):  # a record of another rlvr version: no verdict
+            dyn.health = Health.model_validate(health[1])
     return dyn

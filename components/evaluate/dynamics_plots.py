@@ -414,6 +414,9 @@ def _draw(ax, dyn: Dynamics, panel: Panel, xlim: tuple[float, float]) -> None:  
                     linewidth=0,
                     label=f"{label} 95% CI",
                 )
+    for step, _ in dyn.health.markers() if dyn.health is not None else []:
+        # the health verdict's first iteration, and the stop (components/core/health.py)
+        ax.axvline(step, color="#c0392b", linestyle="--", linewidth=1.0, alpha=0.8)
     ax.set_title(panel.title, fontsize=9, loc="left")
     ax.set_xlim(*xlim)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))

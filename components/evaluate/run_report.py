@@ -84,7 +84,7 @@ def write_run_report(store: Store, root: str) -> dict[str, str]:
         gallery = image_gallery(store, layout.root, done)
         dashboard = _write_dashboard(dynamics, layout.root, names, tmp, out, gallery)
         md += _dynamics_markdown(dashboard)
-        out.put_bytes(md.encode(), "report.md")
+        out.put_bytes(_with_health(md, dynamics.health).encode(), "report.md")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out.commit({"checkpoints": done, "best": best, "steps": len(dynamics.rows)})
@@ -109,6 +109,37 @@ def _write_dashboard(
     for f in files:
         out.put_file(f, f.name)
     return [f.name for f in files]
+
+
+def _with_health(md: str, health: Any) -> str:
+    """The report with its "Run health" section after the title: the verdict, whether the run
+    stopped and why, and each symptom as it appeared (components/core/health.py)."""
+    if health is None:
+        return md
+    title, _, rest = md.partition("\n")
+    marker = {"healthy": "OK", "warning": "WARNING"}.get(health.verdict, "FAILED")
+    lines = [
+        "",
+        "## Run health",
+        "",
+        f"**{marker}: {health.verdict}** after iteration {health.iteration}. {health.summary}",
+        "",
+    ]
+    if health.stop:
+        lines += [
+            f"**The run stopped after iteration {health.iteration}** under `health.stop_after`: "
+            f"no learning signal for {health.streak} iterations in a row. To go on anyway, "
+            "rerun with `--set health.stop_after=0`.",
+            "",
+        ]
+    if health.events:
+        lines += ["| iteration | level | symptom | what and the usual fixes |", "|---|---|---|---|"]
+        lines += [
+            f"| {e.iteration} | {e.level} | {e.symptom} | {e.message.replace('|', '/')} |"
+            for e in health.events
+        ]
+        lines.append("")
+    return "\n".join([title, *lines, rest])
 
 
 def _dynamics_markdown(files: list[str]) -> str:

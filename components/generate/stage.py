@@ -27,9 +27,10 @@ from components.core.commit import (
 from components.core.config import RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
+from components.core.lineages import policy_version
 from components.core.schemas import read_dataset
 from components.core.timing import Timeline
-from components.core.warm import Stage, is_committed, policy_version
+from components.core.warm import Stage, is_committed
 from components.generate.engine import PolicyEngine
 from components.generate.prompt_sampler import PromptSampler
 from components.generate.rollouts import (

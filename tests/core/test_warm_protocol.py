@@ -11,6 +11,7 @@ import pytest
 from components.core.commit import OutputDir, shard_dir
 from components.core.config import load_config
 from components.core.errors import UserError
+from components.core.lineages import policy_version
 from components.core.store import LocalStore, join
 from components.core.warm import (
     PeerFailed,
@@ -18,7 +19,6 @@ from components.core.warm import (
     Stage,
     Timeline,
     eval_checkpoints,
-    policy_version,
     process_start_time,
     segment,
     segment_eval_checkpoints,

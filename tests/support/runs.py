@@ -30,6 +30,9 @@ def write_config(root: Path, assets: Path, **sections) -> Path:
         "verify": {"rewards": {"arithmetic": "math"}, "num_workers": 1, "timeout_s": 10},
         "train": {"lr": 1e-3, "micro_batch_tokens": 256},
         "evaluate": {"bootstrap_resamples": 50},
+        # The tiny untrained policy rarely earns a reward, so its runs often have no signal,
+        # which would stop them under health.stop_after (tests/e2e/test_run_health.py)
+        "health": {"stop_after": 0},
     }
     for section, values in sections.items():
         if values is None:
