@@ -436,7 +436,8 @@ def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
         # the key existed; `rollout` (off-policy too) changes the update, so it enters
         | (set() if cfg.train.old_logprobs == "rollout" else {"old_logprobs"})
         # a vision tower trains only when asked; text models have none
-        | (set() if not cfg.train.freeze_vision else {"freeze_vision"}),
+        | (set() if not cfg.train.freeze_vision else {"freeze_vision"})
+        | (set() if cfg.train.skip_no_signal_steps else {"skip_no_signal_steps"}),
         "verify": set() if cfg.generate.environment else {"env_reward_weight"},
     }
 

@@ -248,6 +248,11 @@ class TrainSection(Strict):
     dropout (some architectures apply it in the layers it puts in training mode)."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus: loss -= entropy_coef x entropy (same aggregation as the policy loss)."""
+    skip_no_signal_steps: bool = False
+    """Take no optimizer step on a mini-batch that carries no signal (every advantage zero, no
+    KL or entropy term): Adam's momentum would otherwise move the policy with no evidence. The
+    step runs at learning rate 0, so the moments decay and the schedule keeps its place
+    (docs/health.md has the measurements behind the default)."""
     old_logprobs: Literal["auto", "recompute", "rollout"] = "auto"
     """Where PPO's old logprobs (pi_old, the policy that sampled) come from. recompute: a no-grad
     forward of the trainer over every rollout before the first update (verl's default).

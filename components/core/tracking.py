@@ -97,6 +97,15 @@ class MultiTracker:
             except Exception as e:  # tracking never fails a stage
                 self._drop(name, e)
 
+    def tag(self, key: str, value: str) -> None:
+        """A run-level label (the health verdict) on the backends that have one."""
+        for name, backend in list(self.backends.items()):
+            if hasattr(backend, "tag"):
+                try:
+                    backend.tag(key, value)
+                except Exception as e:  # tracking never fails a stage
+                    self._drop(name, e)
+
     def close(self) -> None:
         for name, backend in list(self.backends.items()):
             try:
@@ -201,6 +210,8 @@ class StageTracking:
     def __init__(self, stage: Any) -> None:
         self.stage = stage
         self.tracker: Tracker | None = None
+        self.verdict: str | None = None
+        """The health verdict last tagged (a tag is set when it changes)."""
 
     def after_step(
         self, iteration: int, result: Mapping[str, Any], timeline: Timeline | None = None
@@ -220,6 +231,10 @@ class StageTracking:
             if self.tracker is None:
                 self.tracker = make_tracker(cfg, self.stage.task)
             self.tracker.log(figures, iteration)
+            health = (stats or {}).get("health") if isinstance(stats, Mapping) else None
+            if health and health.get("verdict") != self.verdict:  # train: the run's health
+                self.verdict = health["verdict"]
+                self.tracker.tag("rlvr.health", self.verdict)
         except Exception:  # the step is committed; tracking must not undo that
             log.warning(
                 "tracking: could not log %s step %d", self.stage.task, iteration, exc_info=True
@@ -402,6 +417,11 @@ class MlflowTracker:
         for m in metrics:
             self._steps[m.key].add(step)
 
+    def tag(self, key: str, value: str) -> None:
+        """On the rlvr run's parent run, where runs are compared, and on the task's."""
+        for run in (self.parent, self.child):
+            self.client.set_tag(run, key, value)
+
     def close(self) -> None:
         # The parent's status is left alone: other tasks of the run may still be logging.
         self.client.set_terminated(self.child, "FINISHED")
@@ -444,6 +464,12 @@ class WandbTracker:
 
     def log(self, figures: Mapping[str, float], step: int) -> None:
         self.run.log({"iteration": step, **figures})
+
+    def tag(self, key: str, value: str) -> None:
+        """In the run's summary (a column of the runs table) and as a `key:value` tag."""
+        self.run.summary[key] = value
+        kept = tuple(t for t in (self.run.tags or ()) if not t.startswith(f"{key}:"))
+        self.run.tags = (*kept, f"{key}:{value}")
 
     def close(self) -> None:
         self.run.finish()

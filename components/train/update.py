@@ -384,6 +384,8 @@ class _Tally:
     real_tokens: int = 0
     padded_tokens: int = 0
     grad_norms: list[float] = field(default_factory=list)
+    silent_steps: int = 0
+    """Steps taken at learning rate 0: no signal in their mini-batch (skip_no_signal_steps)."""
 
 
 @dataclass
@@ -564,8 +566,10 @@ class _Iteration:
             schedule=t.lr_schedule,
             min_lr_ratio=t.min_lr_ratio,
         )
+        silent = t.skip_no_signal_steps and self.no_signal(mini_rows, targets)
+        tally.silent_steps += silent
         for group in engine.optimizer.param_groups:
-            group["lr"] = tally.lr
+            group["lr"] = 0.0 if silent else tally.lr
         part, real, padded = accumulate_mini_batch(
             engine,
             self.ro,
@@ -592,6 +596,17 @@ class _Iteration:
         tally.grad_norms.append(float(gn) if gn is not None else float("nan"))
         tally.step += 1
 
+    def no_signal(self, mini_rows: list[int], targets: Targets) -> bool:
+        """Whether the mini-batch gives the loss nothing to learn from: every advantage of its
+        loss tokens is zero and no KL or entropy term pulls (the same on every rank: the rows
+        are global)."""
+        if self.t.kl_coef > 0 or self.t.entropy_coef > 0:
+            return False
+        if not mini_rows:
+            return True
+        adv = targets.advantages[mini_rows] * targets.loss_mask[mini_rows]
+        return not bool(adv.abs().gt(0).any())
+
     def metrics(self, tally: _Tally, targets: Targets, elapsed: float) -> dict[str, float]:
         """The iteration's metrics: the steps' sums over all ranks, averaged over the steps, then
         the targets' metrics and the iteration's totals."""
@@ -613,6 +628,7 @@ class _Iteration:
                 "train/padding_waste": 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0,
                 "train/steps": float(n_updates),
                 "train/global_step": float(tally.step),
+                "train/no_signal_steps": float(tally.silent_steps),
             }
         )
         return metrics_out

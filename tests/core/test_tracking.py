@@ -189,6 +189,22 @@ def test_mlflow_parent_run_and_one_child_per_task(tmp_path, mlflow_uri):
     assert [(m.step, m.value) for m in history] == [(0, 0.25)]
 
 
+def test_the_health_verdict_tags_the_mlflow_runs_when_it_changes(tmp_path, mlflow_uri):
+    cfg = _cfg(str(tmp_path), backends=["mlflow"], mlflow_tracking_uri=mlflow_uri)
+    stage = FakeStage(cfg, "train")
+    tracking = StageTracking(stage)
+    verdicts = ["healthy", "warning", "collapsed"]
+    for i, verdict in enumerate(verdicts):
+        stats = {"train/loss": 1.0, "health": {"verdict": verdict}, "health/stop": 0.0}
+        tracking.after_step(i, {"skipped": False, "stats": stats})
+    tracking.close()
+    client, runs = _mlflow_runs(mlflow_uri)
+    assert runs["<parent>"].data.tags["rlvr.health"] == "collapsed"
+    assert runs["train"].data.tags["rlvr.health"] == "collapsed"
+    history = client.get_metric_history(runs["train"].info.run_id, "health/stop")
+    assert [m.step for m in history] == [0, 1, 2]
+
+
 def test_mlflow_a_later_segment_continues_the_same_runs(tmp_path, mlflow_uri):
     cfg = _cfg(str(tmp_path), backends=["mlflow"], mlflow_tracking_uri=mlflow_uri)
     first = make_tracker(cfg, "train")

@@ -128,3 +128,19 @@ def test_rollout_mismatch_by_hand():
     assert m["train/rollout_kl"] == pytest.approx(0.0591740179, abs=1e-9)
     empty = rollout_mismatch(old, rollout, torch.zeros(2, 2, dtype=torch.bool))
     assert set(empty.values()) == {0.0}
+
+
+def test_a_mini_batch_without_signal_is_the_one_whose_advantages_are_all_zero():
+    """train.skip_no_signal_steps steps such a mini-batch at learning rate 0
+    (components/train/update.py): group 0 (rewards 1, 1) has none, group 1 (0, 1) has."""
+    from components.train.update import _Iteration
+
+    tg = build_targets(TrainSection(), **base_inputs())
+    it = object.__new__(_Iteration)  # no_signal reads only the train section
+    it.t = TrainSection(skip_no_signal_steps=True)
+    assert it.no_signal([0, 1], tg) and it.no_signal([], tg)
+    assert not it.no_signal([1, 2], tg) and not it.no_signal([3], tg)
+    it.t = TrainSection(skip_no_signal_steps=True, kl_coef=0.01)  # the KL term still pulls
+    assert not it.no_signal([0, 1], tg)
+    it.t = TrainSection(skip_no_signal_steps=True, entropy_coef=0.01)
+    assert not it.no_signal([0, 1], tg)
