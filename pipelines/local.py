@@ -396,7 +396,10 @@ def print_health(store: Any, root: str) -> None:
 def store_runs_table(store_uri: str) -> Table:
     """`rlvr runs --store`: every run in a store (a directory with run.yaml), with its
     committed updates, its newest evaluation's pass@1 and its health verdict."""
+    import contextlib
+
     from components.core.health import latest
+    from components.core.store import StoreError
 
     store, root = get_store(store_uri), store_uri.rstrip("/")
     table = Table(title=f"runs in {root}")
@@ -411,12 +414,11 @@ def store_runs_table(store_uri: str) -> Table:
         updates = [c for c in committed_indices(store, join(run, "checkpoints")) if c > 0]
         evals = committed_indices(store, join(run, "evals"))
         pass1 = "-"
-        if evals:
+        with contextlib.suppress(StoreError, ValueError, KeyError, TypeError, IndexError):
             top = json.loads(
                 store.read_text(join(run, "evals", f"{evals[-1]:05d}", "metrics.json"))
             )
-            overall = top.get("overall") or {}
-            pass1 = f"{overall['pass@1']:.3f} ({evals[-1]:05d})" if "pass@1" in overall else "-"
+            pass1 = f"{top['overall']['pass@1']:.3f} ({evals[-1]:05d})"  # held-out sets only
         h = latest(store, run)
         verdict = "-"
         if h is not None:

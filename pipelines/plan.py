@@ -121,7 +121,6 @@ def _indices(store: Store, uri: str) -> set[int]:
 def plan_segment(cfg: RunConfig, index: int, attempt: str) -> dict[str, Any]:
     """The init task's second half: uncommit what is stale, then commit the attempt's plan."""
     seg = segment_of(cfg, index)
-    drop_stale_stop(cfg)
     found = first_out_of_date(cfg, seg)
     removed: list[str] = []
     if found is not None:
@@ -135,6 +134,7 @@ def plan_segment(cfg: RunConfig, index: int, attempt: str) -> dict[str, Any]:
                 state,
                 len(removed),
             )
+    drop_stale_stop(cfg)  # after the uncommits: a stop decided by a redone iteration goes
     status = RunStatus.of(cfg, attempt)
     out = OutputDir(store_for(cfg), status.plan, "init")
     out.begin(force=True)
@@ -155,7 +155,7 @@ def drop_stale_stop(cfg: RunConfig) -> None:
     uri = stop_uri(RunLayout.of(cfg).root)
     if store.exists(uri) and read_stop(cfg) is None:
         store.delete(uri)
-        log.info("the run's stop record no longer holds (config changed): the run goes on")
+        log.info("the run's stop record no longer holds: the run goes on")
 
 
 def segment_up_to_date(cfg: RunConfig, seg: Segment) -> bool:

@@ -52,6 +52,8 @@ log = logging.getLogger("rlvr.health")
 __all__ = ["Event", "Health", "StopRecord", "StopWatch", "figures", "fold", "fold_run", "judge"]
 
 Verdict = Literal["healthy", "warning", "collapsed", "saturated", "no_signal"]
+#: The verdicts that say the run is not learning.
+FAILING = ("collapsed", "saturated", "no_signal")
 
 #: The figures a verdict reads (components/core/figures.py names).
 NO_SIGNAL = "verify/zero_signal_share"
@@ -68,8 +70,19 @@ GRAD_NORM = "train/grad_norm"
 
 #: How many events a health record keeps (the newest): a record rides in every manifest.
 MAX_EVENTS = 32
-#: The verdict needs this many no-signal iterations in a row (one can be chance).
+#: The verdict needs this many no-signal iterations in a row (one can be chance), or
+#: `health.stop_after` when that is fewer.
 VERDICT_AFTER = 2
+#: A verdict names the symptoms that appeared from this many iterations before its streak.
+CAUSE_WINDOW = 3
+#: Iterations folded again where a run's previous checkpoint holds no health record.
+REFOLD = 8
+#: Advantage estimators that are relative to the group: a group whose rewards are equal gets
+#: zero advantage. Others (REINFORCE++'s batch whitening, W-REINFORCE's raw reward) learn from
+#: such groups, so "no signal" is not judged for them.
+GROUP_RELATIVE = frozenset(
+    {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_passk"}
+)
 
 FIXES = {
     "update_kl": "a lower train.lr, a KL term (train.kl_coef), or a tighter clip",
@@ -120,8 +133,6 @@ class Health(BaseModel):
     low_reward: int = 0
     active: list[str] = Field(default_factory=list)
     """The symptoms present at this iteration (an event is raised when one appears)."""
-    causes: dict[str, str] = Field(default_factory=dict)
-    """Each warning symptom seen in the run: its latest description (a verdict's causes)."""
     events: list[Event] = Field(default_factory=list)
 
     def warnings(self) -> list[Event]:
@@ -146,19 +157,19 @@ def _get(figures: Mapping[str, float], name: str) -> float | None:
 
 
 def _no_signal(figures: Mapping[str, float], rule: HealthSection) -> str | None:
-    """'wrong', 'right' or 'equal' when the iteration carried no signal; None otherwise (or
-    when it had no groups of more than one sample to judge)."""
+    """What most groups agreed on when the iteration carried no signal: 'wrong', 'right' or
+    'equal' (a partial reward); None when it had signal (or no groups of more than one sample
+    to judge)."""
     share = _get(figures, NO_SIGNAL)
     groups, samples = _get(figures, "verify/groups"), _get(figures, "verify/samples")
     if share is None or (groups and samples is not None and samples <= groups):
         return None  # no figure, or one sample per prompt: no groups to agree
     if share < rule.no_signal_share:
         return None
-    if (_get(figures, ALL_WRONG) or 0.0) >= rule.no_signal_share:
-        return "wrong"
-    if (_get(figures, ALL_RIGHT) or 0.0) >= rule.no_signal_share:
-        return "right"
-    return "equal"
+    wrong, right = _get(figures, ALL_WRONG) or 0.0, _get(figures, ALL_RIGHT) or 0.0
+    if max(wrong, right) < share / 2:  # most groups agree on a partial reward
+        return "equal"
+    return "wrong" if wrong >= right else "right"
 
 
 def _symptoms(h: Health, i: int, f: Mapping[str, float], rule: HealthSection) -> dict:
@@ -233,8 +244,9 @@ def _verdict_sentence(h: Health, i: int, f: Mapping[str, float]) -> tuple[Verdic
     share = {"wrong": ALL_WRONG, "right": ALL_RIGHT}.get(kind, NO_SIGNAL)
     agree = {"wrong": "all wrong", "right": "all correct", "equal": "with equal rewards"}[kind]
     reward = _get(f, REWARD)
-    what = f"no signal for {k} iterations ({(_get(f, share) or 0.0):.0%} of groups {agree}" + (
-        f", reward {reward:.3f})" if reward is not None else ")"
+    what = (
+        f"no signal for {_count(k, 'iteration')} ({(_get(f, share) or 0.0):.0%} of groups {agree}"
+        + (f", reward {reward:.3f})" if reward is not None else ")")
     )
     if kind == "wrong" and h.had_signal:
         verdict: Verdict = "collapsed"
@@ -242,7 +254,12 @@ def _verdict_sentence(h: Health, i: int, f: Mapping[str, float]) -> tuple[Verdic
         verdict = "saturated"
     else:
         verdict = "no_signal"
-    causes = [h.causes[s] for s in ("truncation", "update_kl", "logprob_gap") if s in h.causes]
+    causes = [  # as they first appeared, from CAUSE_WINDOW iterations before the streak on
+        e.message
+        for e in h.events
+        if e.symptom in ("truncation", "update_kl", "logprob_gap")
+        and e.iteration >= start - CAUSE_WINDOW
+    ]
     if moving := _moving_without_signal(f):
         causes.append(moving)
     head = {
@@ -262,30 +279,36 @@ def _raise(
     h.events = h.events[-MAX_EVENTS:]
 
 
-def fold(h: Health | None, i: int, figures: Mapping[str, float], rule: HealthSection) -> Health:
+def fold(
+    h: Health | None,
+    i: int,
+    figures: Mapping[str, float],
+    rule: HealthSection,
+    *,
+    group_relative: bool = True,
+) -> Health:
     """The health after iteration `i` from the health after i - 1 (None: before iteration 0)
-    and iteration i's figures (rollout/…, verify/… and train/… names)."""
+    and iteration i's figures (rollout/…, verify/… and train/… names). `group_relative`: the
+    run's advantage estimator gives equal-reward groups zero advantage (GROUP_RELATIVE)."""
     h = Health() if h is None else h.model_copy(deep=True)
     if i == 0 or not h.first:
         h.first = {k: float(figures[k]) for k in (TRUNCATED, LENGTH, ENTROPY) if k in figures}
     _track_reward(h, _get(figures, REWARD), rule)
-    kind = _no_signal(figures, rule)
+    kind = _no_signal(figures, rule) if group_relative else None
     previous = set(h.active)
     present = _symptoms(h, i, figures, rule)
     if kind is None:
-        if h.streak >= VERDICT_AFTER:
+        if h.verdict in FAILING:
             _raise(h, i, "recovered", "note", f"signal returned at iteration {i}")
         h.streak, h.streak_start, h.streak_kind = 0, None, ""
         if _get(figures, NO_SIGNAL) is not None:
             h.had_signal = True
     else:
-        if h.streak == 0 or kind != h.streak_kind:
-            h.streak, h.streak_start, h.streak_kind = 0, i, kind
-        h.streak += 1
+        if h.streak == 0:
+            h.streak_start = i
+        h.streak, h.streak_kind = h.streak + 1, kind
         present["no_signal"] = ("warning", _no_signal_message(i, kind, figures))
     for symptom, (level, message) in present.items():
-        if level == "warning" and symptom != "no_signal":
-            h.causes.setdefault(symptom, message)  # as it first appeared
         if symptom not in previous:
             _raise(h, i, symptom, level, message)
     h.active = sorted(present)
@@ -301,16 +324,26 @@ def _no_signal_message(i: int, kind: str, figures: Mapping[str, float]) -> str:
 
 
 def _judge(h: Health, i: int, figures: Mapping[str, float], rule: HealthSection) -> None:
-    if h.streak >= VERDICT_AFTER:
+    needed = min(VERDICT_AFTER, rule.stop_after) if rule.stop_after else VERDICT_AFTER
+    warnings = [e for e in h.events if e.level == "warning"]
+    if h.streak >= needed:
         verdict, sentence = _verdict_sentence(h, i, figures)
         if h.verdict != verdict:
             _raise(h, i, verdict, "verdict", sentence, since=h.streak_start)
         h.verdict, h.summary = verdict, sentence
-    elif h.warnings():
-        last = h.warnings()[-1]
-        n = len(h.warnings())
+    elif warnings:
+        last = warnings[-1]
+        back = ""
+        returned = [e for e in h.events if e.symptom == "recovered"]
+        verdicts = [e for e in h.events if e.level == "verdict"]
+        if returned and verdicts:
+            back = (
+                f"; {verdicts[-1].symptom} at iteration {verdicts[-1].since}, signal returned "
+                f"at iteration {returned[-1].iteration}"
+            )
         h.verdict = "warning"
-        h.summary = f"{n} warning{'s' if n > 1 else ''}; the latest at iteration " + (
+        h.summary = (
+            f"{_count(len(warnings), 'warning')}{back}; the latest at iteration "
             f"{last.iteration}: {last.message}"
         )
     else:
@@ -318,23 +351,29 @@ def _judge(h: Health, i: int, figures: Mapping[str, float], rule: HealthSection)
     h.stop = rule.stop_after > 0 and h.streak >= rule.stop_after
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def figures(h: Health) -> dict[str, float]:
     """The health as figures for trackers and the dashboard (``health/…``)."""
     return {
         "health/no_signal_streak": float(h.streak),
         "health/warnings": float(len(h.warnings())),
-        "health/failing": float(h.verdict in ("collapsed", "saturated", "no_signal")),
+        "health/failing": float(h.verdict in FAILING),
         "health/stop": float(h.stop),
     }
 
 
-def fold_run(rows: Mapping[int, Mapping[str, float]], rule: HealthSection) -> list[Health]:
+def fold_run(
+    rows: Mapping[int, Mapping[str, float]], rule: HealthSection, *, group_relative: bool = True
+) -> list[Health]:
     """The health after each iteration of a recorded run ({iteration: figures}, as
     report/dynamics.csv holds them), in order."""
     out: list[Health] = []
     h: Health | None = None
     for i in sorted(rows):
-        h = fold(h, i, rows[i], rule)
+        h = fold(h, i, rows[i], rule, group_relative=group_relative)
         out.append(h)
     return out
 
@@ -387,9 +426,9 @@ def write_stop(cfg: RunConfig, health: Health) -> StopRecord:
 
 def read_stop(cfg: RunConfig) -> StopRecord | None:
     """The run's stop record if it holds: health.stop_after is on, the rule is the one that
-    decided it, and the checkpoint of the iteration that decided it is committed and current
-    under this config (a config change that redoes it, or a changed rule, lets the run go on).
-    """
+    decided it, and the checkpoint of the iteration that decided it is committed, current under
+    this config, and itself records the stop (a config change that redoes that iteration, or
+    any before it, or a changed rule, lets the run go on)."""
     from components.core import lineages
     from components.core.layout import RunLayout, store_for
     from components.core.store import StoreError
@@ -403,11 +442,13 @@ def read_stop(cfg: RunConfig) -> StopRecord | None:
         return None
     if record.rule != rule_digest(cfg.health):
         return None
+    s = record.after_iteration
     try:
-        current = lineages.current(cfg, store, layout, "train", record.after_iteration)
+        current = lineages.current(cfg, store, layout, "train", s)
+        decided = _recorded(store, layout, s + 1)  # the checkpoint's own health: stop?
     except StoreError:
         return None
-    return record if current else None
+    return record if current and decided is not None and decided.stop else None
 
 
 class StopWatch:
@@ -467,7 +508,8 @@ def iteration_figures(store, layout, iteration: int) -> dict[str, float]:
 
 
 def _recorded(store, layout, iteration: int) -> Health | None:
-    """The health after `iteration - 1`, as checkpoint `iteration`'s manifest holds it."""
+    """The health after `iteration - 1`, as checkpoint `iteration`'s manifest holds it (None:
+    not committed, or no record)."""
     from components.core.commit import read_manifest
     from components.core.store import StoreError
 
@@ -481,16 +523,18 @@ def _recorded(store, layout, iteration: int) -> Health | None:
     return h if h.iteration == iteration - 1 else None
 
 
-def _refold(store, layout, iteration: int, rule: HealthSection) -> Health | None:
-    """The health after `iteration - 1`, folded from the run's committed figures (a run
-    recorded before health existed, or a checkpoint imported without it)."""
+def _refold(store, layout, iteration: int, rule: HealthSection, group_relative: bool):
+    """The health after `iteration - 1`, folded from the run's committed figures where the
+    previous checkpoint holds no record (a run recorded before health existed): iteration 0
+    (the baselines) and the REFOLD iterations before this one, so the cost stays bounded."""
     from components.core.commit import read_manifest
     from components.core.figures import stage_figures
 
     h = None
-    for j in range(iteration):
+    for j in sorted({0, *range(max(0, iteration - REFOLD), iteration)}):
         train = read_manifest(store, layout.checkpoint(j + 1)).get("stats") or {}
-        h = fold(h, j, iteration_figures(store, layout, j) | stage_figures("train", train), rule)
+        figures = iteration_figures(store, layout, j) | stage_figures("train", train)
+        h = fold(h, j, figures, rule, group_relative=group_relative)
     return h
 
 
@@ -499,17 +543,18 @@ def judge(cfg: RunConfig, store, layout, iteration: int, train: Mapping[str, flo
     it after its update, before it commits the checkpoint that will hold the result."""
     from components.core.figures import stage_figures
 
-    rule = cfg.health
+    rule, group_relative = cfg.health, cfg.train.advantage in GROUP_RELATIVE
     previous = _recorded(store, layout, iteration)
     if previous is None and iteration > 0:
-        previous = _refold(store, layout, iteration, rule)
+        previous = _refold(store, layout, iteration, rule, group_relative)
     figures = iteration_figures(store, layout, iteration) | stage_figures("train", dict(train))
-    return fold(previous, iteration, figures, rule)
+    return fold(previous, iteration, figures, rule, group_relative=group_relative)
 
 
 def latest(store, root: str) -> Health | None:
-    """The health after the newest committed update of the run at `root` (its checkpoint's
-    manifest); None before the first, or for a run recorded before health existed."""
+    """The health after the newest committed update of the run at `root` that has a record
+    (its checkpoint's manifest); None before the first, or for a run recorded before health
+    existed."""
     from components.core.commit import read_manifest
     from components.core.layout import RunLayout, committed_indices
     from components.core.store import StoreError, join
@@ -520,7 +565,8 @@ def latest(store, root: str) -> Health | None:
             return None
         try:
             record = (read_manifest(store, layout.checkpoint(c)).get("stats") or {}).get("health")
-            return Health.model_validate(record) if record else None
+            if record:  # the newest that has one, as the dashboard shows
+                return Health.model_validate(record)
         except (StoreError, ValueError):
             continue
     return None

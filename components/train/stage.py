@@ -113,6 +113,8 @@ class TrainStage(Stage):
         self.state_at = 0
         """The newest full state covering the held position's past (0: the base)."""
         self.states = train_state.Background()
+        self.stopping = False
+        """Rank 0: this iteration's health stops the run (its policy is not broadcast)."""
         self.channel: Sender | bool | None = None
         """The weight channel's sending end, once used (rank 0, train.handoff.channel);
         False where it could not listen."""
@@ -340,15 +342,20 @@ class TrainStage(Stage):
         fails the step."""
         from components.core import health
 
+        self.stopping = False
         if self.rank != 0:
             return {}
         try:
             h = health.judge(self.cfg, self.store, self.layout, iteration, metrics)
-            if h.stop:
-                health.write_stop(self.cfg, h)
-        except (StoreError, OSError, ValueError):
+        except Exception:  # noqa: BLE001 - see the docstring
             log.warning("train: could not judge the run's health", exc_info=True)
             return {}
+        if h.stop:
+            try:
+                health.write_stop(self.cfg, h)
+                self.stopping = True
+            except (StoreError, OSError):
+                log.warning("train: could not record the run's stop", exc_info=True)
         for event in h.events:
             if event.iteration == iteration:
                 level = logging.INFO if event.level == "note" else logging.WARNING
@@ -443,12 +450,14 @@ class TrainStage(Stage):
         """Whether policy `version` goes over the weight channel (train.handoff.channel:
         broadcast): while this worker serves a run, to the generate workers of its segment
         (on-policy, generate of iteration v samples with v; none samples with the segment's
-        last checkpoint). The same on every rank."""
+        last checkpoint), unless the run stops after this iteration (rank 0 decides: the other
+        ranks only take part in the gathers)."""
         return (
             self.t.handoff.channel == "broadcast"
             and self.serving
             and self.cfg.model.lora is None
             and version in self.served
+            and not self.stopping
         )
 
     def _sender(self) -> Sender | None:

@@ -77,8 +77,33 @@ def test_all_correct_is_saturation_and_none_from_the_start_is_named_so() -> None
     dead = run(signal(1.0), signal(1.0))[-1]
     assert dead.verdict == "no_signal"
     assert "since iteration 0 (none from the start)" in dead.summary
-    equal = signal(1.0, wrong=0.5, right=0.0)  # equal partial rewards
+    equal = signal(1.0, wrong=0.2, right=0.1)  # most groups agree on a partial reward
     assert run(signal(0.2), equal, equal)[-1].verdict == "no_signal"
+    mostly = signal(1.0, wrong=0.94, right=0.06)  # 30 groups wrong, 2 right: still a collapse
+    hs = run(signal(0.2), signal(1.0), mostly, signal(1.0))
+    assert [h.streak for h in hs] == [0, 1, 2, 3] and hs[-1].verdict == "collapsed"
+    assert hs[-1].stop
+
+
+def test_estimators_that_learn_from_equal_rewards_are_not_judged_for_signal() -> None:
+    rows = dict(enumerate([signal(0.2), signal(1.0), signal(1.0), signal(1.0)]))
+    hs = fold_run(rows, RULE, group_relative=False)  # REINFORCE++, W-REINFORCE
+    assert hs[-1].streak == 0 and hs[-1].verdict == "healthy" and not hs[-1].stop
+
+
+def test_a_verdict_names_the_causes_near_its_streak_and_its_recovery() -> None:
+    kl = {"train/approx_kl": 0.9}
+    early = run(signal(**kl), *[signal(0.2)] * 5, signal(1.0), signal(1.0))[-1]
+    assert "KL 0.90" not in early.summary  # iteration 0's update, 6 iterations before
+    near = run(signal(0.2, **kl), signal(1.0), signal(1.0))[-1]
+    assert "the first update moved the policy far (KL 0.90" in near.summary
+    back = run(signal(0.2), signal(1.0), signal(1.0), signal(0.2))[-1]
+    assert "collapsed at iteration 1, signal returned at iteration 3" in back.summary
+
+
+def test_stop_after_one_gives_the_verdict_at_once() -> None:
+    h = run(signal(0.2), signal(1.0), rule=HealthSection(stop_after=1))[-1]
+    assert h.stop and h.verdict == "collapsed" and "for 1 iteration (" in h.summary
 
 
 def test_the_run_stops_after_stop_after_iterations_without_signal() -> None:
@@ -86,7 +111,6 @@ def test_the_run_stops_after_stop_after_iterations_without_signal() -> None:
     assert [h.stop for h in hs] == [False, False, False, True, True]
     never = HealthSection(stop_after=0)
     assert not any(h.stop for h in run(signal(0.2), *[signal(1.0)] * 6, rule=never))
-    assert run(signal(0.2), signal(1.0), rule=HealthSection(stop_after=1))[-1].stop
 
 
 def test_signal_that_returns_ends_the_streak_and_the_verdict() -> None:
