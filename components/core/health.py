@@ -199,14 +199,15 @@ def _symptoms(h: Health, i: int, f: Mapping[str, float], rule: HealthSection) ->
             f"{rule.logprob_gap}): {FIXES['logprob_gap']}",
         )
     ent, first_e = _get(f, ENTROPY), h.first.get(ENTROPY)
-    if ent is not None and first_e and i > 0 and ent < 0.1 * first_e:
+    noted = any(e.symptom == "entropy" for e in h.events)  # once a run: it hovers near the line
+    if ent is not None and first_e and i > 0 and ent < 0.1 * first_e and not noted:
         out["entropy"] = (
             "note",
             f"entropy fell {first_e:.3f} -> {ent:.3f}: sampling is nearly deterministic, so "
             "groups will agree more often (an entropy bonus or a higher temperature keeps "
             "exploring)",
         )
-    if h.low_reward >= 2 and h.best_reward2 is not None:
+    if h.low_reward >= 2 and h.best_reward2 is not None and not h.streak:  # else: no signal
         out["reward"] = (
             "warning",
             f"the reward fell to {h.last_reward:.3f} from a best of {h.best_reward2:.3f}: "

@@ -47,6 +47,7 @@ _HEADINGS = {
     "verify": "Rewards (verify)",
     "rollout": "Rollouts (generate)",
     "train": "Policy update (train)",
+    "health": "Run health figures",
     "time": "Time per stage",
 }
 _NOTES = {
@@ -55,6 +56,9 @@ _NOTES = {
     "verify": "Group shares: prompts whose samples all got the same reward carry no GRPO signal.",
     "rollout": "",
     "train": "",
+    "health": "Train's judgement after each iteration (the Run health section above): the "
+    "iterations in a row without signal, the warnings so far, whether the verdict says the run "
+    "is not learning, and the stop.",
     "time": "Each stage's time of one iteration, without the wait for its inputs "
     "(stages of neighbouring iterations overlap). work: sampling, scoring or updating alone.",
 }
@@ -295,7 +299,7 @@ def _health_section(dyn: Dynamics) -> str:
         else ""
     )
     return (
-        '<section id="health"><h2>Run health</h2>'
+        '<section id="run-health"><h2>Run health</h2>'
         f'<div class="health {_health_class(h.verdict)}"><b>{_e(h.verdict)}</b> after '
         f"iteration {h.iteration}{stopped}<br>{_e(h.summary)}</div>{events}"
         '<p class="note">Judged by train after every update from the figures below '
@@ -317,7 +321,7 @@ def render_html(
     iteration's figures and how to open TensorBoard. Pure: the same inputs give the same text."""
     page = _Sections()
     if dyn.health is not None:
-        page.add(_health_section(dyn), "health", "health")
+        page.add(_health_section(dyn), "run-health", "run health")
     _evaluation_sections(page, dyn)
     _plot_sections(page, plots, extra or {})
     if gallery:  # image prompts with their responses (gallery.py)

@@ -34,6 +34,7 @@ _TITLES = {
     "verify": "Rewards and verification per iteration",
     "rollout": "Rollouts (generate) per iteration",
     "train": "Policy update (train) per iteration",
+    "health": "Run health per iteration",
     "time": "Seconds per stage and iteration",
 }
 #: The key figures of each family, in the order they come first (a panel only where present).

@@ -58,7 +58,7 @@ def test_a_run_without_signal_stops_cleanly_and_says_why(tmp_path: Path, tiny_as
     report = (run / "report" / "report.md").read_text()
     assert "## Run health" in report and "**The run stopped after iteration 1**" in report
     assert "no signal since iteration 0 (none from the start)" in report
-    assert 'id="health"' in (run / "report" / "index.html").read_text()
+    assert 'id="run-health"' in (run / "report" / "index.html").read_text()
     manifest = json.loads((run / "checkpoints" / "00002" / "_SUCCESS").read_text())
     assert manifest["stats"]["health"]["stop"] and manifest["stats"]["health/stop"] == 1.0
 
