@@ -233,7 +233,9 @@ def test_features_a_run_does_not_use_stay_out_of_its_lineage():
     used = unused_keys(tools)
     # max_images_per_prompt only refuses input: it is never in the lineage
     assert used["generate"] == {"max_images_per_prompt"}
-    assert used["train"] == {"nodes", "old_logprobs", "freeze_vision"}
+    assert used["train"] == {"nodes", "old_logprobs", "freeze_vision", "skip_no_signal_steps"}
+    skipping = RunConfig.model_validate({**base, "train": {"skip_no_signal_steps": True}})
+    assert "skip_no_signal_steps" not in unused_keys(skipping)["train"]  # it changes updates
     assert used["verify"] == {"env_reward_weight"}  # no environment: its weight changes nothing
     # old_logprobs: auto and recompute train alike (within float precision), rollout does not
     assert "old_logprobs" not in plain.train.model_dump(exclude=unused["train"])
