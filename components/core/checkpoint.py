@@ -122,6 +122,7 @@ def check_checkpoint_dir(
                     "the tokenizer has no pad token",
                     "set pad_token (e.g. to the eos token) in tokenizer_config.json",
                 )
+            check_turn_end(path, tok, problems)
             special = {"pad": tok.pad_token_id, "eos": tok.eos_token_id, "bos": tok.bos_token_id}
             for name, tid in special.items():
                 if vocab and tid is not None and not 0 <= tid < vocab:
@@ -140,6 +141,56 @@ def check_checkpoint_dir(
             )
             ok = False
     return ok
+
+
+def turn_end_token(tokenizer: Any) -> str | None:
+    """The token the chat template closes a message with (ChatML's `<|im_end|>`, Llama 3's
+    `<|eot_id|>`): the first special or added token after an assistant message's text when a
+    short chat is rendered; None without a template, or when plain text follows the message."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    probe = "rlvr-turn-end-probe"
+    chat = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": probe}]
+    try:
+        text = tokenizer.apply_chat_template(chat, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render a plain chat has no answer
+        return None
+    at = text.find(probe) if isinstance(text, str) else -1
+    if at < 0:
+        return None
+    rest = text[at + len(probe) :].lstrip()
+    tokens = {*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()}
+    return max((t for t in tokens if t and rest.startswith(t)), key=len, default=None)
+
+
+def stop_token_ids(path: Path, tokenizer: Any) -> set[int]:
+    """The token ids a sampler stops at: the tokenizer's eos and generation_config.json's
+    eos_token_id (one id or a list), as the generate backends take them."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        eos = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        eos = None
+    ids |= {int(e) for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)}
+    return ids
+
+
+def check_turn_end(path: Path, tokenizer: Any, problems: Problems) -> None:
+    """A warning when the chat template ends a turn with a token the sampler does not stop at
+    (a converter that took another eos): responses would run on past the answer."""
+    end = turn_end_token(tokenizer)
+    if end is None:
+        return
+    end_id = tokenizer.convert_tokens_to_ids(end)
+    if end_id not in stop_token_ids(path, tokenizer):
+        problems.warn(
+            f"{path}/tokenizer_config.json",
+            f"the chat template ends a turn with {end!r}, but the tokenizer's eos token is "
+            f"{tokenizer.eos_token!r} and generation_config.json does not list {end!r}: "
+            "responses would not stop at the end of the answer",
+            f"set eos_token: {end!r} (and pad_token) in tokenizer_config.json, or add its id "
+            f"({end_id}) to eos_token_id in generation_config.json",
+        )
 
 
 def local_checkpoint(store: Store, uri: str) -> Path:

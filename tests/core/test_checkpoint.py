@@ -103,3 +103,38 @@ def test_import_names_a_tokenizer_class_transformers_4_loads(tmp_path, tiny_asse
     assert json.loads((src / "tokenizer_config.json").read_text()) == config
     tok, again = AutoTokenizer.from_pretrained(src), AutoTokenizer.from_pretrained(dst)
     assert again("12+7=")["input_ids"] == tok("12+7=")["input_ids"]
+
+
+def test_a_chat_template_that_ends_turns_with_a_token_the_sampler_ignores_is_flagged(
+    tmp_path, tiny_assets
+):
+    """As a GGUF converter that takes another eos than the template's turn end (transformers
+    5.17 on SmolLM2: eos `<|im_start|>`, turns ending `<|im_end|>`): `rlvr check` warns and
+    names the fix; a generation config that lists the token settles it."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from components.core.checkpoint import check_checkpoint_dir, turn_end_token
+    from components.core.errors import Problems
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_assets / "base", base)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}<unk>\n{% endfor %}"
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    tok = AutoTokenizer.from_pretrained(base)
+    assert turn_end_token(tok) == "<unk>"
+
+    problems = Problems()
+    assert check_checkpoint_dir(base, "model.base", problems)
+    (warning,) = problems.warnings
+    assert "ends a turn with '<unk>'" in warning.what and "'<eos>'" in warning.what
+    assert "set eos_token: '<unk>'" in warning.fix
+
+    generation = json.loads((base / "generation_config.json").read_text())
+    generation["eos_token_id"] = [tok.eos_token_id, tok.convert_tokens_to_ids("<unk>")]
+    (base / "generation_config.json").write_text(json.dumps(generation))
+    problems = Problems()
+    assert check_checkpoint_dir(base, "model.base", problems) and not problems.warnings

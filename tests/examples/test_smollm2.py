@@ -61,3 +61,21 @@ def test_the_packaged_gguf_becomes_a_checkpoint_every_stage_loads(tmp_path):
     )
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert tok.eos_token == tok.pad_token == "<|im_end|>"
+
+
+def test_the_base_takes_eos_and_pad_from_its_chat_template(tiny_assets):
+    """What the GGUF converter took as eos does not matter (transformers 5.17 takes
+    `<|im_start|>` and no pad for SmolLM2): the token the template ends a turn with becomes
+    eos, pad where there is none, and the generation config's eos."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from examples.smollm2.model import _turn_end_specials
+
+    tok = AutoTokenizer.from_pretrained(tiny_assets / "base")
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}<unk>\n{% endfor %}"
+    tok.pad_token = None
+    generation = GenerationConfig(eos_token_id=tok.eos_token_id)
+    _turn_end_specials(tok, generation)
+    unk = tok.convert_tokens_to_ids("<unk>")
+    assert (tok.eos_token, tok.pad_token) == ("<unk>", "<unk>")
+    assert (generation.eos_token_id, generation.pad_token_id) == (unk, unk)
