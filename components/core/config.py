@@ -343,6 +343,19 @@ class RunConfig(Strict):
     health: HealthSection = Field(default_factory=HealthSection)
     """Run health: the verdict per iteration, and when a run with no signal left stops."""
 
+    def _check_vllm_temperatures(self) -> None:
+        """vLLM (0.33) refuses a sampling temperature above 2; say so before any work."""
+        if self.generate.backend != "vllm":
+            return
+        temperatures = {"generate.temperature": self.generate.temperature}
+        temperatures |= {f"data.eval.{e.name}.temperature": e.temperature for e in self.data.eval}
+        for key, t in temperatures.items():
+            if t > 2.0:
+                raise ValueError(
+                    f"{key}: {t} is above 2, which vLLM refuses; use at most 2, or "
+                    "generate.backend: transformers"
+                )
+
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
         names = [e.name for e in (*self.data.eval, *self.data.lm_eval)]
@@ -356,6 +369,7 @@ class RunConfig(Strict):
         tasks = [t for suite in self.data.lm_eval for t in suite.lm_eval]
         if len(set(tasks)) != len(tasks):
             raise ValueError(f"data.eval: an lm-eval task is in two suites: {tasks}")
+        self._check_vllm_temperatures()
         if self.train.handoff.channel == "broadcast":
             if self.train.max_staleness > 0:
                 raise ValueError(

@@ -155,7 +155,9 @@ class VLLMBackend:
         if llm is None:
             return
         engine = getattr(llm, "llm_engine", None)
-        shutdown = getattr(engine, "shutdown", None)  # V1 engine core processes
+        # V1: the engine core's processes (LLMEngine itself has no shutdown in 0.10-0.33)
+        core = getattr(engine, "engine_core", None)
+        shutdown = getattr(core, "shutdown", None) or getattr(engine, "shutdown", None)
         if callable(shutdown):
             shutdown()
         del llm, engine

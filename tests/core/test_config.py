@@ -73,3 +73,12 @@ def test_cli_malformed_config_exits_nonzero_with_message(workspace):
     assert proc.returncode == 2
     assert "generate.temperature: got -1" in proc.stderr
     assert not (workspace.parent / "runs").exists()  # nothing written
+
+
+def test_a_temperature_vllm_refuses_is_named_before_any_work(workspace):
+    with pytest.raises(ConfigError, match=r"generate\.temperature: 2\.5 is above 2, which vLLM"):
+        load_config(workspace, ["generate.backend=vllm", "generate.temperature=2.5"])
+    with pytest.raises(ConfigError, match=r"data\.eval\.heldout\.temperature: 3\.0 is above 2"):
+        load_config(workspace, ["generate.backend=vllm", "data.eval.0.temperature=3.0"])
+    assert load_config(workspace, ["generate.temperature=2.5"]).generate.temperature == 2.5
+    assert load_config(workspace, ["generate.backend=vllm", "generate.temperature=2"])

@@ -18,7 +18,9 @@ def test_sampling_params_follow_the_spec():
     from components.generate.vllm_backend import VLLMBackend
 
     spec = SamplingSpec(n=4, temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=16, stop=("\n",))
-    params = VLLMBackend.sampling_params(object.__new__(VLLMBackend), spec, seed=7)
+    backend = object.__new__(VLLMBackend)  # no engine: sampling_params reads only these
+    backend.placeholder_ids = set()
+    params = VLLMBackend.sampling_params(backend, spec, seed=7)
     assert params.n == 4 and params.temperature == 0.7 and params.top_p == 0.9
     assert params.top_k in (-1, 0) and params.max_tokens == 16 and params.seed == 7
     assert params.logprobs == 0 and list(params.stop) == ["\n"]
