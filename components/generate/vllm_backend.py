@@ -41,6 +41,16 @@ def vllm_max_lora_rank(rank: int) -> int:
     )
 
 
+def unexpanded(ids: list[int], placeholders: set[int]) -> list[int]:
+    """Prompt ids with each run of one placeholder token (an image's pads) back to a single
+    token, as a chat template renders it before a processor expands it."""
+    out: list[int] = []
+    for t in ids:
+        if not (t in placeholders and out and out[-1] == t):
+            out.append(t)
+    return out
+
+
 class Received:
     """The vLLM workers' received policy: its size, and its sha256s from the first worker."""
 
@@ -183,18 +193,17 @@ class VLLMBackend:
             logprobs=0,
         )
 
-    @staticmethod
-    def prompt(request: PromptRequest):
-        """A request as vLLM's `TokensPrompt`. An image prompt's ids already hold each image's
-        pad tokens, expanded as the checkpoint's processor does (components/core/vision.py);
-        its images go in `multi_modal_data`, and vLLM finds their placeholders already in
-        place rather than expanding them again."""
+    def prompt(self, request: PromptRequest):
+        """A request as vLLM's `TokensPrompt`. An image prompt's ids hold each image's pad
+        tokens expanded as the checkpoint's processor does (components/core/vision.py); vLLM
+        expands the placeholders of a token prompt itself (0.10 to 0.33), so each run goes back
+        to one placeholder, and `generate` checks that vLLM's expansion gives rlvr's ids."""
         from vllm.inputs import TokensPrompt
 
         if not request.images:
             return TokensPrompt(prompt_token_ids=request.prompt_token_ids)
         return TokensPrompt(
-            prompt_token_ids=request.prompt_token_ids,
+            prompt_token_ids=unexpanded(request.prompt_token_ids, self.placeholder_ids),
             multi_modal_data={"image": list(request.images)},
         )
 
