@@ -344,7 +344,8 @@ class RunConfig(Strict):
     """Run health: the verdict per iteration, and when a run with no signal left stops."""
 
     def _check_vllm_temperatures(self) -> None:
-        """vLLM (0.33) refuses a sampling temperature above 2; say so before any work."""
+        """vLLM (0.24 and later) refuses a sampling temperature above 2; say so before any
+        work (on every vLLM version: a config should not depend on which one a node has)."""
         if self.generate.backend != "vllm":
             return
         temperatures = {"generate.temperature": self.generate.temperature}
@@ -352,7 +353,7 @@ class RunConfig(Strict):
         for key, t in temperatures.items():
             if t > 2.0:
                 raise ValueError(
-                    f"{key}: {t} is above 2, which vLLM refuses; use at most 2, or "
+                    f"{key}: {t} is above 2, which vLLM 0.24+ refuses; use at most 2, or "
                     "generate.backend: transformers"
                 )
 

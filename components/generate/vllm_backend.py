@@ -4,7 +4,7 @@ uses the transformers backend and this module's tests skip.
 
 All n samples of a prompt go in one request, so vLLM shares the prompt's KV prefix. The request
 seed derives from (run seed, iteration, prompt_id) via the first sample's seed. `logprobs=0` asks
-vLLM for the sampled token's log-probability; `logprobs_mode="processed_logprobs"` (vLLM >= 0.10)
+vLLM for the sampled token's log-probability; `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2)
 makes it the temperature-scaled value the trainer recomputes. Where top-k/top-p truncate, vLLM
 reports post-truncation values, so the manifest records the vLLM definition and the trainer
 compares definitions before it trusts them.
