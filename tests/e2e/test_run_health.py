@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.runs import write_config
 
 NO_REWARD = (
@@ -31,6 +33,7 @@ def committed(run: Path, kind: str) -> list[int]:
     return sorted(int(p.parent.name) for p in (run / kind).glob("*/_SUCCESS"))
 
 
+@pytest.mark.slow
 def test_a_run_without_signal_stops_cleanly_and_says_why(tmp_path: Path, tiny_assets) -> None:
     plugin = tmp_path / "no_reward.py"
     plugin.write_text(NO_REWARD)
