@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from components.core import gpu_turn
 from components.core.errors import UserError
+from components.core.profiling import PhaseClock
 from components.generate.backends import (
     BackendInfo,
     PromptRequest,
@@ -64,6 +66,11 @@ class TransformersBackend:
 
             self.eos_ids |= placeholder_ids(model)
         self.cache_kwarg = cache_kwarg(model)
+        self.clock = PhaseClock(device)
+        """Seconds per phase of the calls so far (`clock.take()`: the stage's `stats.phases`)."""
+        self.before_forward = gpu_turn.waiter()
+        """Called before every forward: a local evaluation worker's wait for its turn on a GPU
+        it shares with generate and train (components/core/gpu_turn.py), else None."""
         self.last_logits_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
         weight = next(model.parameters())
         self.info = BackendInfo(
@@ -137,6 +144,8 @@ class TransformersBackend:
         from components.core.vision import VisionInputs
 
         rows = slice(None, None, n) if n > 1 else slice(None)
+        if self.before_forward is not None:
+            self.before_forward()
         extra = {}
         if vision is not None:
             picked = VisionInputs.cat(vision[rows])
@@ -180,9 +189,12 @@ class TransformersBackend:
     def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
         # A prompt's n rows are consecutive: _prefill computes each run of them once.
         rows = [(r, j) for r in batch for j in range(spec.n)]
-        state = self._start(batch, rows, spec)
-        self._decode(state, spec)
-        return self._samples(rows, state, spec)
+        with self.clock("prefill"):
+            state = self._start(batch, rows, spec)
+        with self.clock("decode"):
+            self._decode(state, spec)
+        with self.clock("detokenize"):
+            return self._samples(rows, state, spec)
 
     def _start(self, batch: list[PromptRequest], rows: list, spec: SamplingSpec) -> _Decode:
         """A batch's decode state after the prefill: the prompts left-padded to the longest,
@@ -237,10 +249,16 @@ class TransformersBackend:
             open_rows = state.record(t, tok, lp, eos)
             if spec.stop:
                 state.check_stop(self.tokenizer, t, open_rows, spec.stop, window)
-            if bool(state.finished.all()) or t == state.T - 1:
+            if t == state.T - 1:
                 break
             done = state.finished[state.act]
-            if compact and 8 * int(done.sum()) >= len(state.act):
+            # The step's one read back to the host (on a GPU each waits for the queue to
+            # drain): every row has finished when every active one has (a row leaves the
+            # active ones only once finished).
+            n_done = int(done.sum())
+            if n_done == len(state.act):
+                break
+            if compact and 8 * n_done >= len(state.act):
                 tok, done = state.drop_finished(tok, done)
             self._step(state, torch.where(done, state.pad, tok), t)
 
@@ -248,6 +266,9 @@ class TransformersBackend:
         """The forward of step `t` on the active rows: `feed` (each row's newest token, pad for
         a finished row) in, the next step's logits and the grown KV cache out."""
         step_pos = state.next_pos.unsqueeze(-1)
+        if self.before_forward is not None:
+            self.before_forward()
+        self.clock.steps += 1
         out = self.model(
             input_ids=feed.unsqueeze(-1),
             attention_mask=state.attn_all[:, : state.P + t + 1],

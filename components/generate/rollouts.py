@@ -183,6 +183,9 @@ def generate_rollouts(
     parts = _PartStream(out, _optional_columns(multi, environment, refs), rows_per_part)
     tally = _Tally()
     row = _RowMaker(rendered, refs, checkpoint_uri, policy_version, multi, environment)
+    clock = getattr(backend, "clock", None)  # the transformers backend's phases
+    if clock is not None:
+        clock.take()  # from this call only
     t0 = time.perf_counter()
     try:
         # disable=None: a bar on a terminal, none in a worker's piped log (which gets one line).
@@ -413,6 +416,7 @@ def _stats(
         "response_tokens": int(sum(resp_lens)),
         "tokens_per_s": sum(resp_lens) / elapsed if elapsed > 0 else 0.0,
         "seconds": elapsed,
+        **_phases(backend, elapsed),
         "backend": backend.info.name,
         "backend_version": backend.info.version,
         "logprob_definition": backend.info.logprob_definition,
@@ -429,6 +433,17 @@ def _stats(
             "seed": spec.seed,
         },
     }
+
+
+def _phases(backend: Backend, elapsed: float) -> dict[str, Any]:
+    """`phases`: where the call's seconds went (prefill, decode, detokenize; `other`: the rest,
+    rows into Parquet parts and the store), and the decode steps, where the backend times them."""
+    clock = getattr(backend, "clock", None)
+    if clock is None:
+        return {}
+    phases = clock.take()
+    timed = sum(v for k, v in phases.items() if k.endswith("_s"))
+    return {"phases": {**phases, "other_s": max(0.0, elapsed - timed)}}
 
 
 def _trajectory_batches(

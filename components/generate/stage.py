@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from components.core import lineages
+from components.core import gpu_turn, lineages
 from components.core.commit import (
     NotCommittedError,
     OutputDir,
@@ -28,6 +28,7 @@ from components.core.config import RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.lineages import policy_version
+from components.core.profiling import profiled
 from components.core.schemas import read_dataset
 from components.core.timing import Timeline
 from components.core.warm import Stage, is_committed
@@ -152,7 +153,7 @@ class GenerateStage(Stage):
             prompts = [p for p in prompts if shard_of(p.prompt_id, self.num_shards) == self.shard]
         clear_other_layouts(store, layout.rollouts(iteration), self.num_shards)
         shard_desc = f" shard {self.shard}/{self.num_shards}" if self.num_shards > 1 else ""
-        with timeline.span("work"):
+        with timeline.span("work"), gpu_turn.holding(), profiled("generate", iteration) as prof:
             stats = generate_rollouts(
                 out,
                 backend,
@@ -172,6 +173,7 @@ class GenerateStage(Stage):
                 environment=cfg.generate.environment,
                 run_root=layout.root,
             )
+            prof.steps = stats.get("phases", {}).get("decode_steps", 0)
         if received is not None:  # the store's commit stays the record
             self._check_received(version, received)
         if inputs is None:

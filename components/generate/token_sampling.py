@@ -120,7 +120,9 @@ def sample_rows(
         at = cdf.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         before = cdf.gather(-1, (tok - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
         bad = (torch.where(tok > 0, at - before, at)) <= 0
-        if bad.any():
+        # On a CPU the check is cheaper than the argmax pass it saves; on a GPU `any()` would
+        # wait for the queue to drain at every step, so the fallback is computed always.
+        if logits.device.type != "cpu" or bad.any():
             tok = torch.where(bad, kept.argmax(-1), tok)
     lp = (s.gather(-1, tok.unsqueeze(-1)) - lse).squeeze(-1)
     return tok, lp.float()

@@ -1,0 +1,95 @@
+"""Turns on one GPU that a local run's workers share: evaluation waits while generate or train
+computes.
+
+On a cluster each stage has its own GPUs. A local run on one GPU puts the generate, train and
+evaluate workers on the same device, and a GPU shares itself between processes by time slices:
+an evaluation sampling beside generate makes every one of generate's host syncs wait for the
+evaluation's slice. On a CPU the local runner nices evaluation (pipelines/local.py); this is the
+GPU's counterpart.
+
+`RLVR_GPU_TURN` (set by the local runner where there is a GPU) is `hold:PATH` or `yield:PATH`,
+PATH a lock file of the run. A holder (generate, train) takes a shared `flock` on it while it
+computes (`holding`); a yielder (evaluate) calls `waiter()`'s function before each forward, which
+returns once no holder holds the lock. The kernel drops a dead holder's lock, so nothing waits on
+a worker that is gone. Unset (a cluster pod, `rlvr stage`), both are no-ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+TURN_ENV = "RLVR_GPU_TURN"
+POLL_S = 0.002
+"""How often a waiting evaluation looks again: a decode step of the smallest model is ~10 ms."""
+
+
+def _setting() -> tuple[str, str] | None:
+    """(role, lock file) from the environment, or None when unset or malformed."""
+    role, _, path = os.environ.get(TURN_ENV, "").partition(":")
+    if role not in ("hold", "yield") or not path:
+        return None
+    return role, path
+
+
+@contextlib.contextmanager
+def holding() -> Iterator[None]:
+    """Hold the GPU for the block (a holder's compute); a no-op for anyone else."""
+    setting = _setting()
+    if setting is None or setting[0] != "hold":
+        yield
+        return
+    fd = os.open(setting[1], os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def waiter() -> Callable[[], None] | None:
+    """For a yielder: a function that returns once no holder computes; else None."""
+    setting = _setting()
+    if setting is None or setting[0] != "yield":
+        return None
+    return _Waiter(setting[1])
+
+
+class _Waiter:
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def __call__(self) -> None:
+        while True:
+            try:  # an exclusive lock is granted only while no holder has its shared one
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(POLL_S)
+                continue
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            return
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def lock_path() -> str:
+    """The lock file of this process's local run (one `rlvr run`)."""
+    import tempfile
+
+    return str(Path(tempfile.gettempdir()) / f"rlvr-gpu-turn-{os.getuid()}-{os.getpid()}")
+
+
+def env_for(task: str, path: str) -> dict[str, str]:
+    """The variable a local task gets on a machine with a GPU: evaluation yields, generate and
+    train hold, the rest (CPU work) neither."""
+    if task.startswith("evaluate"):
+        return {TURN_ENV: f"yield:{path}"}
+    if task.startswith(("generate", "train")):
+        return {TURN_ENV: f"hold:{path}"}
+    return {}
