@@ -68,6 +68,8 @@ def table(g: dict) -> str:
     rows.append(f"| tests/e2e/test_gpu.py | {g.get('tests', 'not run')} |")
     for name, label in (("demo", "arithmetic demo"), ("smollm2", "SmolLM2-135M example")):
         r = g.get(name)
+        if g.get(f"{name}-run"):
+            rows.append(f"| {label}: exit status, seconds | {g[f'{name}-run']} |")
         if isinstance(r, dict) and "pass1_first" in r:
             ci = r.get("pass1_last_ci95") or [float("nan")] * 2
             rows.append(

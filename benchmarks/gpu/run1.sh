@@ -19,7 +19,7 @@ echo "tests/e2e/test_gpu.py rc=$? $(( $(date +%s) - T )) s: $(tail -1 "$OUT/gpu_
 # lm-eval is not in such an image: the held-out set only
 EV='data.eval=[{name: heldout, path: .build/eval.parquet, n: 4, max_prompts: 200, temperature: 1.0}]'
 T=$(date +%s); timeout 240 rlvr run examples/arithmetic/config.yaml --set "$EV" >"$OUT/demo.log" 2>&1
-echo "demo rc=$? $(( $(date +%s) - T )) s" | tee "$F/demo.txt"
+echo "demo rc=$? $(( $(date +%s) - T )) s" | tee "$F/demo-run.txt"
 grep -v '^\s*$' "$OUT/demo.log" | grep -v 'it/s\]' | tail -22 | cut -c1-200
 R=$(sed -n 's/.*outputs under \([^ ]*\).*/\1/p' "$OUT/demo.log" | tail -1)
 python3 benchmarks/gpu/figures.py run "$R" "$F/demo.json" || true

@@ -19,7 +19,7 @@ PROFILED=${PROFILED:-3,7}
 T=$(date +%s)
 RLVR_PROFILE=$OUT/profile RLVR_PROFILE_ITERATIONS=$PROFILED timeout "${SMOL_S:-240}" \
   rlvr run examples/smollm2/config.yaml --set "$EV" >"$OUT/smollm2.log" 2>&1
-echo "smollm2 rc=$? $(( $(date +%s) - T )) s" | tee "$F/smollm2.txt"
+echo "smollm2 rc=$? $(( $(date +%s) - T )) s" | tee "$F/smollm2-run.txt"
 grep -v '^\s*$' "$OUT/smollm2.log" | grep -v 'it/s\]' | tail -24 | cut -c1-200
 R=$(sed -n 's/.*outputs under \([^ ]*\).*/\1/p' "$OUT/smollm2.log" | tail -1); B=examples/smollm2/.build
 cp "$R/report/dynamics.csv" "$OUT/smollm2-dynamics.csv" 2>/dev/null

@@ -1,0 +1,77 @@
+"""Turns on a shared GPU (components/core/gpu_turn.py): a yielder waits while a holder in another
+process computes, goes on once it stops or dies, and nothing happens where the variable is unset."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import pytest
+
+from components.core import gpu_turn
+
+
+def _hold(path: str, ready, release) -> None:
+    import os
+
+    os.environ[gpu_turn.TURN_ENV] = f"hold:{path}"
+    with gpu_turn.holding():
+        ready.set()
+        release.wait(30)
+
+
+def _holder(tmp_path):
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hold, args=(str(tmp_path / "turn"), ready, release))
+    proc.start()
+    assert ready.wait(60)
+    return proc, release
+
+
+def test_a_yielder_waits_while_a_holder_computes(tmp_path, monkeypatch):
+    monkeypatch.setenv(gpu_turn.TURN_ENV, f"yield:{tmp_path / 'turn'}")
+    wait = gpu_turn.waiter()
+    assert wait is not None
+    wait()  # no holder: at once
+    proc, release = _holder(tmp_path)
+    try:
+        t0 = time.monotonic()
+        threading_release_after(release, 0.5)
+        wait()
+        assert time.monotonic() - t0 >= 0.45  # waited for the holder's release
+    finally:
+        release.set()
+        proc.join(30)
+
+
+def test_a_dead_holder_releases_its_turn(tmp_path, monkeypatch):
+    monkeypatch.setenv(gpu_turn.TURN_ENV, f"yield:{tmp_path / 'turn'}")
+    wait = gpu_turn.waiter()
+    proc, _release = _holder(tmp_path)
+    proc.kill()
+    proc.join(30)
+    t0 = time.monotonic()
+    wait()
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("value", ["", "off", "hold:", "bogus:/tmp/x"])
+def test_unset_or_other_values_do_nothing(value, monkeypatch):
+    monkeypatch.setenv(gpu_turn.TURN_ENV, value)
+    assert gpu_turn.waiter() is None
+    with gpu_turn.holding():
+        pass
+
+
+def test_the_local_runner_gives_evaluation_the_yield_and_the_loop_the_hold():
+    env = {t: gpu_turn.env_for(t, "/x") for t in ("generate", "train", "evaluate-1", "verify")}
+    assert env["generate"] == env["train"] == {gpu_turn.TURN_ENV: "hold:/x"}
+    assert env["evaluate-1"] == {gpu_turn.TURN_ENV: "yield:/x"}
+    assert env["verify"] == {}
+
+
+def threading_release_after(event, seconds: float) -> None:
+    import threading
+
+    threading.Timer(seconds, event.set).start()
