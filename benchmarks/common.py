@@ -111,3 +111,27 @@ def compare_table(a: dict[int, dict], b: dict[int, dict], names: tuple[str, str]
             f"{y['pass@1']:.3f} [{yl:.3f}, {yh:.3f}]{'':>7}  {'yes' if within else 'NO'}"
         )
     return all_within
+
+
+def overlap(a: tuple[float, float], spans: list[tuple[float, float]]) -> float:
+    """Seconds of the spans inside span `a`."""
+    return sum(max(0.0, min(a[1], e) - max(a[0], s)) for s, e in spans)
+
+
+def stage_overlaps(tl) -> dict[int, dict]:
+    """Per iteration of a run's timeline (components/evaluate/timeline.py): the generate step's
+    work seconds, and how much of an evaluation's and of train's work spans lie inside it (an
+    evaluation waiting for its turn is inside its work span too)."""
+    work = [(st, [(s, e) for k, s, e in st.spans if k == "work"]) for st in tl.steps]
+    evals = [w for st, ws in work if st.stage == "evaluate" for w in ws]
+    trains = [w for st, ws in work if st.stage == "train" for w in ws]
+    out = {}
+    for st, ws in work:
+        if st.stage == "generate" and ws:
+            span = ws[0]
+            out[st.iteration] = {
+                "work_s": span[1] - span[0],
+                "evaluate_overlap_s": overlap(span, evals),
+                "train_overlap_s": overlap(span, trains),
+            }
+    return out

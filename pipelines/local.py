@@ -59,7 +59,7 @@ tenth of a core's time against a training one."""
 
 
 def local_thread_env(
-    cfg: RunConfig, *, inputs_checked: bool = False, share_gpu: bool = True
+    cfg: RunConfig, *, inputs_checked: bool = False, share_device: bool = True
 ) -> Callable[[str], dict[str, str]]:
     """CPU threads per local worker (OMP_NUM_THREADS), by task; with `inputs_checked` (rlvr
     check passed just before), init is told not to load the base checkpoint again to check it
@@ -77,22 +77,24 @@ def local_thread_env(
     evaluation overlapped, 90-150 alone). Niced, it takes the cycles the training loop leaves
     (verify, commits, waits) and the cores once the loop is done; no checkpoint goes unevaluated.
 
-    On a GPU the same holds by turns (components/core/gpu_turn.py, with `share_gpu`: the workers
-    are processes of this machine): evaluation samples only while neither generate nor train
-    computes. `RLVR_GPU_TURN=off` in the environment turns that off.
+    Evaluation also waits for its turn (components/core/device_turn.py, with `share_device`:
+    the workers are processes of this machine): it samples only while neither generate nor
+    train computes, on a GPU as on a CPU, where niceness alone still left generate 5-10x slower
+    in the iterations an evaluation overlapped. `RLVR_DEVICE_TURN=off` in the environment turns
+    that off.
 
     On a machine with no NVIDIA driver, DS_ACCELERATOR=cpu too: DeepSpeed warns "Setting
     accelerator to CPU. If you have GPU ..." in every worker that imports it otherwise."""
     import os
 
-    from components.core import gpu_turn
+    from components.core import device_turn
 
     accelerator = {}
     gpu = Path("/proc/driver/nvidia").exists()
     if "DS_ACCELERATOR" not in os.environ and not gpu:
         accelerator = {"DS_ACCELERATOR": "cpu"}
-    turns = gpu and share_gpu and os.environ.get(gpu_turn.TURN_ENV) != "off"
-    turn_file = gpu_turn.lock_path()
+    turns = share_device and os.environ.get(device_turn.TURN_ENV) != "off"
+    turn_file = device_turn.lock_path()
     cores = os.cpu_count() or 1
     evals = cfg.evaluate.num_shards if cfg.data.evaluates else 0
     eval_threads = max(1, cores // 4)
@@ -114,7 +116,7 @@ def local_thread_env(
         if task == "init":  # set either way: a value in the user's shell is not a check
             extra = {INPUTS_CHECKED_ENV: "1" if inputs_checked else "0"}
         if turns:
-            extra.update(gpu_turn.env_for(task, turn_file))
+            extra.update(device_turn.env_for(task, turn_file))
         return {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n), **accelerator, **extra}
 
     return env
@@ -223,7 +225,7 @@ def run_local(
     and the run report. Exits 2 on a user error of a task (its hints printed), 1 on any other
     failure. `config_path` and `overrides` go into the hints, which give the command that
     resumes the run."""
-    from components.core import gpu_turn
+    from components.core import device_turn
     from components.core.health import read_stop
     from components.core.warm import segments
     from pipelines.plan import segment_up_to_date
@@ -242,7 +244,7 @@ def run_local(
     # In its image, init loads the base with the image's transformers, not this machine's
     # (which `rlvr check` used): there it checks again.
     task_env = local_thread_env(
-        cfg, inputs_checked=inputs_checked and runner != "docker", share_gpu=runner != "docker"
+        cfg, inputs_checked=inputs_checked and runner != "docker", share_device=runner != "docker"
     )
     for seg in segs:
         stop = read_stop(cfg)
@@ -259,7 +261,7 @@ def run_local(
             )
             continue
         local.segment(pipeline, seg, task_env)
-    Path(gpu_turn.lock_path()).unlink(missing_ok=True)
+    Path(device_turn.lock_path()).unlink(missing_ok=True)
     _finish(cfg, time.perf_counter() - t0)
 
 

@@ -5,7 +5,7 @@
 A local run puts its generate, train and evaluate workers on one GPU (or one CPU). This measures
 what an evaluation sampling at the same time costs generate, in three settings side by side in
 one invocation: generate alone; with an evaluation process sampling the held-out set over and
-over beside it; and the same with turns (components/core/gpu_turn.py: generate holds the device
+over beside it; and the same with turns (components/core/device_turn.py: generate holds the device
 while it samples, the evaluation waits before each of its forwards). Generate samples one
 iteration's shape (16 prompts x 8, the SmolLM2 example's settings) with the stage's backend.
 Prints generate's tokens/s in each (the median of --rounds) and the ratios to alone, and how many
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
-from components.core import gpu_turn  # noqa: E402
+from components.core import device_turn  # noqa: E402
 from components.core.checkpoint import device_and_dtype, load_policy  # noqa: E402
 from components.generate.backends import PromptRequest, SamplingSpec  # noqa: E402
 from components.generate.hf_backend import TransformersBackend  # noqa: E402
@@ -72,7 +72,7 @@ def evaluation(base: str, data: str, stop_file: str, count_file: str) -> None:
 def rounds(backend, reqs, device: str, k: int, hold: bool) -> list[float]:
     out = []
     for _ in range(k):
-        with gpu_turn.holding() if hold else _nothing():
+        with device_turn.holding() if hold else _nothing():
             sync(device)
             t = time.perf_counter()
             n = sum(len(s.response_token_ids) for b in backend.generate(reqs, SPEC) for s in b)
@@ -95,10 +95,10 @@ def beside(args, backend, reqs, device: str, turns: bool) -> tuple[list[float], 
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-contention-"))
     stop, count, lock = tmp / "stop", tmp / "count", tmp / "turn"
     env = {**os.environ}
-    env.pop(gpu_turn.TURN_ENV, None)
+    env.pop(device_turn.TURN_ENV, None)
     if turns:
-        env[gpu_turn.TURN_ENV] = f"yield:{lock}"
-        os.environ[gpu_turn.TURN_ENV] = f"hold:{lock}"
+        env[device_turn.TURN_ENV] = f"yield:{lock}"
+        os.environ[device_turn.TURN_ENV] = f"hold:{lock}"
     child = subprocess.Popen(
         [sys.executable, __file__, args.base, args.train, args.eval, "--evaluation", str(tmp)],
         env=env,
@@ -113,7 +113,7 @@ def beside(args, backend, reqs, device: str, turns: bool) -> tuple[list[float], 
     finally:
         stop.touch()
         child.wait(timeout=120)
-        os.environ.pop(gpu_turn.TURN_ENV, None)
+        os.environ.pop(device_turn.TURN_ENV, None)
     return got, int(count.read_text())
 
 

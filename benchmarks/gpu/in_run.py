@@ -37,6 +37,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import stage_overlaps  # noqa: E402
 from components.core.checkpoint import load_policy  # noqa: E402
 from components.core.commit import committed_files, read_manifest  # noqa: E402
 from components.core.config import RunConfig  # noqa: E402
@@ -57,28 +58,6 @@ def peak_flops() -> tuple[str, float | None]:
         return "cpu", None
     name = torch.cuda.get_device_name()
     return name, next((v for k, v in PEAK_BF16.items() if k in name), None)
-
-
-def overlap(a: tuple[float, float], spans: list[tuple[float, float]]) -> float:
-    return sum(max(0.0, min(a[1], e) - max(a[0], s)) for s, e in spans)
-
-
-def stage_rows(tl) -> dict[int, dict]:
-    """Per iteration: the generate step's work span, and the seconds an evaluation or a train
-    update computed inside it."""
-    work = [(st, [(s, e) for k, s, e in st.spans if k == "work"]) for st in tl.steps]
-    evals = [w for st, ws in work if st.stage == "evaluate" for w in ws]
-    trains = [w for st, ws in work if st.stage == "train" for w in ws]
-    out = {}
-    for st, ws in work:
-        if st.stage == "generate" and ws:
-            span = ws[0]
-            out[st.iteration] = {
-                "work_s": span[1] - span[0],
-                "evaluate_overlap_s": overlap(span, evals),
-                "train_overlap_s": overlap(span, trains),
-            }
-    return out
 
 
 def requests_of(store, uri: str) -> tuple[list[PromptRequest], int]:
@@ -165,14 +144,14 @@ def main() -> None:
     cfg = RunConfig.model_validate(yaml.safe_load(store.read_text(join(layout_root, "run.yaml"))))
     layout = RunLayout.of(cfg)
     tl = load_timeline(store, layout_root)
-    rows = stage_rows(tl)
+    rows = stage_overlaps(tl)
     skip = {int(x) for x in args.skip.split(",") if x}
     figures: dict = {"device": peak_flops()[0], "iterations": {}}
 
     kept = [
         i
         for i in sorted(rows)
-        if i not in skip and store.exists(join(layout.checkpoint(i), "_SUCCESS"))
+        if i not in skip and store.exists(join(layout.checkpoint(i), "config.json"))  # not retired
     ]
     # evenly over the kept ones, the first and the last included
     step = max(1, -(-(len(kept) - 1) // max(1, args.iterations - 1)))

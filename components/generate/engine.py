@@ -84,6 +84,7 @@ def make_backend(
         device=device,
         vision=VisionProcessor.of_checkpoint(ckpt_dir, tokenizer, model.config),
     )
+    backend.warm_up()
     return backend, tokenizer
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from components.core import gpu_turn
+from components.core import device_turn
 from components.core.errors import UserError
 from components.core.profiling import PhaseClock
 from components.generate.backends import (
@@ -68,9 +68,9 @@ class TransformersBackend:
         self.cache_kwarg = cache_kwarg(model)
         self.clock = PhaseClock(device)
         """Seconds per phase of the calls so far (`clock.take()`: the stage's `stats.phases`)."""
-        self.before_forward = gpu_turn.waiter()
+        self.before_forward = device_turn.waiter()
         """Called before every forward: a local evaluation worker's wait for its turn on a GPU
-        it shares with generate and train (components/core/gpu_turn.py), else None."""
+        it shares with generate and train (components/core/device_turn.py), else None."""
         self.last_logits_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
         weight = next(model.parameters())
         self.info = BackendInfo(
@@ -79,6 +79,18 @@ class TransformersBackend:
             dtype=str(weight.dtype).removeprefix("torch."),
             device=weight.device.type,
         )
+
+    def warm_up(self) -> None:
+        """One short sampling call (a one-token prompt, two steps), at the engine's start: a
+        process's first forward on a GPU loads kernels and libraries (half a second on an H200),
+        which otherwise lands in the first iteration's sampling, not in the engine's load. Draws
+        are seeded per sample, so nothing sampled later changes."""
+        spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=2)
+        for _ in self.generate(
+            [PromptRequest("warm-up", [self.tokenizer.pad_token_id], [0])], spec
+        ):
+            pass
+        self.clock.take()
 
     def load_weights(self, checkpoint_dir: Path) -> None:
         """Load a checkpoint's weights into the running model, in place (a warm engine taking a
@@ -189,9 +201,9 @@ class TransformersBackend:
     def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
         # A prompt's n rows are consecutive: _prefill computes each run of them once.
         rows = [(r, j) for r in batch for j in range(spec.n)]
-        with self.clock("prefill"):
+        with attention_kernels(self.device), self.clock("prefill"):
             state = self._start(batch, rows, spec)
-        with self.clock("decode"):
+        with attention_kernels(self.device), self.clock("decode"):
             self._decode(state, spec)
         with self.clock("detokenize"):
             return self._samples(rows, state, spec)
@@ -301,6 +313,22 @@ class TransformersBackend:
                 )
             )
         return samples
+
+
+def attention_kernels(device: str):
+    """The SDPA kernels sampling may use: on a GPU, every one but cuDNN's, which builds an
+    execution plan for each new key length and so costs a millisecond of host time per layer at
+    every decode step of every iteration (each brings prompts of new lengths); measured on an
+    H200, 55-68 ms a step with it, 22-31 without (docs/gpu.md)."""
+    from contextlib import nullcontext
+
+    if not str(device).startswith("cuda"):
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    )
 
 
 def left_pad(prompts: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:

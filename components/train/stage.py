@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from components.core import gpu_turn, lineages
+from components.core import device_turn, lineages
 from components.core.channel import Sender, Settings, ranks_per_worker
 from components.core.checkpoint import device_and_dtype, sampler_dtype_name
 from components.core.commit import (
@@ -375,7 +375,7 @@ class TrainStage(Stage):
                 )
         torch.manual_seed(cfg.run.seed + i)
         pad_id = b.tokenizer.pad_token_id if b.tokenizer.pad_token_id is not None else 0
-        with timeline.span("work"), gpu_turn.holding():
+        with timeline.span("work"), device_turn.holding():
             return train_iteration(
                 b.engine,
                 ro,

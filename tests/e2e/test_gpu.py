@@ -66,6 +66,11 @@ def _rel(a: dict, b: dict, keys: list[str]) -> float:
     return float((va - vb).norm() / vb.norm())
 
 
+def _masters(state: dict) -> dict:
+    """The fp32 master weights of a train state, by parameter name."""
+    return {k.removeprefix("master."): v for k, v in state.items() if k.startswith("master.")}
+
+
 def _cos(a: dict, b: dict, base: dict) -> float:
     """Cosine of the two updates (weights minus the base's), over all parameters."""
     va = torch.cat([(a[k] - base[k]).double().flatten() for k in sorted(base)])
@@ -80,7 +85,8 @@ def test_gpu_fp32_update_equals_the_cpu_update(prepared, tmp_path):
     moments = sorted(k for k in cpu[1] if k.startswith("exp_avg."))
     assert moments and gpu[1].keys() == cpu[1].keys()
     assert _rel(gpu[1], cpu[1], moments) < 1e-4
-    assert _cos(gpu[0], cpu[0], base) > 0.999
+    # the fp32 masters: the checkpoint is the handoff, in the sampler's dtype (bf16 on a GPU)
+    assert _cos(_masters(gpu[1]), _masters(cpu[1]), base) > 0.999
     assert gpu[2]["train/loss"] == pytest.approx(cpu[2]["train/loss"], rel=1e-4)
 
 
@@ -111,12 +117,16 @@ def test_bf16_zero3_through_the_trainjob_pod_entry_equals_one_gpu_zero1(prepared
     assert ran.returncode == 0, ran.stderr[-3000:]
     pod_update = one_update(cfg)
 
-    for weights, _state, metrics in (local, pod_update):
+    for weights, state, metrics in (local, pod_update):
         assert metrics["train/world_size"] == 1
-        assert all(v.dtype == torch.float32 for v in weights.values())  # fp32 masters saved
-        assert any(not torch.equal(weights[k], base[k]) for k in base)
+        # the handoff in the sampler's dtype (generate.dtype auto: bf16 on a GPU), the fp32
+        # masters in the train state
+        assert all(v.dtype == torch.bfloat16 for v in weights.values())
+        assert all(v.dtype == torch.float32 for v in _masters(state).values())
+        assert any(not torch.equal(weights[k], base[k].bfloat16()) for k in base)
     moments = sorted(k for k in local[1] if k.startswith("exp_avg."))
     assert moments and pod_update[1].keys() == local[1].keys()
     assert _rel(pod_update[1], local[1], moments) < 2e-2
-    assert _cos(pod_update[0], local[0], base) > 0.98  # the step itself, not the shared base
+    # the step itself, not the shared base
+    assert _cos(_masters(pod_update[1]), _masters(local[1]), base) > 0.98
     assert pod_update[2]["train/loss"] == pytest.approx(local[2]["train/loss"], rel=1e-2)

@@ -192,6 +192,26 @@ def test_local_evaluation_runs_niced_below_the_training_loop(workspace: Path, tm
     assert f"nice {min(19, os.nice(0) + EVAL_NICE)}" in logs, logs
 
 
+def test_local_evaluation_takes_its_turn_on_the_device(workspace: Path, monkeypatch) -> None:
+    """Generate and train hold the device while they compute and evaluation waits for them
+    (components/core/device_turn.py), all on one lock file of the run; not in containers (they
+    do not share it), and not with RLVR_DEVICE_TURN=off."""
+    from components.core.device_turn import TURN_ENV
+    from pipelines.local import local_thread_env
+
+    monkeypatch.delenv(TURN_ENV, raising=False)
+    env = local_thread_env(load_config(workspace))
+    roles = {t: env(t).get(TURN_ENV, "") for t in ("generate", "train", "evaluate-0", "verify")}
+    assert roles["generate"].startswith("hold:") and roles["train"].startswith("hold:")
+    assert roles["evaluate-0"].startswith("yield:") and roles["verify"] == ""
+    assert len({r.split(":", 1)[1] for r in roles.values() if r}) == 1  # one lock file
+    docker = local_thread_env(load_config(workspace), share_device=False)
+    assert all(TURN_ENV not in docker(t) for t in roles)
+    monkeypatch.setenv(TURN_ENV, "off")
+    off = local_thread_env(load_config(workspace))
+    assert all(TURN_ENV not in off(t) for t in roles)
+
+
 def test_a_niced_worker_is_niced_before_its_first_instruction(tmp_path, monkeypatch) -> None:
     """The niceness reaches every thread of the worker however late the runner is scheduled
     after starting it: set by os.setpriority after Popen it raced the worker's start (here

@@ -1,17 +1,20 @@
-"""Turns on one GPU that a local run's workers share: evaluation waits while generate or train
-computes.
+"""Turns on the one device a local run's workers share: evaluation waits while generate or
+train computes.
 
-On a cluster each stage has its own GPUs. A local run on one GPU puts the generate, train and
-evaluate workers on the same device, and a GPU shares itself between processes by time slices:
-an evaluation sampling beside generate makes every one of generate's host syncs wait for the
-evaluation's slice. On a CPU the local runner nices evaluation (pipelines/local.py); this is the
-GPU's counterpart.
+On a cluster each stage has its own GPUs. A local run puts its generate, train and evaluate
+workers on one GPU, or on one CPU's cores, and an evaluation sampling at the same time slows the
+training loop's sampling: on a GPU, which shares itself between processes by time slices, every
+host sync of generate's waits for the evaluation's slice; on a CPU their threads outnumber the
+cores (niced, the evaluation still cost generate 5-10x in the iterations it overlapped). Measured
+in docs/benchmarks.md ("Device turns").
 
-`RLVR_GPU_TURN` (set by the local runner where there is a GPU) is `hold:PATH` or `yield:PATH`,
-PATH a lock file of the run. A holder (generate, train) takes a shared `flock` on it while it
-computes (`holding`); a yielder (evaluate) calls `waiter()`'s function before each forward, which
-returns once no holder holds the lock. The kernel drops a dead holder's lock, so nothing waits on
-a worker that is gone. Unset (a cluster pod, `rlvr stage`), both are no-ops.
+`RLVR_DEVICE_TURN` (set by the local runner) is `hold:PATH` or `yield:PATH`, PATH a lock file of
+the run. A holder (generate, train) takes a shared `flock` on it while it computes (`holding`); a
+yielder (evaluate) calls `waiter()`'s function before each forward of its sampling, which
+returns once no holder holds the lock. So an evaluation runs in the loop's gaps (verify, commits)
+and after it, and never delays it; what it samples does not change (its draws are seeded per
+sample). The kernel drops a dead holder's lock, so nothing waits on a worker that is gone. Unset
+(a cluster pod, `rlvr stage`), both are no-ops.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-TURN_ENV = "RLVR_GPU_TURN"
+TURN_ENV = "RLVR_DEVICE_TURN"
 POLL_S = 0.002
 """How often a waiting evaluation looks again: a decode step of the smallest model is ~10 ms."""
 
@@ -82,7 +85,7 @@ def lock_path() -> str:
     """The lock file of this process's local run (one `rlvr run`)."""
     import tempfile
 
-    return str(Path(tempfile.gettempdir()) / f"rlvr-gpu-turn-{os.getuid()}-{os.getpid()}")
+    return str(Path(tempfile.gettempdir()) / f"rlvr-device-turn-{os.getuid()}-{os.getpid()}")
 
 
 def env_for(task: str, path: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Turns on a shared GPU (components/core/gpu_turn.py): a yielder waits while a holder in another
+"""Turns on a shared GPU (components/core/device_turn.py): a yielder waits while a holder in another
 process computes, goes on once it stops or dies, and nothing happens where the variable is unset."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from components.core import gpu_turn
+from components.core import device_turn
 
 
 def _hold(path: str, ready, release) -> None:
     import os
 
-    os.environ[gpu_turn.TURN_ENV] = f"hold:{path}"
-    with gpu_turn.holding():
+    os.environ[device_turn.TURN_ENV] = f"hold:{path}"
+    with device_turn.holding():
         ready.set()
         release.wait(30)
 
@@ -30,8 +30,8 @@ def _holder(tmp_path):
 
 
 def test_a_yielder_waits_while_a_holder_computes(tmp_path, monkeypatch):
-    monkeypatch.setenv(gpu_turn.TURN_ENV, f"yield:{tmp_path / 'turn'}")
-    wait = gpu_turn.waiter()
+    monkeypatch.setenv(device_turn.TURN_ENV, f"yield:{tmp_path / 'turn'}")
+    wait = device_turn.waiter()
     assert wait is not None
     wait()  # no holder: at once
     proc, release = _holder(tmp_path)
@@ -46,8 +46,8 @@ def test_a_yielder_waits_while_a_holder_computes(tmp_path, monkeypatch):
 
 
 def test_a_dead_holder_releases_its_turn(tmp_path, monkeypatch):
-    monkeypatch.setenv(gpu_turn.TURN_ENV, f"yield:{tmp_path / 'turn'}")
-    wait = gpu_turn.waiter()
+    monkeypatch.setenv(device_turn.TURN_ENV, f"yield:{tmp_path / 'turn'}")
+    wait = device_turn.waiter()
     proc, _release = _holder(tmp_path)
     proc.kill()
     proc.join(30)
@@ -58,16 +58,16 @@ def test_a_dead_holder_releases_its_turn(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("value", ["", "off", "hold:", "bogus:/tmp/x"])
 def test_unset_or_other_values_do_nothing(value, monkeypatch):
-    monkeypatch.setenv(gpu_turn.TURN_ENV, value)
-    assert gpu_turn.waiter() is None
-    with gpu_turn.holding():
+    monkeypatch.setenv(device_turn.TURN_ENV, value)
+    assert device_turn.waiter() is None
+    with device_turn.holding():
         pass
 
 
 def test_the_local_runner_gives_evaluation_the_yield_and_the_loop_the_hold():
-    env = {t: gpu_turn.env_for(t, "/x") for t in ("generate", "train", "evaluate-1", "verify")}
-    assert env["generate"] == env["train"] == {gpu_turn.TURN_ENV: "hold:/x"}
-    assert env["evaluate-1"] == {gpu_turn.TURN_ENV: "yield:/x"}
+    env = {t: device_turn.env_for(t, "/x") for t in ("generate", "train", "evaluate-1", "verify")}
+    assert env["generate"] == env["train"] == {device_turn.TURN_ENV: "hold:/x"}
+    assert env["evaluate-1"] == {device_turn.TURN_ENV: "yield:/x"}
     assert env["verify"] == {}
 
 
