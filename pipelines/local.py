@@ -79,9 +79,9 @@ def local_thread_env(
 
     Evaluation also waits for its turn (components/core/device_turn.py, with `share_device`:
     the workers are processes of this machine): it samples only while neither generate nor
-    train computes, on a GPU as on a CPU, where niceness alone still left generate 5-10x slower
-    in the iterations an evaluation overlapped. `RLVR_DEVICE_TURN=off` in the environment turns
-    that off.
+    train computes, on a GPU as on a CPU, where niceness alone still left generate 8-19x slower
+    in the iterations an evaluation overlapped (the SmolLM2 example on 2 cores).
+    `RLVR_DEVICE_TURN=off` in the environment turns that off.
 
     On a machine with no NVIDIA driver, DS_ACCELERATOR=cpu too: DeepSpeed warns "Setting
     accelerator to CPU. If you have GPU ..." in every worker that imports it otherwise."""
@@ -226,9 +226,7 @@ def run_local(
     failure. `config_path` and `overrides` go into the hints, which give the command that
     resumes the run."""
     from components.core import device_turn
-    from components.core.health import read_stop
     from components.core.warm import segments
-    from pipelines.plan import segment_up_to_date
     from pipelines.train import build_train_pipeline
 
     layout, store = RunLayout.of(cfg), store_for(cfg)
@@ -246,6 +244,18 @@ def run_local(
     task_env = local_thread_env(
         cfg, inputs_checked=inputs_checked and runner != "docker", share_device=runner != "docker"
     )
+    try:
+        _segments(cfg, local, pipeline, segs, task_env)
+    finally:
+        Path(device_turn.lock_path()).unlink(missing_ok=True)
+    _finish(cfg, time.perf_counter() - t0)
+
+
+def _segments(cfg: RunConfig, local, pipeline, segs, task_env) -> None:
+    """Each segment of the run that is neither done nor past a stop, on the local runner."""
+    from components.core.health import read_stop
+    from pipelines.plan import segment_up_to_date
+
     for seg in segs:
         stop = read_stop(cfg)
         if stop is not None and stop.beyond("train", seg.start):
@@ -261,8 +271,6 @@ def run_local(
             )
             continue
         local.segment(pipeline, seg, task_env)
-    Path(device_turn.lock_path()).unlink(missing_ok=True)
-    _finish(cfg, time.perf_counter() - t0)
 
 
 class _LocalRun:

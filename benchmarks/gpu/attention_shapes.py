@@ -5,12 +5,14 @@
 Each round samples 16 new prompts x 8 (the SmolLM2 example's iteration), so the attention's
 key lengths are new each round, as in a run (every iteration's prompts differ); the same
 prompts again give the repeat figure, as a benchmark with a warm-up measures. Settings: torch's
-default choice of SDPA kernel, and with cuDNN's attention turned off.
+default choice of SDPA kernel (the backend's `attention_kernels` replaced by no restriction), and
+the backend as it is, which leaves cuDNN's attention out on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -18,9 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-
 from benchmarks.gpu.contention import SPEC, backend_and_requests, sync  # noqa: E402
+from components.generate import hf_backend  # noqa: E402
 
 
 def main() -> None:
@@ -43,8 +44,13 @@ def main() -> None:
         return n / dt, 1000 * dt / max(1, backend.clock.take().get("decode_steps", 1))
 
     one(reqs[-16:])  # CUDA start-up, on prompts used by neither setting
-    for k, (name, cudnn) in enumerate((("default", True), ("cudnn off", False))):
-        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+    as_built = hf_backend.attention_kernels
+    settings = (
+        ("torch's default", lambda device: contextlib.nullcontext()),
+        ("as built", as_built),
+    )
+    for k, (name, kernels) in enumerate(settings):
+        hf_backend.attention_kernels = kernels
         new = [
             one(reqs[16 * (k * args.rounds + r) : 16 * (k * args.rounds + r + 1)])
             for r in range(args.rounds)

@@ -6,7 +6,7 @@
 `run`: a finished run's held-out pass@1 at its first and last evaluated checkpoint (with the
 last one's 95% interval), its wall time and an iteration's, and the policy handoff's share
 (components/evaluate/timeline.py). `gather`: run 1's and run 2's files in DIR (benchmarks/gpu/
-run1.sh, run2.sh) into one JSON file and a Markdown table for docs/benchmarks.md, the card
+run1.sh, run2.sh) into one JSON file and a Markdown table for docs/gpu.md, the card
 named in its first row.
 """
 

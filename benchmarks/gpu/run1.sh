@@ -10,6 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
   .gpu/whl/*.whl >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
 cp .gpu/smolA/part.00 /tmp/stash/
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export COLUMNS=400  # the console's lines unwrapped in the logs (the run directory is read from them)
 printf '#!/bin/bash\nexec python3 -c "import sys; from pipelines.cli import entry; sys.argv[0]=\\"rlvr\\"; entry()" "$@"\n' >/tmp/bin/rlvr
 chmod +x /tmp/bin/rlvr; export PATH=/tmp/bin:$PATH
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$F/gpu.txt"

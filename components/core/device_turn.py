@@ -5,8 +5,9 @@ On a cluster each stage has its own GPUs. A local run puts its generate, train a
 workers on one GPU, or on one CPU's cores, and an evaluation sampling at the same time slows the
 training loop's sampling: on a GPU, which shares itself between processes by time slices, every
 host sync of generate's waits for the evaluation's slice; on a CPU their threads outnumber the
-cores (niced, the evaluation still cost generate 5-10x in the iterations it overlapped). Measured
-in docs/benchmarks.md ("Device turns").
+cores (niced, an evaluation still left the SmolLM2 example's generate at 20-46 tokens/s in the
+iterations it overlapped, against a median of 378 in the others, on 2 cores). Measured in
+docs/benchmarks.md ("Device turns").
 
 `RLVR_DEVICE_TURN` (set by the local runner) is `hold:PATH` or `yield:PATH`, PATH a lock file of
 the run. A holder (generate, train) takes a shared `flock` on it while it computes (`holding`); a
@@ -89,8 +90,8 @@ def lock_path() -> str:
 
 
 def env_for(task: str, path: str) -> dict[str, str]:
-    """The variable a local task gets on a machine with a GPU: evaluation yields, generate and
-    train hold, the rest (CPU work) neither."""
+    """The variable a local task gets: evaluation yields, generate and train hold, the rest
+    (verify, init, report: no model) neither."""
     if task.startswith("evaluate"):
         return {TURN_ENV: f"yield:{path}"}
     if task.startswith(("generate", "train")):

@@ -2,8 +2,8 @@
 
 - `PhaseClock`: seconds per named phase of the sampler (prefill, decode, detokenize), with the
   device drained at each phase's end so that a GPU's queued work is charged to the phase that
-  queued it. Recorded in every generate and evaluate manifest (`stats.phases`); costs one
-  device sync per phase, a few per batch.
+  queued it. Recorded in generate's manifests (`stats.phases`; evaluation's sampling keeps its
+  own per call); costs one device sync per phase, a few per batch.
 - `profiled(stage, iteration)`: with `RLVR_PROFILE=DIR` in a worker's environment (and
   `RLVR_PROFILE_ITERATIONS=1,5` to pick iterations), PyTorch's profiler over that step's compute, summarized into `DIR/<stage>-<iteration>.txt`: the
   operators by self device time and by self CPU time, and the host syncs per decode step

@@ -153,7 +153,7 @@ class GenerateStage(Stage):
             prompts = [p for p in prompts if shard_of(p.prompt_id, self.num_shards) == self.shard]
         clear_other_layouts(store, layout.rollouts(iteration), self.num_shards)
         shard_desc = f" shard {self.shard}/{self.num_shards}" if self.num_shards > 1 else ""
-        with timeline.span("work"), device_turn.holding(), profiled("generate", iteration) as prof:
+        with timeline.span("work"), device_turn.holding(), profiled(self.task, iteration) as prof:
             stats = generate_rollouts(
                 out,
                 backend,

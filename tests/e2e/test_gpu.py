@@ -13,7 +13,8 @@ TrainJob's pods run. Skipped where torch sees no GPU (CI has none); on a GPU nod
    update differs by how gradients are accumulated and reduced in each ZeRO stage, which 2e-2
    relative on the first moment allows (on the whole flattened vector, not per element: one
    bf16 rounding is 2^-8 = 4e-3; bf16 against fp32 on this model differs by 5.9e-3, measured on
-   CPU); the saved checkpoint is the fp32 masters (not bf16-rounded weights) in both.
+   CPU). The fp32 masters are compared, from the train state: checkpoint 1 is the handoff, in
+   the sampler's dtype (bf16 on a GPU, fp32 on a CPU), and the test checks that too.
 
 The weight updates are compared by direction (cosine), not by relative error: Adam's first step
 is about lr x sign(gradient), so an element whose gradient is within rounding of zero flips its
