@@ -93,10 +93,27 @@ class _Module:
 _TYPING_OPTIONAL = {"Optional"}
 _TYPING_UNION = {"Union"}
 _LISTLIKE = {
-    "list", "List", "Sequence", "MutableSequence", "Iterable", "Iterator", "Generator",
-    "set", "Set", "frozenset", "FrozenSet", "AbstractSet", "MutableSet", "Collection",
-    "deque", "Deque", "AsyncIterator", "AsyncGenerator", "AsyncIterable", "GenericSequence",
-}  # fmt: skip
+    "list",
+    "List",
+    "Sequence",
+    "MutableSequence",
+    "Iterable",
+    "Iterator",
+    "Generator",
+    "set",
+    "Set",
+    "frozenset",
+    "FrozenSet",
+    "AbstractSet",
+    "MutableSet",
+    "Collection",
+    "deque",
+    "Deque",
+    "AsyncIterator",
+    "AsyncGenerator",
+    "AsyncIterable",
+    "GenericSequence",
+}
 _DICTLIKE = {
     "dict",
     "Dict",
@@ -109,9 +126,21 @@ _DICTLIKE = {
 _WRAPPERS = {"Annotated", "NotRequired", "Required", "ClassVar", "Final", "ReadOnly"}
 #: External bases that add no attributes the backend could be using.
 _PLAIN_BASES = {
-    "object", "ABC", "Generic", "Protocol", "Struct", "TypedDict", "NamedTuple", "Enum",
-    "IntEnum", "str", "int", "Exception", "RuntimeError", "ValueError",
-}  # fmt: skip
+    "object",
+    "ABC",
+    "Generic",
+    "Protocol",
+    "Struct",
+    "TypedDict",
+    "NamedTuple",
+    "Enum",
+    "IntEnum",
+    "str",
+    "int",
+    "Exception",
+    "RuntimeError",
+    "ValueError",
+}
 
 
 class Resolver:
