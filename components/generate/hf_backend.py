@@ -69,8 +69,8 @@ class TransformersBackend:
         self.clock = PhaseClock(device)
         """Seconds per phase of the calls so far (`clock.take()`: the stage's `stats.phases`)."""
         self.before_forward = device_turn.waiter()
-        """Called before every forward: a local evaluation worker's wait for its turn on a GPU
-        it shares with generate and train (components/core/device_turn.py), else None."""
+        """Called before every forward: a local evaluation worker's wait for its turn on the
+        device it shares with generate and train (components/core/device_turn.py), else None."""
         self.last_logits_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
         weight = next(model.parameters())
         self.info = BackendInfo(
