@@ -12,7 +12,8 @@ docs/benchmarks.md ("Device turns").
 `RLVR_DEVICE_TURN` (set by the local runner) is `hold:PATH` or `yield:PATH`, PATH a lock file of
 the run. A holder (generate, train) takes a shared `flock` on it while it computes (`holding`); a
 yielder (evaluate) calls `waiter()`'s function before each forward of its sampling, which
-returns once no holder holds the lock. So an evaluation runs in the loop's gaps (verify, commits)
+returns once no holder holds the lock (lm-eval's adapter, which calls the model itself, through
+a forward pre-hook: `yielding_forwards`). So an evaluation runs in the loop's gaps (verify, commits)
 and after it, and never delays it; what it samples does not change (its draws are seeded per
 sample). The kernel drops a dead holder's lock, so nothing waits on a worker that is gone. Unset
 (a cluster pod, `rlvr stage`), both are no-ops.
@@ -80,6 +81,21 @@ class _Waiter:
     def __del__(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+@contextlib.contextmanager
+def yielding_forwards(model) -> Iterator[None]:
+    """For a yielder: every forward of `model` inside the block waits for its turn first (a
+    forward pre-hook), for code that calls the model itself (lm-eval's adapter); else nothing."""
+    wait = waiter()
+    if wait is None:
+        yield
+        return
+    handle = model.register_forward_pre_hook(lambda *_: wait())
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def lock_path() -> str:

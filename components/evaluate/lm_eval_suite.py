@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from components.core import device_turn
 from components.core.config import LmEvalSetConfig, RunConfig
 from components.core.errors import Problems, UserError
 from components.core.task_files import data_files
@@ -216,9 +217,12 @@ def run_on_policy(
     out = {}
     model, tokenizer = _policy(engine, store, uri, task)
     try:
-        for suite in due:
-            log.info("evaluate %s: lm-eval %s (%s)", label, suite.name, ", ".join(suite.lm_eval))
-            out[suite.name] = run_suite(suite, adapter(model, tokenizer, suite))
+        with device_turn.yielding_forwards(model):  # a local run: after generate's and train's
+            for suite in due:
+                log.info(
+                    "evaluate %s: lm-eval %s (%s)", label, suite.name, ", ".join(suite.lm_eval)
+                )
+                out[suite.name] = run_suite(suite, adapter(model, tokenizer, suite))
     finally:
         del model, tokenizer
         if engine.backend is not None and not hasattr(engine.backend, "model"):

@@ -75,3 +75,26 @@ def threading_release_after(event, seconds: float) -> None:
     import threading
 
     threading.Timer(seconds, event.set).start()
+
+
+def test_a_models_forwards_wait_their_turn_inside_the_block(tmp_path, monkeypatch):
+    """lm-eval's adapter calls the model itself: its forwards wait through a pre-hook, which
+    goes with the block."""
+    import torch
+
+    monkeypatch.setenv(device_turn.TURN_ENV, f"yield:{tmp_path / 'turn'}")
+    model = torch.nn.Linear(2, 2)
+    proc, release = _holder(tmp_path)
+    try:
+        threading_release_after(release, 0.5)
+        with device_turn.yielding_forwards(model):
+            t0 = time.monotonic()
+            model(torch.zeros(1, 2))
+            assert time.monotonic() - t0 >= 0.45  # waited for the holder
+        assert not model._forward_pre_hooks  # removed with the block
+    finally:
+        release.set()
+        proc.join(30)
+    monkeypatch.delenv(device_turn.TURN_ENV)
+    with device_turn.yielding_forwards(model):  # no turns: no hook
+        assert not model._forward_pre_hooks
