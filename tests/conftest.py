@@ -14,6 +14,22 @@ from tests.support.runs import REWARD_PLUGIN, free_port, write_config
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+MAX_WORKERS = 4
+"""pytest-xdist workers for `-n auto` (pyproject's addopts): one per core, at most this many.
+Many tests start multi-process runs of their own (DeepSpeed ranks, the local runner's
+workers), about 1-2 GB each, so more workers than this would only queue on memory."""
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under xdist, the slow end-to-end tests first: the longest jobs first is how a fixed set
+    packs onto workers; one of them started last could run alone while the others idle."""
+    if getattr(config.option, "numprocesses", None):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory) -> Path:

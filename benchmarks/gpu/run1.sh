@@ -15,7 +15,7 @@ printf '#!/bin/bash\nexec python3 -c "import sys; from pipelines.cli import entr
 chmod +x /tmp/bin/rlvr; export PATH=/tmp/bin:$PATH
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$F/gpu.txt"
 python3 -c "import sys,torch,transformers,deepspeed,kfp; print('python',sys.version.split()[0],'torch',torch.__version__,'transformers',transformers.__version__,'deepspeed',deepspeed.__version__,'kfp',kfp.__version__,'cuda',torch.cuda.is_available())" | tee "$F/versions.txt"
-T=$(date +%s); timeout 200 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_gpu.py >"$OUT/gpu_tests.log" 2>&1
+T=$(date +%s); timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra tests/e2e/test_gpu.py >"$OUT/gpu_tests.log" 2>&1
 echo "tests/e2e/test_gpu.py rc=$? $(( $(date +%s) - T )) s: $(tail -1 "$OUT/gpu_tests.log")" | tee "$F/tests.txt"
 # lm-eval is not in such an image: the held-out set only
 EV='data.eval=[{name: heldout, path: .build/eval.parquet, n: 4, max_prompts: 200, temperature: 1.0}]'

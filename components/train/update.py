@@ -202,6 +202,8 @@ def output_head(model) -> tuple[torch.nn.Module, torch.Tensor] | None:
     ):
         return None
     decoder = get_decoder()
+    if decoder is None:  # transformers 4.56: the base model's own get_decoder() gives None
+        decoder = getattr(base, "model", None)
     return (decoder, head.weight) if isinstance(decoder, torch.nn.Module) else None
 
 

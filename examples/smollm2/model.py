@@ -72,12 +72,12 @@ def from_gguf(out: Path, gguf: Path) -> None:
     `quantization_config`, which saves as any other.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from components.core.checkpoint import portable_tokenizer_config
 
     started = time.time()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = gguf_tokenizer(gguf)
     loaded = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
@@ -106,7 +106,16 @@ def from_gguf(out: Path, gguf: Path) -> None:
     print(f"converted {gguf.name} to {out} in {time.time() - started:.0f}s")
 
 
-def _turn_end_specials(tokenizer, generation_config) -> None:
+def gguf_tokenizer(gguf: Path):
+    """SmolLM2's tokenizer from the GGUF, with eos and pad from its chat template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _turn_end_specials(tokenizer)
+    return tokenizer
+
+
+def _turn_end_specials(tokenizer, generation_config=None) -> None:
     """eos and pad from the model's own chat template, whatever the GGUF converter of this
     transformers version took (5.17 gives eos `<|im_start|>` and no pad; 5.24 `<|im_end|>` for
     both): the token the template ends a turn with, in the generation config too."""
@@ -118,6 +127,8 @@ def _turn_end_specials(tokenizer, generation_config) -> None:
     tokenizer.eos_token = end
     if tokenizer.pad_token is None:
         tokenizer.pad_token = end
+    if generation_config is None:
+        return
     generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(end)
     generation_config.pad_token_id = tokenizer.pad_token_id
 

@@ -249,28 +249,6 @@ def test_placeholders_are_filled_in_as_kfps_driver_does(tmp_path):
         task_command(bad, {}, {}, ctx)
 
 
-def test_ci_tests_kfp_at_both_ends_of_its_range():
-    """pyproject's kfp range is what CI tests: its lower bounds are .ci/run's kfp-lowest leg,
-    its upper bound the kfp the images ship, and this run's kfp one of the two."""
-    import importlib.metadata
-    import pathlib
-    import re
-    import tomllib
-
-    root = pathlib.Path(__file__).resolve().parents[2]
-    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
-    ci = (root / ".ci" / "run").read_text()
-    image = re.search(
-        r"^ARG KFP_VERSION=(\S+)$", (root / "images/train/Dockerfile").read_text(), re.M
-    )
-    for name in ("kfp", "kfp-kubernetes"):
-        (spec,) = [d for d in deps if re.match(rf"{name}\b[<>=]", d)]
-        low, high = re.fullmatch(rf"{name}>=([\d.]+),<=([\d.]+)", spec).groups()
-        assert f"{name}=={low}" in ci, f".ci/run's kfp-lowest leg does not test {name}=={low}"
-        assert high == image[1]
-        assert importlib.metadata.version(name) in (low, high)
-
-
 def test_a_stopped_run_retries_nothing(tmp_path):
     """After Ctrl-C or SIGTERM (`_stopping`), a failed attempt is not retried and no task
     process starts."""

@@ -242,6 +242,41 @@ def test_ci_resolves_every_extra():
     assert m and set(m.group(1).split(",")) == _extras() - {"vllm", "dev"}
 
 
+FLOORED = ("torch", "transformers", "tokenizers", "kfp", "kfp-kubernetes")
+"""The dependencies whose lowest declared release .ci/run's floors leg installs and tests."""
+
+
+def test_ci_tests_every_declared_floor():
+    """Every range is a tested range: pyproject's lower bound of each FLOORED dependency is
+    what .ci/run's floors leg installs, the README states it, and kfp's upper bound is the kfp
+    the images ship (the highest, with this run's kfp one of the two ends)."""
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ci = (ROOT / ".ci/run").read_text()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    leg = re.search(r"--target \.floors(.*?)\n\s*\n", ci, re.S)
+    assert leg, ".ci/run has no floors leg (pip install ... --target .floors)"
+    image_kfp = re.search(
+        r"^ARG KFP_VERSION=(\S+)$", (ROOT / "images/train/Dockerfile").read_text(), re.M
+    )[1]
+    for name in FLOORED:
+        (spec,) = [d for d in deps if re.match(rf"{name}\b\s*[<>=]", d)]
+        low = re.match(rf"{name}\s*>=\s*([\d.]+)", spec)[1]
+        pinned = re.search(rf"\b{name}==([\d.]+)", leg[0])
+        assert pinned, f".ci/run's floors leg does not install {name}"
+        assert Version(pinned[1]) == Version(low), (
+            f"pyproject declares {spec}; the floors leg tests {name}=={pinned[1]}"
+        )
+        assert f"{name} >= {low}" in readme, f"README does not state {name} >= {low}"
+    (kfp,) = [d for d in deps if d.startswith("kfp>=")]
+    low, high = re.fullmatch(r"kfp>=([\d.]+),<=([\d.]+)", kfp).groups()
+    assert high == image_kfp
+    assert importlib.metadata.version("kfp") in (low, high)
+
+
 @pytest.mark.slow
 def test_the_readmes_bring_your_own_data_and_reward_runs(tmp_path, tiny_assets):
     """The README's "Bring your own data and reward", as written: its script makes the data,

@@ -23,3 +23,9 @@ def smollm2_gguf() -> Path:
             pytest.fail(why + " (.ci/run installs it)")
         pytest.skip(why)
     return gguf
+
+
+SMOLLM2_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "LlamaTokenizer")
+"""What a checkpoint of SmolLM2's tokenizer names in tokenizer_config.json, both loaded by
+transformers 4.x and 5.x: 5.x's `TokenizersBackend` rewritten (portable_tokenizer_config), or
+the converter's class under its slow name as 4.x saves it."""

@@ -95,7 +95,9 @@ def test_unknown_name_lists_all_valid_names_sorted(registry):
 
 
 @pytest.mark.parametrize(
-    "lookup", [alg.get_advantage_fn, alg.get_policy_loss_fn, alg.get_kl_fn], ids=str
+    "lookup",
+    [alg.get_advantage_fn, alg.get_policy_loss_fn, alg.get_kl_fn],
+    ids=lambda f: f.__name__,
 )
 def test_public_lookups_raise_with_names(lookup):
     with pytest.raises(KeyError, match="valid names: "):
