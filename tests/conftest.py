@@ -21,14 +21,7 @@ workers), about 1-2 GB each, so more workers than this would only queue on memor
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """Under xdist, the slow end-to-end tests first: the longest jobs first is how a fixed set
-    packs onto workers; one of them started last could run alone while the others idle."""
-    if getattr(config.option, "numprocesses", None):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
 @pytest.fixture(scope="session")

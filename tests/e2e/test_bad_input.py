@@ -933,7 +933,8 @@ def test_malformed_input_fails_clearly_and_changes_nothing(case, template, tmp_p
     changed = {k for k in before if k in after and after[k] != before[k]}
     assert not added and not changed, f"{name}: the store changed: {sorted(added | changed)[:5]}"
     table = os.environ.get("RLVR_BAD_INPUT_TABLE")
-    if table:  # docs/errors.md is made from these lines
+    if table:  # docs/errors.md is made from these lines, in order: one process (-n 0)
+        assert "PYTEST_XDIST_WORKER" not in os.environ, "RLVR_BAD_INPUT_TABLE needs -n 0"
         message = " ".join(line.strip() for line in err.strip().splitlines() if line.strip())
         message = message.replace(str(root), "…").replace("|", "\\|")
         with open(table, "a") as f:

@@ -1,7 +1,9 @@
 """The train stage on a CUDA GPU: DeepSpeed over NCCL, bf16, ZeRO-3, through the command a
 TrainJob's pods run. Skipped where torch sees no GPU (CI has none); on a GPU node run
 
-    python -m pytest -q tests/e2e/test_gpu.py
+    python -m pytest -q -o addopts=-ra tests/e2e/test_gpu.py
+
+(`-o addopts=-ra`: without pytest-xdist, which a GPU image may lack).
 
 1. fp32 on the GPU computes the update the CPU computes (the same rows, the same loss; only
    kernels differ): Adam's first moment, (1 - beta1) x the clipped gradient, to 1e-4 relative

@@ -248,8 +248,9 @@ FLOORED = ("torch", "transformers", "tokenizers", "kfp", "kfp-kubernetes")
 
 def test_ci_tests_every_declared_floor():
     """Every range is a tested range: pyproject's lower bound of each FLOORED dependency is
-    what .ci/run's floors leg installs, the README states it, and kfp's upper bound is the kfp
-    the images ship (the highest, with this run's kfp one of the two ends)."""
+    what .ci/run's floors leg installs (its commands, not its comments), the leg's tests see
+    them from any directory and count in CI's exit status, the README states each bound, and
+    kfp's upper bounds are the kfp the images ship (with this run's kfp at one of the ends)."""
     import importlib.metadata
 
     from packaging.version import Version
@@ -257,24 +258,28 @@ def test_ci_tests_every_declared_floor():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     ci = (ROOT / ".ci/run").read_text()
     readme = " ".join((ROOT / "README.md").read_text().split())
-    leg = re.search(r"--target \.floors(.*?)\n\s*\n", ci, re.S)
-    assert leg, ".ci/run has no floors leg (pip install ... --target .floors)"
-    image_kfp = re.search(
-        r"^ARG KFP_VERSION=(\S+)$", (ROOT / "images/train/Dockerfile").read_text(), re.M
-    )[1]
+    body = re.search(r"^floors_install\(\) \{\n(.*?)^\}", ci, re.M | re.S)
+    assert body, ".ci/run has no floors_install() for its floors leg"
+    commands = "\n".join(line for line in body[1].splitlines() if not line.lstrip().startswith("#"))
     for name in FLOORED:
         (spec,) = [d for d in deps if re.match(rf"{name}\b\s*[<>=]", d)]
         low = re.match(rf"{name}\s*>=\s*([\d.]+)", spec)[1]
-        pinned = re.search(rf"\b{name}==([\d.]+)", leg[0])
+        pinned = re.search(rf"(?<![\w-]){name}==([\d.]+)", commands)
         assert pinned, f".ci/run's floors leg does not install {name}"
         assert Version(pinned[1]) == Version(low), (
             f"pyproject declares {spec}; the floors leg tests {name}=={pinned[1]}"
         )
         assert f"{name} >= {low}" in readme, f"README does not state {name} >= {low}"
-    (kfp,) = [d for d in deps if d.startswith("kfp>=")]
-    low, high = re.fullmatch(r"kfp>=([\d.]+),<=([\d.]+)", kfp).groups()
-    assert high == image_kfp
-    assert importlib.metadata.version("kfp") in (low, high)
+    assert 'floors_path="$PWD/.floors"' in ci and "PYTHONPATH=$floors_path python -m pytest" in ci
+    assert re.search(r"^exit \$\(\(.*\bfloors\b.*\)\)$", ci, re.M)
+    image_kfp = re.search(
+        r"^ARG KFP_VERSION=(\S+)$", (ROOT / "images/train/Dockerfile").read_text(), re.M
+    )[1]
+    for name in ("kfp", "kfp-kubernetes"):
+        (spec,) = [d for d in deps if re.match(rf"{name}>=", d)]
+        low, high = re.fullmatch(rf"{name}>=([\d.]+),<=([\d.]+)", spec).groups()
+        assert high == image_kfp
+        assert importlib.metadata.version(name) in (low, high)
 
 
 @pytest.mark.slow

@@ -25,7 +25,16 @@ def smollm2_gguf() -> Path:
     return gguf
 
 
-SMOLLM2_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "LlamaTokenizer")
-"""What a checkpoint of SmolLM2's tokenizer names in tokenizer_config.json, both loaded by
-transformers 4.x and 5.x: 5.x's `TokenizersBackend` rewritten (portable_tokenizer_config), or
-the converter's class under its slow name as 4.x saves it."""
+def _smollm2_tokenizer_classes() -> tuple[str, ...]:
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return ("PreTrainedTokenizerFast",)
+    return ("PreTrainedTokenizerFast", "LlamaTokenizer")
+
+
+SMOLLM2_TOKENIZER_CLASSES = _smollm2_tokenizer_classes()
+"""What a checkpoint of SmolLM2's tokenizer names in tokenizer_config.json, loaded alike by
+transformers 4.x and 5.x: under 5.x, its `TokenizersBackend` rewritten
+(portable_tokenizer_config); under 4.x (the floors leg, the GPU images), also the converter's
+class under its slow name, as 4.x saves it (5.24 loads that with the same ids)."""

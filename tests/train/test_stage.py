@@ -552,7 +552,7 @@ def _logprobs_against_the_models_logits(model, V: int) -> None:
     assert torch.allclose(lp[m], want[m], atol=1e-5), (lp[m] - want[m]).abs().max()
 
 
-def test_sequence_logprobs_keep_the_logits_of_a_forward_that_changes_them():
+def test_sequence_logprobs_keep_the_logits_of_a_forward_that_changes_them(monkeypatch):
     """A model whose logits are not hidden @ W^T by a transform no config attribute names (here a
     hook halving the head's output) passes `output_head`'s static checks; the last position's
     logits, which the model computes anyway (logits_to_keep=1), show the difference, and the
@@ -573,6 +573,10 @@ def test_sequence_logprobs_keep_the_logits_of_a_forward_that_changes_them():
     model = LlamaForCausalLM(cfg).eval()
     assert update.output_head(model) is not None
     _logprobs_against_the_models_logits(model, 64)  # the chunked path, identical values
+    # transformers 4.56's get_decoder() gives None for Llama: the decoder is still found
+    with monkeypatch.context() as m:
+        m.setattr(type(model), "get_decoder", lambda _self: None)
+        assert update.output_head(model)[0] is model.model
     model.lm_head.register_forward_hook(lambda _m, _a, out: out * 0.5)
     _logprobs_against_the_models_logits(model, 64)
 

@@ -218,7 +218,7 @@ class WheelSource:
         else:
             self.index = self._fetch_index()
             self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = index.with_suffix(".tmp")
+            tmp = index.with_suffix(f".{os.getpid()}.tmp")  # test workers fetch side by side
             tmp.write_text(json.dumps(self.index))
             tmp.replace(index)
         self.files: set[str] = set(self.index["members"])
@@ -280,7 +280,7 @@ class WheelSource:
             data = z.read(p)  # from the block cache; zipfile checks the CRC
             out = self.dir / "src" / p
             out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")
+            tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
             tmp.write_bytes(data)
             tmp.replace(out)
 
