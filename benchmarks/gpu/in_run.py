@@ -13,9 +13,12 @@ evaluated ones, the last few), on the same device and dtype the run sampled in:
   settings, max_new_tokens and stop tokens; response tokens counted up to and including the
   first stop token, as the stage counts them. The median of --rounds after one warm-up;
 - the stage's backend alone (TransformersBackend on the same requests, no pipeline around
-  it), alternating with bare so machine noise hits both alike.
+  it, with the run's `generate.cuda_graphs`), and the same backend with eager decode steps on
+  the growing cache (`eager`: what the graphs are measured against), alternating with bare so
+  machine noise hits all alike.
 
-Then the ratios in run / bare and alone / bare per iteration, and their medians; train's
+Then the ratios in run / bare, alone / bare and alone / eager per iteration, and their
+medians (with the graphs the stage captured, or why they were off, from `stats.phases`); train's
 tokens/s per iteration and its MFU (6 x parameters x tokens/s over the GPU's dense bf16 peak;
 train also recomputes the old log-probabilities, a forward more, not counted); and the policy
 handoff's share of an iteration (components/evaluate/timeline.py). Prints a table and writes
@@ -86,15 +89,19 @@ def timed(fn, device: str) -> tuple[int, float]:
 
 
 def measure(ckpt_dir: str, reqs: list[PromptRequest], cfg: RunConfig, rounds: int) -> dict:
-    """Bare `model.generate` and the stage's backend alone on the same requests: tokens/s, the
-    median of `rounds` after one warm-up each, alternating."""
+    """Bare `model.generate`, the stage's backend alone and that backend's eager steps on the
+    same requests: tokens/s, the median of `rounds` after one warm-up each, alternating."""
     from components.core.checkpoint import device_and_dtype
 
     device, dtype = device_and_dtype(cfg.generate.dtype)
     model, tok = load_policy(Path(ckpt_dir), dtype=dtype, device=device)
     spec = spec_from(cfg.generate, cfg.run.seed)
-    backend = TransformersBackend(model, tok, batch_size=cfg.generate.batch_size, device=device)
-    backend.before_forward = None  # alone: no turns to wait for
+    graphs = cfg.generate.cuda_graphs and device.startswith("cuda")
+    backend, eager_backend = (
+        TransformersBackend(model, tok, batch_size=cfg.generate.batch_size, device=device, graphs=g)
+        for g in (graphs, False)
+    )
+    backend.before_forward = eager_backend.before_forward = None  # alone: no turns to wait for
     stops = sorted(backend.eos_ids | set(spec.stop_token_ids))
     prompts = [r.prompt_token_ids for r in reqs for _ in range(spec.n)]
     ids, attn = left_pad(prompts, max(map(len, prompts)), tok.pad_token_id)
@@ -119,16 +126,19 @@ def measure(ckpt_dir: str, reqs: list[PromptRequest], cfg: RunConfig, rounds: in
         first = torch.where(hit.any(1), hit.int().argmax(1) + 1, resp.shape[1])
         return int(first.sum())
 
-    def alone() -> int:
-        return sum(len(s.response_token_ids) for b in backend.generate(reqs, spec) for s in b)
+    def sample(b: TransformersBackend) -> int:
+        return sum(len(s.response_token_ids) for batch in b.generate(reqs, spec) for s in batch)
 
-    timed(bare, device), timed(alone, device)  # warm-up
-    got: dict[str, list] = {"bare": [], "alone": []}
+    fns = {"bare": bare, "alone": lambda: sample(backend), "eager": lambda: sample(eager_backend)}
+    for fn in fns.values():  # warm-up
+        timed(fn, device)
+    got: dict[str, list] = {name: [] for name in fns}
     for _ in range(rounds):
-        for name, fn in (("bare", bare), ("alone", alone)):
+        for name, fn in fns.items():
             n, s = timed(fn, device)
             got[name].append(n / s)
-    return {k: statistics.median(v) for k, v in got.items()} | {"rounds": got}
+    out = {k: statistics.median(v) for k, v in got.items()} | {"rounds": got}
+    return out | {"alone_phases": backend.clock.take()}
 
 
 def main() -> None:
@@ -172,12 +182,14 @@ def main() -> None:
                 torch.cuda.empty_cache()
             row["in_run/bare"] = row["in_run"] / row["bare"]
             row["alone/bare"] = row["alone"] / row["bare"]
+            row["alone/eager"] = row["alone"] / row["eager"]
         figures["iterations"][i] = row
 
     measured = [r for r in figures["iterations"].values() if "bare" in r]
     if measured:
         figures["in_run/bare_median"] = statistics.median(r["in_run/bare"] for r in measured)
         figures["alone/bare_median"] = statistics.median(r["alone/bare"] for r in measured)
+        figures["alone/eager_median"] = statistics.median(r["alone/eager"] for r in measured)
     figures.update(train_figures(store, layout, cfg, sorted(rows)))
     s = summary(tl)
     figures["handoff_share"] = s["handoff_share"]
@@ -226,21 +238,24 @@ def _numel(shape) -> int:
 def report(f: dict) -> str:
     lines = [
         f"device: {f['device']}",
-        "iter  in-run tok/s  bare  alone  in/bare  alone/bare  decode ms/step  eval overlap s  phases",
+        "iter  in-run tok/s  bare  alone  eager  in/bare  alone/bare  alone/eager  decode ms/step"
+        "  eval overlap s  phases",
     ]
     for i, r in f["iterations"].items():
         ph = r.get("phases", {})
         phases = " ".join(
             f"{k.removesuffix('_s')} {v:.2f}" for k, v in ph.items() if k.endswith("_s")
-        )
+        ) + "".join(f" {k} {ph[k]}" for k in ("graph_captures", "graphs_off") if k in ph)
         lines.append(
             f"{i:>4}  {r['in_run']:12.0f}  {r.get('bare', float('nan')):5.0f}  {r.get('alone', float('nan')):5.0f}"
-            f"  {r.get('in_run/bare', float('nan')):7.2f}  {r.get('alone/bare', float('nan')):10.2f}"
+            f"  {r.get('eager', float('nan')):5.0f}  {r.get('in_run/bare', float('nan')):7.2f}"
+            f"  {r.get('alone/bare', float('nan')):10.2f}  {r.get('alone/eager', float('nan')):11.2f}"
             f"  {ph.get('decode_ms_per_step', float('nan')):14.1f}  {r['evaluate_overlap_s']:14.2f}  {phases}"
         )
     for k in (
         "in_run/bare_median",
         "alone/bare_median",
+        "alone/eager_median",
         "train_tokens_per_s_median",
         "train_mfu",
         "handoff_share",

@@ -441,8 +441,9 @@ def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
     stay up to date) it had before the feature existed."""
     multi = bool(cfg.generate.tools or cfg.generate.environment)
     return {
-        # max_images_per_prompt refuses input, it never changes a sample
-        "generate": {"max_images_per_prompt"}
+        # max_images_per_prompt refuses input, it never changes a sample; cuda_graphs changes how
+        # a decode step is launched, and its samples only to rounding (like a shard layout)
+        "generate": {"max_images_per_prompt", "cuda_graphs"}
         | (set() if multi else {"tools", "max_turns", "max_response_tokens", "environment"}),
         "train": (set() if cfg.train.void_turn_filter else {"void_turn_filter", "answer_pattern"})
         | (set() if cfg.train.nodes > 1 else {"nodes"})

@@ -46,6 +46,9 @@ class GenerateSection(Strict):
     batch_tokens: int | None = Field(None, ge=1)
     """Token budget of one transformers batch: sequences x (longest prompt + max_new_tokens), so
     long prompts get smaller batches (None: batch_size alone)."""
+    cuda_graphs: bool = True
+    """Transformers backend on a GPU: decode steps on a static KV cache, each replayed as a CUDA
+    graph (one per row bucket); a small model's step is launch-bound there. No effect on a CPU."""
     tools: list[str] = Field(default_factory=list)
     """Tools the policy may call (multi-turn rollouts): `python` (built in:
     the code runs in the code verifier's sandbox) or `module:function` / `file.py:function` (a

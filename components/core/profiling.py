@@ -48,6 +48,8 @@ class PhaseClock:
         self.device = device
         self.seconds: dict[str, float] = {}
         self.steps = 0
+        self.notes: dict[str, Any] = {}
+        """Other facts of the calls, as the sampler states them (its decode graphs)."""
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -63,7 +65,8 @@ class PhaseClock:
         if self.steps:
             out["decode_steps"] = self.steps
             out["decode_ms_per_step"] = 1000 * self.seconds.get("decode", 0.0) / self.steps
-        self.seconds, self.steps = {}, 0
+        out.update(self.notes)
+        self.seconds, self.steps, self.notes = {}, 0, {}
         return out
 
 

@@ -28,6 +28,7 @@ from components.generate.backends import (
     SamplingSpec,
     cut_at_stop,
 )
+from components.generate.graph_decode import GraphDecoder, GraphRun, graphable
 from components.generate.kv_cache import reserve, rows_movable
 from components.generate.token_sampling import sample_step, sample_uniforms
 
@@ -44,6 +45,7 @@ class TransformersBackend:
         batch_tokens: int | None = None,
         device: str = "cpu",
         vision=None,
+        graphs: bool = False,
     ) -> None:
         import transformers
 
@@ -66,6 +68,13 @@ class TransformersBackend:
 
             self.eos_ids |= placeholder_ids(model)
         self.cache_kwarg = cache_kwarg(model)
+        self.graphs = (
+            GraphDecoder(model, self.cache_kwarg, capture=str(device).startswith("cuda"))
+            if graphs
+            else None
+        )
+        """Decode steps on a static cache, replayed as CUDA graphs on a GPU (graph_decode.py;
+        eager on a CPU, where tests check it), else None: the growing cache (kv_cache.py)."""
         self.clock = PhaseClock(device)
         """Seconds per phase of the calls so far (`clock.take()`: the stage's `stats.phases`)."""
         self.before_forward = device_turn.waiter()
@@ -205,6 +214,8 @@ class TransformersBackend:
             state = self._start(batch, rows, spec)
         with attention_kernels(self.device), self.clock("decode"):
             self._decode(state, spec)
+        if self.graphs is not None:
+            self.clock.notes.update(self.graphs.stats())
         with self.clock("detokenize"):
             return self._samples(rows, state, spec)
 
@@ -226,8 +237,10 @@ class TransformersBackend:
         # repeated n times after. Only the last position's logits are needed, so the output head
         # (a large matmul at a large vocabulary) runs on that position alone.
         past, logits = self._prefill(ids, attn, pos, spec.n, vision)
-        # Room for every step's keys and values, written in place (kv_cache.py).
-        reserve(past, P + T)
+        if self.graphs is not None and pos.dim() == 2 and graphable(past):
+            past = self.graphs.start(past, attn, P, T)  # the static step (graph_decode.py)
+        else:  # room for every step's keys and values, written in place (kv_cache.py)
+            reserve(past, P + T)
         dev = self.device
         return _Decode(
             P=P,
@@ -253,9 +266,7 @@ class TransformersBackend:
             sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
         )
         window = stop_window(spec.stop)
-        # Finished rows are dropped from the per-step tensors once they are an eighth of the
-        # rows: a static batch would compute every row until its longest response ends.
-        compact = rows_movable(state.past)
+        compact = isinstance(state.past, GraphRun) or rows_movable(state.past)
         for t in range(state.T):
             tok, lp = sample_step(state.logits, state.uniforms[:, t], spec)
             open_rows = state.record(t, tok, lp, eos)
@@ -270,17 +281,21 @@ class TransformersBackend:
             n_done = int(done.sum())
             if n_done == len(state.act):
                 break
-            if compact and 8 * n_done >= len(state.act):
+            if compact and worth_dropping(state.past, n_done, len(state.act)):
                 tok, done = state.drop_finished(tok, done)
             self._step(state, torch.where(done, state.pad, tok), t)
 
     def _step(self, state: _Decode, feed: torch.Tensor, t: int) -> None:
         """The forward of step `t` on the active rows: `feed` (each row's newest token, pad for
         a finished row) in, the next step's logits and the grown KV cache out."""
-        step_pos = state.next_pos.unsqueeze(-1)
         if self.before_forward is not None:
             self.before_forward()
         self.clock.steps += 1
+        if isinstance(state.past, GraphRun):
+            state.logits = state.past.step(feed, state.next_pos, t)
+            state.next_pos = state.next_pos + 1
+            return
+        step_pos = state.next_pos.unsqueeze(-1)
         out = self.model(
             input_ids=feed.unsqueeze(-1),
             attention_mask=state.attn_all[:, : state.P + t + 1],
@@ -313,6 +328,16 @@ class TransformersBackend:
                 )
             )
         return samples
+
+
+def worth_dropping(past, n_done: int, n_active: int) -> bool:
+    """Whether to drop the finished rows from the step now. On the growing cache, once they are
+    an eighth of the rows (a static batch would compute every row until its longest response
+    ends; each drop copies the cache). On the static step, when the rows left fit a smaller
+    graph: a drop that does not shrink the step only costs its copy."""
+    if isinstance(past, GraphRun):
+        return past.shrinks(n_active - n_done)
+    return 8 * n_done >= n_active
 
 
 def attention_kernels(device: str):

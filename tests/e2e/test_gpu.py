@@ -24,6 +24,11 @@ whole step, and a few such elements make the relative error large while the upda
 (bf16 against fp32 on CPU: 0.28% of the steps flip, relative error 0.10, cosine 0.995). Each
 flipped element lowers the cosine by about 2 / (number of elements): 0.999 allows 0.05% of them
 (fp32), 0.98 allows 1% (bf16).
+
+3. Generate's decode steps replayed as CUDA graphs (components/generate/graph_decode.py) sample
+   what the eager steps on the growing cache sample, in fp32 on the same GPU, up to rounding (the
+   batch-invariance contract of docs/contracts.md); the graphs were captured, one per bucket the
+   rows passed through, none given up; a second call replays them and samples the same again.
 """
 
 from __future__ import annotations
@@ -133,3 +138,36 @@ def test_bf16_zero3_through_the_trainjob_pod_entry_equals_one_gpu_zero1(prepared
     # the step itself, not the shared base
     assert _cos(_masters(pod_update[1]), _masters(local[1]), base) > 0.98
     assert pod_update[2]["train/loss"] == pytest.approx(local[2]["train/loss"], rel=1e-2)
+
+
+def test_decode_graphs_sample_what_the_eager_steps_sample(tiny_assets):
+    from components.core.checkpoint import load_policy
+    from components.generate.backends import SamplingSpec
+    from components.generate.hf_backend import TransformersBackend
+    from tests.support.invariance import assert_equal_up_to_rounding
+    from tests.support.sampling import collect, early_stops, keyed_rows, varied_requests
+
+    model, tok = load_policy(tiny_assets / "base", dtype=torch.float32, device="cuda")
+    spec = SamplingSpec(
+        n=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=24,
+        stop_token_ids=tuple(early_stops(tok)),
+    )
+    reqs = varied_requests(tok, spec.n)
+    eager = collect(TransformersBackend(model, tok, device="cuda"), reqs, spec)
+    backend = TransformersBackend(model, tok, device="cuda", graphs=True)
+    graphed = collect(backend, reqs, spec)
+    phases = backend.clock.take()
+    assert "graphs_off" not in phases and phases["graph_captures"] >= 2, phases
+    cpu_model, _ = load_policy(tiny_assets / "base")
+    assert_equal_up_to_rounding(
+        keyed_rows(eager, reqs), keyed_rows(graphed, reqs), cpu_model, spec, 0, 0
+    )
+    again = collect(backend, reqs, spec)
+    assert backend.clock.take()["graph_captures"] == phases["graph_captures"]  # replayed only
+    assert {k: s.response_token_ids for k, s in again.items()} == {
+        k: s.response_token_ids for k, s in graphed.items()
+    }

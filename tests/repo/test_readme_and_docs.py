@@ -260,7 +260,15 @@ def test_ci_tests_every_declared_floor():
     readme = " ".join((ROOT / "README.md").read_text().split())
     body = re.search(r"^floors_install\(\) \{\n(.*?)^\}", ci, re.M | re.S)
     assert body, ".ci/run has no floors_install() for its floors leg"
-    commands = "\n".join(line for line in body[1].splitlines() if not line.lstrip().startswith("#"))
+    code = [
+        line.split(" #")[0] for line in body[1].splitlines() if not line.lstrip().startswith("#")
+    ]
+    assert '"$floor_torch"' in " ".join(code) and "$floor_pins" in " ".join(code)
+    torch_pin = re.search(r"^floor_torch=(\S+)$", ci, re.M)
+    other_pins = re.search(r'^floor_pins="([^"]*)"$', ci, re.M)
+    assert torch_pin and other_pins, ".ci/run does not set floor_torch and floor_pins"
+    commands = f"{torch_pin[1]} {other_pins[1]}"
+    assert 'FLOOR_PINS="$floor_torch $floor_pins"' in ci  # the probe checks the same pins
     for name in FLOORED:
         (spec,) = [d for d in deps if re.match(rf"{name}\b\s*[<>=]", d)]
         low = re.match(rf"{name}\s*>=\s*([\d.]+)", spec)[1]

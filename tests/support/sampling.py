@@ -39,3 +39,25 @@ def check_logprobs(backend, policy, temperature, top_p, top_k):
                 worst, (lp.squeeze(-1) - torch.tensor(s.response_logprobs)).abs().max().item()
             )
     assert worst < 1e-4
+
+
+def varied_requests(tok, n: int, count: int = 7) -> list[PromptRequest]:
+    """Prompts of different lengths (so rows are left-padded), n samples each."""
+    out = []
+    for i in range(count):
+        text = f"{i}+{3 * i}=" + "1+" * (i % 4)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        out.append(PromptRequest(f"p{i}", ids, [sample_seed(0, 0, f"p{i}", j) for j in range(n)]))
+    return out
+
+
+def keyed_rows(samples: dict, reqs: list[PromptRequest]) -> dict:
+    """Samples as the rows `assert_equal_up_to_rounding` compares (with their prompts)."""
+    prompt_ids = {r.prompt_id: r.prompt_token_ids for r in reqs}
+    return {k: {**s.__dict__, "prompt_token_ids": prompt_ids[k[0]]} for k, s in samples.items()}
+
+
+def early_stops(tok) -> list[int]:
+    """A seventh of the vocabulary ends a response: rows finish at different steps, so the
+    step drops them, bucket by bucket."""
+    return list(range(0, len(tok), 7))

@@ -1,0 +1,266 @@
+"""Decode steps replayed as CUDA graphs over a static KV cache (the transformers backend, GPU).
+
+A small model's decode step is host-bound on a GPU: at 135M parameters and 128 rows an H200
+computes under a tenth of the step, the rest is Python and kernel launches (docs/gpu.md). A CUDA
+graph records one step's kernels once and replays them with a single launch. A graph fixes every
+tensor's address and shape, so the step must read and write fixed buffers, which is what this
+module provides:
+
+- a `Slab`: per layer, key and value buffers [rows, kv heads, width, head dim]; the step's
+  inputs (each row's token and position) and an additive attention mask over the whole width;
+  and `write_at`, the cache column this step writes, as a device tensor;
+- `SlabLayer`: a transformers cache layer over the slab that writes the step's keys and values
+  at `write_at` (`index_copy_`) and hands attention the whole width. Columns not yet written, and
+  a row's left padding, are masked with the dtype's minimum, so they weigh exp(min - max) = 0:
+  the step computes what the growing cache computes, over more (zero-weight) columns;
+- one graph per row bucket: the batch's rows, then the powers of two below. Finished rows leave
+  the step only when the live ones fit a smaller bucket: they are moved to the front, and the
+  smaller bucket's graph runs on them.
+
+The slab (and its graphs) outlives a batch: a batch whose rows and width fit the slab reuses it,
+and new weights are copied into the parameters in place, so every graph stays valid. On a CPU
+(tests), or where capture fails, the same static step runs eagerly; a failed capture is logged
+once and recorded in the stage's `stats.phases` (`graphs_off`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+log = logging.getLogger(__name__)
+
+#: Slab widths are multiples of this, so that batches of slightly different prompt widths (every
+#: iteration brings new ones) share one slab and its graphs.
+WIDTH_STEP = 64
+
+
+class SlabLayer(DynamicLayer):
+    """One layer's keys and values in the slab (views of its first rows, full width), written in
+    place at the column `write_at` holds."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, write_at: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values, self.write_at = keys, values, write_at
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys.index_copy_(2, self.write_at, key_states)
+        self.values.index_copy_(2, self.write_at, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self, *args) -> int:
+        # Read by transformers 4.x only to make default cache positions, which the layer ignores
+        # (the step passes its positions and a 4D mask). A graph bakes the value in.
+        return self.keys.shape[-2]
+
+
+@dataclass
+class Slab:
+    """Fixed buffers for up to `rows` rows of `width` cache columns, and the graphs over them."""
+
+    rows: int
+    width: int
+    keys: list[torch.Tensor]  # per layer [rows, kv heads, width, head dim]
+    values: list[torch.Tensor]
+    ids: torch.Tensor  # [rows, 1] the token each row feeds
+    pos: torch.Tensor  # [rows, 1] its position
+    mask: torch.Tensor  # [rows, 1, 1, width] additive: 0 where attended, the dtype's minimum else
+    write_at: torch.Tensor  # [1] the column this step writes
+    graphs: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
+    """{bucket rows: (CUDA graph, its logits output [bucket, vocab])}"""
+
+    @classmethod
+    def like(cls, layers: list, rows: int, width: int) -> Slab:
+        """Empty buffers shaped after a prefilled cache's layers."""
+        k0 = layers[0].keys
+        dev = k0.device
+
+        def buf(t: torch.Tensor) -> torch.Tensor:
+            return t.new_zeros(rows, t.shape[1], width, t.shape[-1])
+
+        return cls(
+            rows=rows,
+            width=width,
+            keys=[buf(layer.keys) for layer in layers],
+            values=[buf(layer.values) for layer in layers],
+            ids=torch.zeros((rows, 1), dtype=torch.long, device=dev),
+            pos=torch.zeros((rows, 1), dtype=torch.long, device=dev),
+            mask=torch.full(
+                (rows, 1, 1, width), torch.finfo(k0.dtype).min, dtype=k0.dtype, device=dev
+            ),
+            write_at=torch.zeros(1, dtype=torch.long, device=dev),
+        )
+
+    def fits(self, layers: list, rows: int, need: int) -> bool:
+        """Whether a batch of `rows` rows needing `need` columns can use this slab without
+        taking much more memory than its own would."""
+        return (
+            rows <= self.rows
+            and need <= self.width < need + 2 * WIDTH_STEP
+            and len(layers) == len(self.keys)
+            and all(
+                layer.keys.dtype == k.dtype
+                and (layer.keys.shape[1], layer.keys.shape[3]) == (k.shape[1], k.shape[3])
+                for layer, k in zip(layers, self.keys, strict=True)
+            )
+        )
+
+
+def graphable(cache) -> bool:
+    """Whether a prefilled cache can move onto a slab: every layer a plain full-attention
+    DynamicLayer of keys and values [batch, heads, length, dim] (not a sliding window, not a
+    quantized or linear-attention layer, whose masks or states the slab does not keep)."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(
+        type(layer) is DynamicLayer
+        and isinstance(getattr(layer, "keys", None), torch.Tensor)
+        and layer.keys.dim() == 4
+        for layer in layers
+    )
+
+
+def buckets(rows: int) -> list[int]:
+    """The row counts graphs are captured for: `rows`, then the powers of two below it."""
+    out, b = [rows], 1
+    while b < rows:
+        out.append(b)
+        b *= 2
+    return sorted(set(out), reverse=True)
+
+
+class GraphDecoder:
+    """The static decode step of one backend: a slab kept across batches, a graph per bucket.
+    `capture=False` runs the same step eagerly (a CPU, or a GPU whose capture failed)."""
+
+    def __init__(self, model, cache_kwarg: str, *, capture: bool) -> None:
+        self.model = model
+        self.cache_kwarg = cache_kwarg
+        self.capture = capture
+        self.slab: Slab | None = None
+        self.pool = None  # the graphs' shared memory pool
+        self.off: str | None = None
+        """Why capture was given up (a failed capture or a replay that differs), else None."""
+        self.captures = 0
+
+    def start(self, cache, attn: torch.Tensor, width: int, steps: int) -> GraphRun:
+        """A batch's decode on the slab, from its prefilled `cache` (left-padded prompts of
+        `width` columns, `attn` their [rows, width] mask), with room for `steps` more."""
+        layers, rows = cache.layers, attn.shape[0]
+        need = width + steps
+        if self.slab is None or not self.slab.fits(layers, rows, need):
+            self.slab = self.pool = None  # its graphs go with it
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            width_cap = -(-need // WIDTH_STEP) * WIDTH_STEP
+            self.slab = Slab.like(layers, rows, width_cap)
+        s = self.slab
+        for layer, k, v in zip(layers, s.keys, s.values, strict=True):
+            k[:rows, :, :width].copy_(layer.keys)
+            v[:rows, :, :width].copy_(layer.values)
+        s.mask[:rows].fill_(torch.finfo(s.mask.dtype).min)
+        s.mask[:rows, 0, 0, :width].masked_fill_(attn.bool(), 0)
+        return GraphRun(self, cache, rows, width)
+
+    def forward(self, cache, bucket: int) -> torch.Tensor:
+        """The step's logits [bucket, vocab] on the slab's first `bucket` rows: a graph's replay,
+        captured on first use, or the eager step."""
+        s = self.slab
+        if self.capture and self.off is None:
+            if bucket not in s.graphs:
+                self._capture(cache, bucket)
+            if bucket in s.graphs:
+                graph, logits = s.graphs[bucket]
+                graph.replay()
+                return logits
+        return self._eager(cache, bucket)
+
+    def _eager(self, cache, bucket: int) -> torch.Tensor:
+        s = self.slab
+        for i in range(len(cache.layers)):
+            cache.layers[i] = SlabLayer(s.keys[i][:bucket], s.values[i][:bucket], s.write_at)
+        out = self.model(
+            input_ids=s.ids[:bucket],
+            attention_mask=s.mask[:bucket],
+            position_ids=s.pos[:bucket],
+            use_cache=True,
+            **{self.cache_kwarg: cache},
+        )
+        return out.logits[:, -1, :]
+
+    def _capture(self, cache, bucket: int) -> None:
+        """Record the step for `bucket` rows: a warm-up on a side stream (it writes this step's
+        keys and values, which the replay writes again), the capture, and one check that the
+        replay gives the warm-up's logits. A failure turns graphs off for this backend."""
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                expected = self._eager(cache, bucket).clone()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                logits = self._eager(cache, bucket)
+            graph.replay()
+            if not torch.allclose(logits.float(), expected.float(), rtol=1e-2, atol=1e-2):
+                raise RuntimeError("the replayed step's logits differ from the eager step's")
+        except Exception as e:  # any failure: the eager static step is always correct
+            self.off = f"{type(e).__name__}: {e}"[:300]
+            log.warning("CUDA graphs off for generate's decode (eager steps): %s", self.off)
+            return
+        # Graphs share one memory pool: safe because they never run at once, and each replay's
+        # logits are read before the next replay (which may reuse their memory).
+        self.pool = graph.pool()
+        self.slab.graphs[bucket] = (graph, logits)
+        self.captures += 1
+
+    def stats(self) -> dict[str, Any]:
+        """For the stage's `stats.phases`: graphs captured so far, or why they are off."""
+        return {"graphs_off": self.off} if self.off else {"graph_captures": self.captures}
+
+
+class GraphRun:
+    """One batch's decode on the slab: rows 0..live-1 are the batch's active rows, in the
+    order of the backend's `act`; the step runs on the smallest bucket that holds them."""
+
+    def __init__(self, decoder: GraphDecoder, cache, rows: int, width: int) -> None:
+        self.decoder = decoder
+        self.cache = cache
+        self.width = width
+        self.ladder = buckets(decoder.slab.rows)
+        self.live = rows
+        self.bucket = self.bucket_for(rows)
+
+    def bucket_for(self, rows: int) -> int:
+        return min(b for b in self.ladder if b >= rows)
+
+    def shrinks(self, alive: int) -> bool:
+        """Whether dropping the finished rows (leaving `alive`) moves the step to a smaller
+        bucket; otherwise the finished rows ride along, masked by their pad tokens."""
+        return self.bucket_for(max(alive, 1)) < self.bucket
+
+    def step(self, feed: torch.Tensor, next_pos: torch.Tensor, t: int) -> torch.Tensor:
+        """Step `t`: each active row feeds `feed` at `next_pos`, written to column width + t.
+        Returns the next logits of the active rows [live, vocab]."""
+        s, k = self.decoder.slab, self.live
+        col = self.width + t
+        s.ids[:k, 0].copy_(feed)
+        s.pos[:k, 0].copy_(next_pos)
+        s.mask[:k, 0, 0, col] = 0
+        s.write_at.fill_(col)
+        return self.decoder.forward(self.cache, self.bucket)[:k]
+
+    def batch_select_indices(self, keep: torch.Tensor) -> None:
+        """Keep only the rows `keep` (ascending indices of the active rows), moved to the front."""
+        s, k = self.decoder.slab, len(keep)
+        for buf in (*s.keys, *s.values, s.mask):
+            buf[:k] = buf[keep]  # the gather copies first, so the rows may overlap
+        self.live = k
+        self.bucket = self.bucket_for(k)

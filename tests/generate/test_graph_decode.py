@@ -1,0 +1,143 @@
+"""Generate: the static decode step (graph_decode.py), run eagerly on the CPU.
+
+On a GPU the same step is captured and replayed as CUDA graphs (tests/e2e/test_gpu.py); what
+the CPU checks is that the step itself computes what the growing cache computes: the same
+samples up to rounding, through left padding, finished rows dropped by buckets, and a slab
+reused across batches and calls.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from components.core.checkpoint import load_policy
+from components.generate.backends import PromptRequest, SamplingSpec
+from components.generate.graph_decode import WIDTH_STEP, GraphRun, buckets, graphable
+from components.generate.hf_backend import TransformersBackend
+from tests.support.invariance import assert_equal_up_to_rounding
+from tests.support.sampling import (
+    check_logprobs,
+    collect,
+    early_stops,
+    keyed_rows,
+    varied_requests,
+)
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_assets):
+    return load_policy(tiny_assets / "base")
+
+
+def test_buckets_are_the_rows_then_powers_of_two_below():
+    assert buckets(128) == [128, 64, 32, 16, 8, 4, 2, 1]
+    assert buckets(100) == [100, 64, 32, 16, 8, 4, 2, 1]
+    assert buckets(1) == [1]
+
+
+def test_static_step_samples_what_the_growing_cache_samples(policy):
+    """Same rows, same seeds: equal up to rounding (the contract across layouts), with rows
+    finishing early, so finished rows leave the step at bucket boundaries."""
+    model, tok = policy
+    spec = SamplingSpec(
+        n=4,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=16,
+        stop_token_ids=tuple(early_stops(tok)),
+    )
+    reqs = varied_requests(tok, spec.n)
+    growing = collect(TransformersBackend(model, tok, batch_size=64), reqs, spec)
+    static_backend = TransformersBackend(model, tok, batch_size=64, graphs=True)
+    static = collect(static_backend, reqs, spec)
+    assert_equal_up_to_rounding(
+        keyed_rows(growing, reqs), keyed_rows(static, reqs), model, spec, 0, 0
+    )
+    lengths = {len(s.response_token_ids) for s in static.values()}
+    assert min(lengths) < 4 and max(lengths) > 8, lengths  # rows did finish apart
+    phases = static_backend.clock.take()
+    assert phases["graph_captures"] == 0  # the CPU runs the static step eagerly
+
+
+def test_static_step_drops_finished_rows_by_bucket(policy, monkeypatch):
+    """The step shrinks to the smallest bucket that holds the rows still sampling, and only
+    then: every drop moves to a smaller bucket."""
+    model, tok = policy
+    seen: list[tuple[int, int]] = []
+    step = GraphRun.step
+
+    def spy(self, feed, next_pos, t):
+        seen.append((self.live, self.bucket))
+        return step(self, feed, next_pos, t)
+
+    monkeypatch.setattr(GraphRun, "step", spy)
+    spec = SamplingSpec(
+        n=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=24,
+        stop_token_ids=tuple(early_stops(tok)),
+    )
+    collect(
+        TransformersBackend(model, tok, batch_size=64, graphs=True), varied_requests(tok, 8), spec
+    )
+    assert seen[0] == (56, 56)
+    assert all(live <= bucket for live, bucket in seen)
+    drops = [(a, b) for a, b in zip(seen, seen[1:], strict=False) if a[0] != b[0]]
+    assert drops, "no row was dropped: the test's stop tokens no longer end rows early"
+    for (_, before), (live, after) in drops:
+        assert after < before and after == min(b for b in buckets(56) if b >= live)
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k", [(1.0, 1.0, 0), (0.7, 0.9, 5)])
+def test_static_step_keeps_the_logprob_contract(policy, temperature, top_p, top_k):
+    model, tok = policy
+    check_logprobs(
+        TransformersBackend(model, tok, batch_size=8, graphs=True),
+        policy,
+        temperature,
+        top_p,
+        top_k,
+    )
+
+
+def test_slab_is_reused_while_batches_fit_it(policy):
+    """A batch that fits the slab's rows and width reuses it (and, on a GPU, its graphs); a
+    batch much wider gets a new one. Samples are the same either way."""
+    model, tok = policy
+    spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
+    backend = TransformersBackend(model, tok, batch_size=64, graphs=True)
+    reqs = varied_requests(tok, spec.n)
+    first = collect(backend, reqs, spec)
+    slab = backend.graphs.slab
+    assert slab.width % WIDTH_STEP == 0 and slab.rows == len(reqs) * spec.n
+    again = collect(backend, reqs[:3], spec)  # fewer rows, same width: the same slab
+    assert backend.graphs.slab is slab
+    assert {k: v.response_token_ids for k, v in again.items()} == {
+        k: first[k].response_token_ids for k in again
+    }
+    wide = [PromptRequest("long", [5] * (3 * WIDTH_STEP), [1, 2])]
+    collect(backend, wide, spec)
+    assert backend.graphs.slab is not slab and backend.graphs.slab.width >= 3 * WIDTH_STEP + 8
+
+
+def test_only_plain_full_attention_caches_take_the_static_step(policy):
+    """A sliding-window or other special layer keeps the growing cache (its mask differs)."""
+    model, tok = policy
+    ids = torch.tensor([tok("1+1=", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    assert graphable(cache)
+
+    class Windowed(DynamicLayer):
+        pass
+
+    special = Windowed()
+    special.keys, special.values = cache.layers[0].keys, cache.layers[0].values
+    cache.layers[0] = special
+    assert not graphable(cache)
