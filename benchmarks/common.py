@@ -121,7 +121,7 @@ def overlap(a: tuple[float, float], spans: list[tuple[float, float]]) -> float:
 def stage_overlaps(tl) -> dict[int, dict]:
     """Per iteration of a run's timeline (components/evaluate/timeline.py): the generate step's
     work seconds, and how much of an evaluation's and of train's work spans lie inside it (an
-    evaluation waiting for its turn is inside its work span too)."""
+    evaluation's waits for its turn are `turn` spans, cut out of its work)."""
     work = [(st, [(s, e) for k, s, e in st.spans if k == "work"]) for st in tl.steps]
     evals = [w for st, ws in work if st.stage == "evaluate" for w in ws]
     trains = [w for st, ws in work if st.stage == "train" for w in ws]

@@ -17,6 +17,9 @@ a forward pre-hook: `yielding_forwards`). So an evaluation runs in the loop's ga
 and after it, and never delays it; what it samples does not change (its draws are seeded per
 sample). The kernel drops a dead holder's lock, so nothing waits on a worker that is gone. Unset
 (a cluster pod, `rlvr stage`), both are no-ops.
+
+A yielder's waits are kept (`take_waits`): the evaluation cuts them out of the spans they fell
+in and records them as `turn` spans, so its timeline shows work as work and waits as waits.
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ from pathlib import Path
 TURN_ENV = "RLVR_DEVICE_TURN"
 POLL_S = 0.002
 """How often a waiting evaluation looks again: a decode step of the smallest model is ~10 ms."""
+
+_waits: list[tuple[float, float]] = []
+"""(start, end) of every wait of this process's waiters that found a holder computing."""
+
+
+def take_waits() -> list[tuple[float, float]]:
+    """The waits for a turn since the last call (epoch seconds), and forget them."""
+    out = list(_waits)
+    _waits.clear()
+    return out
 
 
 def _setting() -> tuple[str, str] | None:
@@ -69,13 +82,17 @@ class _Waiter:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 
     def __call__(self) -> None:
+        started = None
         while True:
             try:  # an exclusive lock is granted only while no holder has its shared one
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                started = started or time.time()
                 time.sleep(POLL_S)
                 continue
             fcntl.flock(self.fd, fcntl.LOCK_UN)
+            if started is not None:
+                _waits.append((started, time.time()))
             return
 
     def __del__(self) -> None:

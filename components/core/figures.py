@@ -97,7 +97,7 @@ def _seconds(timeline: Mapping[str, Any] | None, stage: str) -> dict[str, float]
     if not timeline:
         return {}
     seconds = timeline.get("seconds") or {}
-    busy = sum(v for k, v in seconds.items() if k not in ("wait", "start"))
+    busy = sum(v for k, v in seconds.items() if k not in ("wait", "turn", "start"))
     out = {f"time/{stage}_s": float(busy)}
     if "work" in seconds:
         out[f"time/{stage}_work_s"] = float(seconds["work"])

@@ -50,6 +50,17 @@ class Timeline:
     def add(self, name: str, start: float, end: float) -> None:
         self.spans.append([name, start, end])
 
+    def carve(self, name: str, intervals: list[tuple[float, float]]) -> None:
+        """Record `intervals` (an evaluation's waits for its turn) as spans `name`, cut out of
+        the spans they fell inside, which keep the rest; an interval inside no span is not
+        this step's and is dropped."""
+        for a, b in intervals:
+            for i, (kind, s, e) in enumerate(self.spans):
+                if s <= a and b <= e and kind != name:
+                    pieces = [[kind, s, a], [name, a, b], [kind, b, e]]
+                    self.spans[i : i + 1] = [p for p in pieces if p[2] > p[1] or p[0] == name]
+                    break
+
     def seconds(self, name: str) -> float:
         return sum(e - s for n, s, e in self.spans if n == name)
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.core import lineages
+from components.core import device_turn, lineages
 from components.core.commit import (
     Lineage,
     OutputDir,
@@ -199,6 +199,7 @@ class EvaluateStage(Stage):
                 if kind in res:
                     write_table(out, res[kind], f"{name}/{kind}.parquet", tmp)
         timeline.add("commit", t0, time.time())
+        timeline.carve("turn", device_turn.take_waits())
         stats = {"shard": shard, "num_shards": num_shards, "timeline": timeline.record()}
         out.commit(stats, inputs)
         return {"skipped": False, "uri": out.uri}
@@ -231,6 +232,7 @@ class EvaluateStage(Stage):
         top = write_outputs(cfg, store, layout, c, results, out, tmp, lm_eval=suites)
         timeline.add("commit", t0, time.time())
         stats = self._stats(c, top, suites)
+        timeline.carve("turn", device_turn.take_waits())
         stats["timeline"] = timeline.record()
         out.commit(stats, inputs)
         self._sweep()

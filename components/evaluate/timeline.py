@@ -38,8 +38,11 @@ from components.core.store import Store, StoreError, get_store, join
 
 SPAN_KINDS = ("start", "wait", "load", "read", "work", "commit")
 #: Spans only some runs have (evaluate's standard benchmarks; the full train state written in
-#: the background, on a row of its own, `state`), shown where they occur.
-OPTIONAL_KINDS = ("lm_eval", "send", "state")
+#: the background, on a row of its own, `state`; a local evaluation's waits for its turn on the
+#: device, cut out of the spans they fell in, `turn`), shown where they occur.
+OPTIONAL_KINDS = ("lm_eval", "send", "state", "turn")
+IDLE_KINDS = ("wait", "turn")
+"""Spans a step waited in: for its inputs (`wait`) or for its turn on the device (`turn`)."""
 
 
 def shown_kinds(present: set[str]) -> tuple[str, ...]:
@@ -58,6 +61,7 @@ COLORS = {
     "lm_eval": "#2e7d32",
     "send": "#e91e63",
     "state": "#795548",
+    "turn": "#c8e6c9",
     "commit": "#9c27b0",
 }
 STAGE_ORDER = STAGES
@@ -82,7 +86,7 @@ class Step:
     @property
     def busy(self) -> float:
         """Time the step occupied its worker, waiting excluded."""
-        return sum(e - s for k, s, e in self.spans if k != "wait")
+        return sum(e - s for k, s, e in self.spans if k not in IDLE_KINDS)
 
     def _split(self) -> int:
         """Index of the last `wait` span: spans before it are setup (cold start, a prewarm) that
@@ -92,11 +96,11 @@ class Step:
 
     @property
     def setup(self) -> float:
-        return sum(e - s for k, s, e in self.spans[: self._split()] if k != "wait")
+        return sum(e - s for k, s, e in self.spans[: self._split()] if k not in IDLE_KINDS)
 
     @property
     def proper(self) -> float:
-        return sum(e - s for k, s, e in self.spans[self._split() :] if k != "wait")
+        return sum(e - s for k, s, e in self.spans[self._split() :] if k not in IDLE_KINDS)
 
 
 @dataclass
@@ -360,11 +364,11 @@ def plot_timeline(tl: RunTimeline, out_png: Path, title: str = "") -> Path:
             if id(st) in on_path:
                 first = st is path[0]  # the path starts with this step's setup, if it has one
                 spans = st.spans if first else st.spans[st._split() :]
-                busy = [(s - t0, e - s) for k, s, e in spans if k != "wait"]
+                busy = [(s - t0, e - s) for k, s, e in spans if k not in IDLE_KINDS]
                 ax.broken_barh(
                     busy, (row - 0.42, 0.84), facecolors="none", edgecolors="#d32f2f", linewidth=1.2
                 )
-            label_at = min(s for k, s, _ in st.spans if k != "wait") - t0
+            label_at = min(s for k, s, _ in st.spans if k not in IDLE_KINDS) - t0
             ax.text(
                 label_at,
                 row + 0.45,

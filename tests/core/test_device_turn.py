@@ -33,7 +33,9 @@ def test_a_yielder_waits_while_a_holder_computes(tmp_path, monkeypatch):
     monkeypatch.setenv(device_turn.TURN_ENV, f"yield:{tmp_path / 'turn'}")
     wait = device_turn.waiter()
     assert wait is not None
-    wait()  # no holder: at once
+    device_turn.take_waits()
+    wait()  # no holder: at once, and no wait recorded
+    assert device_turn.take_waits() == []
     proc, release = _holder(tmp_path)
     try:
         t0 = time.monotonic()
@@ -43,6 +45,35 @@ def test_a_yielder_waits_while_a_holder_computes(tmp_path, monkeypatch):
     finally:
         release.set()
         proc.join(30)
+    ((start, end),) = device_turn.take_waits()  # the wait, for the evaluation's timeline
+    assert end - start >= 0.4
+    assert device_turn.take_waits() == []
+
+
+def test_waits_are_cut_out_of_the_spans_they_fell_in():
+    """An evaluation's waits become `turn` spans; the span around each keeps the rest of its
+    time (hand-computed), and a wait outside every span is another step's."""
+    from components.core.timing import Timeline
+    from components.evaluate.timeline import Step
+
+    tl = Timeline("evaluate", 3)
+    tl.add("load", 0.0, 2.0)
+    tl.add("work", 2.0, 10.0)
+    tl.add("commit", 10.0, 11.0)
+    tl.carve("turn", [(0.5, 1.0), (3.0, 4.0), (6.0, 10.0), (20.0, 21.0)])
+    assert tl.spans == [
+        ["load", 0.0, 0.5],
+        ["turn", 0.5, 1.0],
+        ["load", 1.0, 2.0],
+        ["work", 2.0, 3.0],
+        ["turn", 3.0, 4.0],
+        ["work", 4.0, 6.0],
+        ["turn", 6.0, 10.0],
+        ["commit", 10.0, 11.0],
+    ]
+    assert tl.seconds("work") == 3.0 and tl.seconds("turn") == 5.5
+    step = Step("evaluate", "evaluate", 3, [tuple(x) for x in tl.spans])
+    assert step.busy == 11.0 - 5.5  # waiting for a turn is not busy
 
 
 def test_a_dead_holder_releases_its_turn(tmp_path, monkeypatch):
