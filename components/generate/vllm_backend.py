@@ -2,8 +2,11 @@
 `SamplingParams`, `TokensPrompt`). GPU only: vllm has no CPU wheel, so on CPU machines the stage
 uses the transformers backend and this module's tests skip.
 
-All n samples of a prompt go in one request, so vLLM shares the prompt's KV prefix. The request
-seed derives from (run seed, iteration, prompt_id) via the first sample's seed. `logprobs=0` asks
+Each sample is its own request (n=1) seeded with the sample's own seed, blake2b(run seed /
+iteration / prompt / j) as in the transformers backend (docs/contracts.md): a request of n
+samples would seed its sample j with seed + j (vLLM's `ParentRequest`, 0.10-0.33), which is
+how vLLM runs n anyway, as n child requests; the prefix cache shares the prompt's KV between
+them either way. `logprobs=0` asks
 vLLM for the sampled token's log-probability; `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2)
 makes it the temperature-scaled value the trainer recomputes. Where top-k/top-p truncate, vLLM
 reports post-truncation values, so the manifest records the vLLM definition and the trainer
@@ -49,6 +52,19 @@ def unexpanded(ids: list[int], placeholders: set[int]) -> list[int]:
         if not (t in placeholders and out and out[-1] == t):
             out.append(t)
     return out
+
+
+def image_uuid(image, weights_version: int) -> str:
+    """An image's id for vLLM's multimodal caches: its content's digest and the policy's
+    version. vLLM keeps an image's encoder output (its embeddings) under its content hash and
+    reuses it for later requests with the same image (0.10.2 on); after new weights a policy
+    whose vision tower trains would get the old embeddings. Only 0.16 and later can reset
+    that cache (`reset_encoder_cache`); an id per policy version works from 0.10.2."""
+    import hashlib
+
+    digest = hashlib.blake2b(image.tobytes(), digest_size=16)
+    digest.update(f"{image.mode}{image.size}".encode())
+    return f"{digest.hexdigest()}-policy{weights_version}"
 
 
 class Received:
@@ -103,6 +119,9 @@ class VLLMBackend:
         transformers backend (components/train/update.py, `model_inputs`)."""
         self.lora_request = None
         self._lora_version = 0
+        self.weights_version = 0
+        """How many policies the engine has taken in place: part of each image's id for vLLM's
+        caches (`image_uuid`)."""
         # Every worker process gets `load_checkpoint` (components/generate/vllm_worker.py), so a
         # new policy reaches the running engine through `collective_rpc` (vLLM >= 0.8.3).
         kwargs["worker_extension_cls"] = "components.generate.vllm_worker.CheckpointLoader"
@@ -116,6 +135,7 @@ class VLLMBackend:
         the prefix cache, which holds the old policy's KV, is then dropped."""
         self.llm.collective_rpc("load_checkpoint", args=(str(checkpoint_dir),))
         self.llm.reset_prefix_cache()
+        self.weights_version += 1
 
     def receive(self, receiver, version: int) -> Received:
         """Policy `version` over the weight channel: every worker joins the channel's group
@@ -142,6 +162,7 @@ class VLLMBackend:
         except Exception as e:  # noqa: BLE001 - vLLM wraps the worker's error in its own
             raise ChannelError(f"weight channel: version {version} not received ({e})") from None
         self.llm.reset_prefix_cache()
+        self.weights_version += 1
         return Received(self, results[0])
 
     def set_adapter(self, adapter_dir: Path) -> None:
@@ -181,7 +202,7 @@ class VLLMBackend:
         from vllm import SamplingParams
 
         return SamplingParams(
-            n=spec.n,
+            n=1,  # one request per sample, with the sample's own seed (module doc)
             temperature=spec.temperature,
             top_p=spec.top_p,
             top_k=spec.top_k if spec.top_k > 0 else -1,
@@ -197,7 +218,8 @@ class VLLMBackend:
         """A request as vLLM's `TokensPrompt`. An image prompt's ids hold each image's pad
         tokens expanded as the checkpoint's processor does (components/core/vision.py); vLLM
         expands the placeholders of a token prompt itself (0.10 to 0.33), so each run goes back
-        to one placeholder, and `generate` checks that vLLM's expansion gives rlvr's ids."""
+        to one placeholder, and `generate` checks that vLLM's expansion gives rlvr's ids. Each
+        image goes with its id for vLLM's caches (`image_uuid`)."""
         from vllm.inputs import TokensPrompt
 
         if not request.images:
@@ -205,6 +227,9 @@ class VLLMBackend:
         return TokensPrompt(
             prompt_token_ids=unexpanded(request.prompt_token_ids, self.placeholder_ids),
             multi_modal_data={"image": list(request.images)},
+            multi_modal_uuids={
+                "image": [image_uuid(im, self.weights_version) for im in request.images]
+            },
         )
 
     def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
@@ -212,19 +237,22 @@ class VLLMBackend:
         for start in range(0, len(requests), chunk):
             batch = requests[start : start + chunk]
             prompts = [self.prompt(r) for r in batch]
-            params = [self.sampling_params(spec, r.sample_seeds[0]) for r in batch]
+            rows = [(r, p, j) for r, p in zip(batch, prompts, strict=True) for j in range(spec.n)]
             outputs = self.llm.generate(
-                prompts, params, use_tqdm=False, lora_request=self.lora_request
+                [p for _, p, _ in rows],
+                [self.sampling_params(spec, r.sample_seeds[j]) for r, _, j in rows],
+                use_tqdm=False,
+                lora_request=self.lora_request,
             )
             samples = []
-            for req, out in zip(batch, outputs, strict=True):
+            for (req, _, j), out in zip(rows, outputs, strict=True):
                 if req.images and list(out.prompt_token_ids or []) != req.prompt_token_ids:
                     raise RuntimeError(
                         f"vLLM expanded the images of prompt {req.prompt_id} to "
                         f"{len(out.prompt_token_ids or [])} prompt tokens, rlvr's processor to "
                         f"{len(req.prompt_token_ids)}: the trainer would not see what was sampled"
                     )
-                for j, comp in enumerate(out.outputs):
+                for comp in out.outputs:  # one: a request a sample
                     token_ids = list(comp.token_ids)
                     if comp.logprobs is None or len(comp.logprobs) != len(token_ids):
                         raise RuntimeError(

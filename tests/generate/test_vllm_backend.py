@@ -21,7 +21,7 @@ def test_sampling_params_follow_the_spec():
     backend = object.__new__(VLLMBackend)  # no engine: sampling_params reads only these
     backend.placeholder_ids = set()
     params = VLLMBackend.sampling_params(backend, spec, seed=7)
-    assert params.n == 4 and params.temperature == 0.7 and params.top_p == 0.9
+    assert params.n == 1 and params.temperature == 0.7 and params.top_p == 0.9  # a request a sample
     assert params.top_k in (-1, 0) and params.max_tokens == 16 and params.seed == 7
     assert params.logprobs == 0 and list(params.stop) == ["\n"]
 
@@ -84,21 +84,6 @@ def test_a_lora_adapter_serves_through_lora_requests(tiny_assets, tmp_path):
     backend.set_adapter(tmp_path / "adapter")
     assert backend.lora_request.lora_int_id == 2  # a new version: vLLM loads it again
     backend.close()
-
-
-def test_an_image_request_carries_its_images():
-    """An image prompt goes in as a TokensPrompt with its expanded ids and `multi_modal_data`;
-    a text prompt without it."""
-    from components.generate.backends import PromptRequest
-    from components.generate.vllm_backend import VLLMBackend
-
-    text = VLLMBackend.prompt(PromptRequest("t", [1, 2], [0]))
-    assert "multi_modal_data" not in text and text["prompt_token_ids"] == [1, 2]
-    image = object()
-    req = PromptRequest("i", [5, 9, 9, 9, 9, 6], [0], (image,), None)
-    got = VLLMBackend.prompt(req)
-    assert got["prompt_token_ids"] == [5, 9, 9, 9, 9, 6]
-    assert got["multi_modal_data"] == {"image": [image]}
 
 
 @pytest.mark.gpu
