@@ -17,10 +17,13 @@ module provides:
   the step only when the live ones fit a smaller bucket: they are moved to the front, and the
   smaller bucket's graph runs on them.
 
-The slab (and its graphs) outlives a batch: a batch whose rows and width fit the slab reuses it,
-and new weights are copied into the parameters in place, so every graph stays valid. On a CPU
-(tests), or where capture fails, the same static step runs eagerly; a failed capture is logged
-once and recorded in the stage's `stats.phases` (`graphs_off`).
+The slab (and its graphs) outlives a batch: a batch whose rows and width fit the slab reuses it
+(widths are powers of two, so a slab serves batches up to twice as narrow), and new weights are
+copied into the parameters in place, so every graph stays valid; a new model object (PEFT's
+wrapper put on after the engine's warm-up) gets a new slab. On a CPU (tests), or where capture
+fails, the same static step runs eagerly; a failed capture is logged once and recorded in the
+stage's `stats.phases` (`graphs_off`). Only architectures whose decoder takes a 4D additive mask
+as given take the static step (`static_step_fits`); others keep the growing cache.
 """
 
 from __future__ import annotations
@@ -34,9 +37,36 @@ from transformers.cache_utils import DynamicLayer
 
 log = logging.getLogger(__name__)
 
-#: Slab widths are multiples of this, so that batches of slightly different prompt widths (every
-#: iteration brings new ones) share one slab and its graphs.
-WIDTH_STEP = 64
+#: The narrowest slab; widths are powers of two from here, so that batches of different prompt
+#: widths (every iteration brings new ones) share one slab and its graphs.
+MIN_WIDTH = 64
+
+#: Architectures whose decoder takes a 4D additive mask as given (transformers' masking_utils
+#: returns it as is) and whose positions are the position ids: the static step's mask and
+#: positions mean there what they mean to it. Others keep the growing cache: ALiBi models
+#: (Bloom, Falcon) build their bias from a 2D mask, and a mixture of experts' routing reads
+#: the device, which a capture cannot.
+STATIC_STEP_MODELS = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "granite", "olmo2"}
+)
+ATTENTION = ("sdpa", "eager")
+"""Attention implementations that take the 4D mask (flash attention wants a 2D padding mask)."""
+
+
+def static_step_fits(model) -> str | None:
+    """None where `model` can take the static step; else why not."""
+    config = model.config
+    kind, attention = config.model_type, getattr(config, "_attn_implementation", None)
+    if kind not in STATIC_STEP_MODELS:
+        return f"model type {kind!r} is not one the static step is known to fit"
+    if attention not in ATTENTION:
+        return f"attention {attention!r} takes no 4D mask (sdpa and eager do)"
+    return None
+
+
+def slab_width(need: int) -> int:
+    """The width of a slab made for a batch that needs `need` columns: a power of two."""
+    return max(MIN_WIDTH, 1 << (need - 1).bit_length())
 
 
 class SlabLayer(DynamicLayer):
@@ -100,11 +130,12 @@ class Slab:
         )
 
     def fits(self, layers: list, rows: int, need: int) -> bool:
-        """Whether a batch of `rows` rows needing `need` columns can use this slab without
-        taking much more memory than its own would."""
+        """Whether a batch of `rows` rows needing `need` columns can use this slab: it holds
+        them, and is at most twice as wide as the batch's own would be (attention reads the
+        whole width)."""
         return (
             rows <= self.rows
-            and need <= self.width < need + 2 * WIDTH_STEP
+            and need <= self.width <= 2 * slab_width(need)
             and len(layers) == len(self.keys)
             and all(
                 layer.keys.dtype == k.dtype
@@ -140,8 +171,8 @@ class GraphDecoder:
     """The static decode step of one backend: a slab kept across batches, a graph per bucket.
     `capture=False` runs the same step eagerly (a CPU, or a GPU whose capture failed)."""
 
-    def __init__(self, model, cache_kwarg: str, *, capture: bool) -> None:
-        self.model = model
+    def __init__(self, cache_kwarg: str, *, capture: bool) -> None:
+        self.model = None  # the model the slab's graphs were captured with
         self.cache_kwarg = cache_kwarg
         self.capture = capture
         self.slab: Slab | None = None
@@ -150,24 +181,30 @@ class GraphDecoder:
         """Why capture was given up (a failed capture or a replay that differs), else None."""
         self.captures = 0
 
-    def start(self, cache, attn: torch.Tensor, width: int, steps: int) -> GraphRun:
-        """A batch's decode on the slab, from its prefilled `cache` (left-padded prompts of
-        `width` columns, `attn` their [rows, width] mask), with room for `steps` more."""
+    def start(self, model, cache, attn: torch.Tensor, width: int, steps: int) -> GraphRun:
+        """A batch's decode by `model` on the slab, from its prefilled `cache` (left-padded
+        prompts of `width` columns, `attn` their [rows, width] mask), with room for `steps`
+        more. The prefill's keys and values are copied in and let go."""
         layers, rows = cache.layers, attn.shape[0]
         need = width + steps
-        if self.slab is None or not self.slab.fits(layers, rows, need):
-            self.slab = self.pool = None  # its graphs go with it
+        s = self.slab
+        if s is None or model is not self.model or not s.fits(layers, rows, need):
+            self.slab = self.pool = s = None  # its graphs go with it
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            width_cap = -(-need // WIDTH_STEP) * WIDTH_STEP
-            self.slab = Slab.like(layers, rows, width_cap)
-        s = self.slab
+            self.slab = s = Slab.like(layers, rows, slab_width(need))
+            self.model = model
         for layer, k, v in zip(layers, s.keys, s.values, strict=True):
             k[:rows, :, :width].copy_(layer.keys)
             v[:rows, :, :width].copy_(layer.values)
+            # a stale column is masked, but a non-finite value there would still give 0 x inf
+            k[:rows, :, width:].zero_()
+            v[:rows, :, width:].zero_()
         s.mask[:rows].fill_(torch.finfo(s.mask.dtype).min)
         s.mask[:rows, 0, 0, :width].masked_fill_(attn.bool(), 0)
-        return GraphRun(self, cache, rows, width)
+        run = GraphRun(self, cache, rows, width)
+        self._bind(cache, run.bucket)
+        return run
 
     def forward(self, cache, bucket: int) -> torch.Tensor:
         """The step's logits [bucket, vocab] on the slab's first `bucket` rows: a graph's replay,
@@ -182,10 +219,15 @@ class GraphDecoder:
                 return logits
         return self._eager(cache, bucket)
 
-    def _eager(self, cache, bucket: int) -> torch.Tensor:
+    def _bind(self, cache, bucket: int) -> None:
+        """Point the cache's layers at the slab's first `bucket` rows."""
         s = self.slab
         for i in range(len(cache.layers)):
             cache.layers[i] = SlabLayer(s.keys[i][:bucket], s.values[i][:bucket], s.write_at)
+
+    def _eager(self, cache, bucket: int) -> torch.Tensor:
+        s = self.slab
+        self._bind(cache, bucket)
         out = self.model(
             input_ids=s.ids[:bucket],
             attention_mask=s.mask[:bucket],

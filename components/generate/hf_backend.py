@@ -28,7 +28,12 @@ from components.generate.backends import (
     SamplingSpec,
     cut_at_stop,
 )
-from components.generate.graph_decode import GraphDecoder, GraphRun, graphable
+from components.generate.graph_decode import (
+    GraphDecoder,
+    GraphRun,
+    graphable,
+    static_step_fits,
+)
 from components.generate.kv_cache import reserve, rows_movable
 from components.generate.token_sampling import sample_step, sample_uniforms
 
@@ -68,13 +73,16 @@ class TransformersBackend:
 
             self.eos_ids |= placeholder_ids(model)
         self.cache_kwarg = cache_kwarg(model)
+        unfit = static_step_fits(model) if graphs else None
         self.graphs = (
-            GraphDecoder(model, self.cache_kwarg, capture=str(device).startswith("cuda"))
-            if graphs
+            GraphDecoder(self.cache_kwarg, capture=str(device).startswith("cuda"))
+            if graphs and unfit is None
             else None
         )
         """Decode steps on a static cache, replayed as CUDA graphs on a GPU (graph_decode.py;
         eager on a CPU, where tests check it), else None: the growing cache (kv_cache.py)."""
+        self.graphs_unfit = unfit
+        """Why graphs were asked for and not taken (the model), for `stats.phases`."""
         self.clock = PhaseClock(device)
         """Seconds per phase of the calls so far (`clock.take()`: the stage's `stats.phases`)."""
         self.before_forward = device_turn.waiter()
@@ -216,6 +224,8 @@ class TransformersBackend:
             self._decode(state, spec)
         if self.graphs is not None:
             self.clock.notes.update(self.graphs.stats())
+        elif self.graphs_unfit:
+            self.clock.notes["graphs_off"] = self.graphs_unfit
         with self.clock("detokenize"):
             return self._samples(rows, state, spec)
 
@@ -238,7 +248,7 @@ class TransformersBackend:
         # (a large matmul at a large vocabulary) runs on that position alone.
         past, logits = self._prefill(ids, attn, pos, spec.n, vision)
         if self.graphs is not None and pos.dim() == 2 and graphable(past):
-            past = self.graphs.start(past, attn, P, T)  # the static step (graph_decode.py)
+            past = self.graphs.start(self.model, past, attn, P, T)  # graph_decode.py
         else:  # room for every step's keys and values, written in place (kv_cache.py)
             reserve(past, P + T)
         dev = self.device

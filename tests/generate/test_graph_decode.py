@@ -8,13 +8,21 @@ reused across batches and calls.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
 from components.core.checkpoint import load_policy
 from components.generate.backends import PromptRequest, SamplingSpec
-from components.generate.graph_decode import WIDTH_STEP, GraphRun, buckets, graphable
+from components.generate.graph_decode import (
+    GraphRun,
+    buckets,
+    graphable,
+    slab_width,
+    static_step_fits,
+)
 from components.generate.hf_backend import TransformersBackend
 from tests.support.invariance import assert_equal_up_to_rounding
 from tests.support.sampling import (
@@ -107,22 +115,66 @@ def test_static_step_keeps_the_logprob_contract(policy, temperature, top_p, top_
 
 def test_slab_is_reused_while_batches_fit_it(policy):
     """A batch that fits the slab's rows and width reuses it (and, on a GPU, its graphs); a
-    batch much wider gets a new one. Samples are the same either way."""
+    batch wider than the slab, or a new model object (PEFT's wrapper), gets a new one. Samples
+    are the same either way."""
     model, tok = policy
     spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
     backend = TransformersBackend(model, tok, batch_size=64, graphs=True)
     reqs = varied_requests(tok, spec.n)
     first = collect(backend, reqs, spec)
     slab = backend.graphs.slab
-    assert slab.width % WIDTH_STEP == 0 and slab.rows == len(reqs) * spec.n
+    assert slab.width == 64 and slab.rows == len(reqs) * spec.n
     again = collect(backend, reqs[:3], spec)  # fewer rows, same width: the same slab
     assert backend.graphs.slab is slab
     assert {k: v.response_token_ids for k, v in again.items()} == {
         k: first[k].response_token_ids for k in again
     }
-    wide = [PromptRequest("long", [5] * (3 * WIDTH_STEP), [1, 2])]
+    wide = [PromptRequest(f"long{i}", [5 + i] * 120, [1, 2]) for i in range(3)]
     collect(backend, wide, spec)
-    assert backend.graphs.slab is not slab and backend.graphs.slab.width >= 3 * WIDTH_STEP + 8
+    assert backend.graphs.slab is not slab and backend.graphs.slab.width == 128
+    wider = backend.graphs.slab
+    collect(backend, reqs[:3], spec)  # narrower, and the slab at most twice its own width
+    assert backend.graphs.slab is wider
+
+    class Wrapped(torch.nn.Module):  # what PEFT's get_peft_model puts around the model
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, **kwargs):
+            return self.inner(**kwargs)
+
+    backend.model = Wrapped(model)
+    wrapped = collect(backend, reqs[:3], spec)
+    assert backend.graphs.slab is not wider
+    assert {k: v.response_token_ids for k, v in wrapped.items()} == {
+        k: first[k].response_token_ids for k in wrapped
+    }
+
+
+def test_slab_widths_are_powers_of_two():
+    assert [slab_width(n) for n in (1, 64, 65, 128, 129, 1000)] == [64, 64, 128, 128, 256, 1024]
+
+
+def test_models_the_static_step_does_not_fit_keep_the_growing_cache(policy, monkeypatch):
+    """ALiBi models build their bias from a 2D mask, flash attention wants one too: they keep
+    the growing cache, and the stage's phases say why graphs are off."""
+    model, tok = policy
+
+    def fake(kind: str, attention: str):
+        return SimpleNamespace(
+            config=SimpleNamespace(model_type=kind, _attn_implementation=attention)
+        )
+
+    assert static_step_fits(fake("llama", "sdpa")) is None
+    assert "bloom" in static_step_fits(fake("bloom", "sdpa"))
+    assert "flash_attention_2" in static_step_fits(fake("qwen2", "flash_attention_2"))
+    monkeypatch.setattr(model.config, "model_type", "bloom")
+    backend = TransformersBackend(model, tok, graphs=True)
+    assert backend.graphs is None
+    spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=4)
+    collect(backend, varied_requests(tok, 2, count=2), spec)
+    assert "bloom" in backend.clock.take()["graphs_off"]
 
 
 def test_only_plain_full_attention_caches_take_the_static_step(policy):
