@@ -231,8 +231,8 @@ def test_features_a_run_does_not_use_stay_out_of_its_lineage():
         {**base, "generate": {"tools": ["python"]}, "train": {"void_turn_filter": True}}
     )
     used = unused_keys(tools)
-    # max_images_per_prompt only refuses input: it is never in the lineage
-    assert used["generate"] == {"max_images_per_prompt"}
+    # max_images_per_prompt only refuses input, cuda_graphs only launches steps: never in it
+    assert used["generate"] == {"max_images_per_prompt", "cuda_graphs"}
     assert used["train"] == {"nodes", "old_logprobs", "freeze_vision", "skip_no_signal_steps"}
     skipping = RunConfig.model_validate({**base, "train": {"skip_no_signal_steps": True}})
     assert "skip_no_signal_steps" not in unused_keys(skipping)["train"]  # it changes updates
