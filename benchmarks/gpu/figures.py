@@ -66,7 +66,11 @@ def table(g: dict) -> str:
     gpu = (g.get("gpu") or "unknown GPU").split(",")[0]
     rows = [f"| what ({gpu}; {g.get('versions', '')}) | figure |", "|---|---|"]
     rows.append(f"| tests/e2e/test_gpu.py | {g.get('tests', 'not run')} |")
-    for name, label in (("demo", "arithmetic demo"), ("smollm2", "SmolLM2-135M example")):
+    for name, label in (
+        ("demo", "arithmetic demo"),
+        ("smollm2", "SmolLM2-135M example"),
+        ("broadcast", "SmolLM2-135M, 6 iterations, policy over NCCL (`channel: broadcast`)"),
+    ):
         r = g.get(name)
         if g.get(f"{name}-run"):
             rows.append(f"| {label}: exit status, seconds | {g[f'{name}-run']} |")
@@ -90,6 +94,19 @@ def table(g: dict) -> str:
             )
             rows.append(
                 f"| generate's backend alone / bare, same rows | {ir['alone/bare_median']:.2f} |"
+            )
+        if "alone/eager_median" in ir:
+            graphs = sorted(
+                {
+                    f"{k} {r['phases'][k]}"
+                    for r in ir["iterations"].values()
+                    for k in ("graph_captures", "graphs_off")
+                    if k in r.get("phases", {})
+                }
+            )
+            rows.append(
+                f"| the backend with CUDA graphs / with eager steps, same rows | "
+                f"{ir['alone/eager_median']:.2f} (in the run: {'; '.join(graphs) or 'no note'}) |"
             )
         if "train_tokens_per_s_median" in ir:
             mfu = f", MFU {100 * ir['train_mfu']:.1f}%" if "train_mfu" in ir else ""

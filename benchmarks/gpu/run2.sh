@@ -3,8 +3,9 @@
 # working tree and .gpu/smolB: the SmolLM2-135M example on CUDA with the profiler on two
 # iterations, then benchmarks/gpu/in_run.py (generate in the run against bare model.generate on
 # the same rows; train tokens/s and MFU; the handoff's share) and benchmarks/gpu/contention.py
-# (generate beside an evaluation, freely and by turns). Everything goes into
-# $OUT/gpu-figures.json and $OUT/gpu-figures.md, with run 1's figures.
+# (generate beside an evaluation, freely and by turns), then the example again for 6 iterations
+# with the policy handed over NCCL (train.handoff.channel: broadcast), for the handoff's share.
+# Everything goes into $OUT/gpu-figures.json and $OUT/gpu-figures.md, with run 1's figures.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-out}; F=/tmp/gpu-check; mkdir -p "$OUT" "$F"; T0=$(date +%s)
@@ -25,10 +26,18 @@ grep -v '^\s*$' "$OUT/smollm2.log" | grep -v 'it/s\]' | tail -24 | cut -c1-200
 R=$(sed -n 's/.*outputs under \([^ ]*\).*/\1/p' "$OUT/smollm2.log" | tail -1); B=examples/smollm2/.build
 cp "$R/report/dynamics.csv" "$OUT/smollm2-dynamics.csv" 2>/dev/null
 python3 benchmarks/gpu/figures.py run "$R" "$F/smollm2.json" || true
-timeout 150 python3 benchmarks/gpu/in_run.py "$R" --skip "$PROFILED" --out "$F/in_run.json" 2>&1 \
+timeout 200 python3 benchmarks/gpu/in_run.py "$R" --skip "$PROFILED" --out "$F/in_run.json" 2>&1 \
   | grep -v 'Loading weights' | tee "$OUT/in_run.txt"
 timeout 120 python3 benchmarks/gpu/contention.py $B/base $B/train.parquet $B/eval.parquet 2>&1 \
   | grep -v 'Loading weights' | tee "$F/contention.txt"
+T=$(date +%s)
+timeout "${BCAST_S:-150}" rlvr run examples/smollm2/config.yaml --iterations 6 \
+  --set run.run_id=smollm2-broadcast --set train.handoff.channel=broadcast --set 'data.eval=[]' \
+  >"$OUT/broadcast.log" 2>&1
+echo "broadcast rc=$? $(( $(date +%s) - T )) s" | tee "$F/broadcast-run.txt"
+grep -i -m5 'channel\|fall' "$OUT/broadcast.log" | cut -c1-200
+RB=$(sed -n 's/.*outputs under \([^ ]*\).*/\1/p' "$OUT/broadcast.log" | tail -1)
+python3 benchmarks/gpu/figures.py run "$RB" "$F/broadcast.json" || true
 python3 benchmarks/gpu/figures.py gather "$F" "$OUT/gpu-figures.json" "$OUT/gpu-figures.md"
 cat "$OUT/gpu-figures.md"
 echo "run 2: $(( $(date +%s) - T0 )) s"
