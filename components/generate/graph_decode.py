@@ -211,12 +211,12 @@ class GraphDecoder:
         captured on first use, or the eager step."""
         s = self.slab
         if self.capture and self.off is None:
-            if bucket not in s.graphs:
-                self._capture(cache, bucket)
             if bucket in s.graphs:
                 graph, logits = s.graphs[bucket]
                 graph.replay()
                 return logits
+            if self._capture(cache, bucket):
+                return s.graphs[bucket][1]  # the capture's check replayed this step already
         return self._eager(cache, bucket)
 
     def _bind(self, cache, bucket: int) -> None:
@@ -237,10 +237,10 @@ class GraphDecoder:
         )
         return out.logits[:, -1, :]
 
-    def _capture(self, cache, bucket: int) -> None:
+    def _capture(self, cache, bucket: int) -> bool:
         """Record the step for `bucket` rows: a warm-up on a side stream (it writes this step's
-        keys and values, which the replay writes again), the capture, and one check that the
-        replay gives the warm-up's logits. A failure turns graphs off for this backend."""
+        keys and values, which the replay writes again), the capture, and one replay, checked to
+        give the warm-up's logits. A failure turns graphs off for this backend (False)."""
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -256,12 +256,13 @@ class GraphDecoder:
         except Exception as e:  # any failure: the eager static step is always correct
             self.off = f"{type(e).__name__}: {e}"[:300]
             log.warning("CUDA graphs off for generate's decode (eager steps): %s", self.off)
-            return
+            return False
         # Graphs share one memory pool: safe because they never run at once, and each replay's
         # logits are read before the next replay (which may reuse their memory).
         self.pool = graph.pool()
         self.slab.graphs[bucket] = (graph, logits)
         self.captures += 1
+        return True
 
     def stats(self) -> dict[str, Any]:
         """For the stage's `stats.phases`: graphs captured so far, or why they are off."""
