@@ -2,9 +2,10 @@
 # The GPU check, run 2 of 2 (docs/gpu.md), straight after run 1 on the same machine, with the
 # working tree and .gpu/smolB: the SmolLM2-135M example on CUDA with the profiler on two
 # iterations, then benchmarks/gpu/in_run.py (generate in the run against bare model.generate on
-# the same rows; train tokens/s and MFU; the handoff's share) and benchmarks/gpu/contention.py
-# (generate beside an evaluation, freely and by turns), then the example again for 6 iterations
-# with the policy handed over NCCL (train.handoff.channel: broadcast), for the handoff's share.
+# the same rows, with CUDA graphs and with eager steps; train tokens/s and MFU; the handoff's
+# share), with CONTENTION=1 benchmarks/gpu/contention.py (generate beside an evaluation, freely
+# and by turns), then the example again for 6 iterations with the policy handed over NCCL
+# (train.handoff.channel: broadcast), for the handoff's share.
 # Everything goes into $OUT/gpu-figures.json and $OUT/gpu-figures.md, with run 1's figures.
 set -u
 cd "$(dirname "$0")/../.."
@@ -28,8 +29,10 @@ cp "$R/report/dynamics.csv" "$OUT/smollm2-dynamics.csv" 2>/dev/null
 python3 benchmarks/gpu/figures.py run "$R" "$F/smollm2.json" || true
 timeout 200 python3 benchmarks/gpu/in_run.py "$R" --skip "$PROFILED" --out "$F/in_run.json" 2>&1 \
   | grep -v 'Loading weights' | tee "$OUT/in_run.txt"
-timeout 120 python3 benchmarks/gpu/contention.py $B/base $B/train.parquet $B/eval.parquet 2>&1 \
-  | grep -v 'Loading weights' | tee "$F/contention.txt"
+if [[ ${CONTENTION:-0} == 1 ]]; then  # measured on 2026-11-28 (docs/gpu.md): device time
+  timeout 120 python3 benchmarks/gpu/contention.py $B/base $B/train.parquet $B/eval.parquet 2>&1 \
+    | grep -v 'Loading weights' | tee "$F/contention.txt"
+fi
 T=$(date +%s)
 timeout "${BCAST_S:-150}" rlvr run examples/smollm2/config.yaml --iterations 6 \
   --set run.run_id=smollm2-broadcast --set train.handoff.channel=broadcast --set 'data.eval=[]' \
