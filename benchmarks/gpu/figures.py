@@ -74,6 +74,12 @@ def table(g: dict) -> str:
         r = g.get(name)
         if g.get(f"{name}-run"):
             rows.append(f"| {label}: exit status, seconds | {g[f'{name}-run']} |")
+        if isinstance(r, dict) and "pass1_first" not in r and "handoff_share" in r:  # no evals
+            rows.append(
+                f"| {label} | {r['wall_s']:.0f} s wall ({r['startup_s']:.0f} s start-up), an "
+                f"iteration {r['iteration_s']:.2f} s, handoff {r['handoff_s']:.2f} s "
+                f"({100 * r['handoff_share']:.1f}%) |"
+            )
         if isinstance(r, dict) and "pass1_first" in r:
             ci = r.get("pass1_last_ci95") or [float("nan")] * 2
             rows.append(

@@ -52,14 +52,18 @@ class Timeline:
 
     def carve(self, name: str, intervals: list[tuple[float, float]]) -> None:
         """Record `intervals` (an evaluation's waits for its turn) as spans `name`, cut out of
-        the spans they fell inside, which keep the rest; an interval inside no span is not
-        this step's and is dropped."""
+        the spans they overlap, which keep the rest; the part of an interval that overlaps no
+        span is not this step's and is dropped. A step's spans do not nest."""
         for a, b in intervals:
-            for i, (kind, s, e) in enumerate(self.spans):
-                if s <= a and b <= e and kind != name:
-                    pieces = [[kind, s, a], [name, a, b], [kind, b, e]]
-                    self.spans[i : i + 1] = [p for p in pieces if p[2] > p[1] or p[0] == name]
-                    break
+            out: list[list[Any]] = []
+            for kind, s, e in self.spans:
+                lo, hi = max(s, a), min(e, b)
+                if kind == name or lo >= hi:
+                    out.append([kind, s, e])
+                    continue
+                pieces = [[kind, s, lo], [name, lo, hi], [kind, hi, e]]
+                out += [p for p in pieces if p[2] > p[1]]
+            self.spans = out
 
     def seconds(self, name: str) -> float:
         return sum(e - s for n, s, e in self.spans if n == name)

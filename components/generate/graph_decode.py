@@ -20,9 +20,9 @@ module provides:
 The slab (and its graphs) outlives a batch: a batch whose rows and width fit the slab reuses it
 (widths are powers of two, so a slab serves batches up to twice as narrow), and new weights are
 copied into the parameters in place, so every graph stays valid; a new model object (PEFT's
-wrapper put on after the engine's warm-up) gets a new slab. On a CPU (tests), or where capture
-fails, the same static step runs eagerly; a failed capture is logged once and recorded in the
-stage's `stats.phases` (`graphs_off`). Only architectures whose decoder takes a 4D additive mask
+wrapper put on after the engine's warm-up) gets a new slab. On a CPU (tests) the same static
+step runs eagerly. A failed capture is logged once and recorded in the stage's `stats.phases`
+(`graphs_off`), and the engine's batches go back to the growing cache. Only architectures whose decoder takes a 4D additive mask
 as given take the static step (`static_step_fits`); others keep the growing cache.
 """
 
@@ -134,14 +134,15 @@ class Slab:
         them, and is at most twice as wide as the batch's own would be (attention reads the
         whole width)."""
         return (
-            rows <= self.rows
-            and need <= self.width <= 2 * slab_width(need)
-            and len(layers) == len(self.keys)
-            and all(
-                layer.keys.dtype == k.dtype
-                and (layer.keys.shape[1], layer.keys.shape[3]) == (k.shape[1], k.shape[3])
-                for layer, k in zip(layers, self.keys, strict=True)
-            )
+            rows <= self.rows and need <= self.width <= 2 * slab_width(need) and self.holds(layers)
+        )
+
+    def holds(self, layers: list) -> bool:
+        """Whether the slab's buffers are shaped for these layers' keys and values."""
+        return len(layers) == len(self.keys) and all(
+            layer.keys.dtype == k.dtype
+            and (layer.keys.shape[1], layer.keys.shape[3]) == (k.shape[1], k.shape[3])
+            for layer, k in zip(layers, self.keys, strict=True)
         )
 
 
@@ -181,6 +182,12 @@ class GraphDecoder:
         """Why capture was given up (a failed capture or a replay that differs), else None."""
         self.captures = 0
 
+    def usable(self) -> bool:
+        """Whether batches should take the static step: on a CPU always (tests), on a GPU while
+        graphs are on. Without them the eager static step is slower than the growing cache
+        (attention over the slab's whole width, new layer objects every step)."""
+        return not self.capture or self.off is None
+
     def start(self, model, cache, attn: torch.Tensor, width: int, steps: int) -> GraphRun:
         """A batch's decode by `model` on the slab, from its prefilled `cache` (left-padded
         prompts of `width` columns, `attn` their [rows, width] mask), with room for `steps`
@@ -189,10 +196,18 @@ class GraphDecoder:
         need = width + steps
         s = self.slab
         if s is None or model is not self.model or not s.fits(layers, rows, need):
+            rows_cap, width_cap = rows, slab_width(need)
+            if s is not None and model is self.model and s.holds(layers):
+                # batches that alternate a wide and a tall shape (a token budget, multi-turn
+                # rollouts) would otherwise rebuild the slab and recapture every time: one slab
+                # that holds both, where that is at most twice the larger of them
+                grown = max(s.rows, rows), max(s.width, width_cap)
+                if grown[0] * grown[1] <= 2 * max(s.rows * s.width, rows * width_cap):
+                    rows_cap, width_cap = grown
             self.slab = self.pool = s = None  # its graphs go with it
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            self.slab = s = Slab.like(layers, rows, slab_width(need))
+            self.slab = s = Slab.like(layers, rows_cap, width_cap)
             self.model = model
         for layer, k, v in zip(layers, s.keys, s.values, strict=True):
             k[:rows, :, :width].copy_(layer.keys)
@@ -264,9 +279,12 @@ class GraphDecoder:
         self.captures += 1
         return True
 
-    def stats(self) -> dict[str, Any]:
-        """For the stage's `stats.phases`: graphs captured so far, or why they are off."""
-        return {"graphs_off": self.off} if self.off else {"graph_captures": self.captures}
+    def take_stats(self) -> dict[str, Any]:
+        """For the stage's `stats.phases`: the graphs captured since the last call, and why
+        graphs are off where they are."""
+        out: dict[str, Any] = {"graph_captures": self.captures}
+        self.captures = 0
+        return out | ({"graphs_off": self.off} if self.off else {})
 
 
 class GraphRun:

@@ -222,12 +222,24 @@ class TransformersBackend:
             state = self._start(batch, rows, spec)
         with attention_kernels(self.device), self.clock("decode"):
             self._decode(state, spec)
-        if self.graphs is not None:
-            self.clock.notes.update(self.graphs.stats())
-        elif self.graphs_unfit:
-            self.clock.notes["graphs_off"] = self.graphs_unfit
+        self._note_graphs(state)
         with self.clock("detokenize"):
             return self._samples(rows, state, spec)
+
+    def _note_graphs(self, state: _Decode) -> None:
+        """Into the call's phases: the graphs this batch captured, or why graphs are off."""
+        notes = self.clock.notes
+        if self.graphs is not None:
+            stats = self.graphs.take_stats()
+            notes["graph_captures"] = notes.get("graph_captures", 0) + stats["graph_captures"]
+            if "graphs_off" in stats:
+                notes["graphs_off"] = stats["graphs_off"]
+        if self.graphs_unfit:
+            notes["graphs_off"] = self.graphs_unfit
+        elif self.graphs is not None and not isinstance(state.past, GraphRun):
+            notes.setdefault(
+                "graphs_off", "M-RoPE positions or cache layers the slab does not keep"
+            )
 
     def _start(self, batch: list[PromptRequest], rows: list, spec: SamplingSpec) -> _Decode:
         """A batch's decode state after the prefill: the prompts left-padded to the longest,
@@ -247,7 +259,7 @@ class TransformersBackend:
         # repeated n times after. Only the last position's logits are needed, so the output head
         # (a large matmul at a large vocabulary) runs on that position alone.
         past, logits = self._prefill(ids, attn, pos, spec.n, vision)
-        if self.graphs is not None and pos.dim() == 2 and graphable(past):
+        if self.graphs is not None and self.graphs.usable() and pos.dim() == 2 and graphable(past):
             past = self.graphs.start(self.model, past, attn, P, T)  # graph_decode.py
         else:  # room for every step's keys and values, written in place (kv_cache.py)
             reserve(past, P + T)

@@ -120,8 +120,8 @@ class VLLMBackend:
         self.lora_request = None
         self._lora_version = 0
         self.weights_version = 0
-        """How many policies the engine has taken in place: part of each image's id for vLLM's
-        caches (`image_uuid`)."""
+        """How many policies the engine has taken in place (weights or adapters): part of each
+        image's id for vLLM's caches (`image_uuid`)."""
         # Every worker process gets `load_checkpoint` (components/generate/vllm_worker.py), so a
         # new policy reaches the running engine through `collective_rpc` (vLLM >= 0.8.3).
         kwargs["worker_extension_cls"] = "components.generate.vllm_worker.CheckpointLoader"
@@ -176,6 +176,7 @@ class VLLMBackend:
             f"policy-{self._lora_version}", self._lora_version, str(adapter_dir)
         )
         self.llm.reset_prefix_cache()  # its KV came from the previous adapter
+        self.weights_version += 1  # a new policy: its images get new ids (image_uuid)
 
     def close(self) -> None:
         """Shut the engine down and free its GPU memory now: a new engine (another

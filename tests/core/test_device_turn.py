@@ -60,20 +60,25 @@ def test_waits_are_cut_out_of_the_spans_they_fell_in():
     tl.add("load", 0.0, 2.0)
     tl.add("work", 2.0, 10.0)
     tl.add("commit", 10.0, 11.0)
-    tl.carve("turn", [(0.5, 1.0), (3.0, 4.0), (6.0, 10.0), (20.0, 21.0)])
+    # inside one span; across two; overlapping an earlier wait; to a span's end; outside all
+    tl.carve("turn", [(0.5, 1.0), (1.5, 2.5), (3.0, 4.0), (3.5, 4.5), (6.0, 10.0), (20.0, 21.0)])
     assert tl.spans == [
         ["load", 0.0, 0.5],
         ["turn", 0.5, 1.0],
-        ["load", 1.0, 2.0],
-        ["work", 2.0, 3.0],
+        ["load", 1.0, 1.5],
+        ["turn", 1.5, 2.0],
+        ["turn", 2.0, 2.5],
+        ["work", 2.5, 3.0],
         ["turn", 3.0, 4.0],
-        ["work", 4.0, 6.0],
+        ["turn", 4.0, 4.5],
+        ["work", 4.5, 6.0],
         ["turn", 6.0, 10.0],
         ["commit", 10.0, 11.0],
     ]
-    assert tl.seconds("work") == 3.0 and tl.seconds("turn") == 5.5
+    assert tl.seconds("load") == 1.0 and tl.seconds("work") == 2.0
+    assert tl.seconds("turn") == 7.0
     step = Step("evaluate", "evaluate", 3, [tuple(x) for x in tl.spans])
-    assert step.busy == 11.0 - 5.5  # waiting for a turn is not busy
+    assert step.busy == 11.0 - 7.0  # waiting for a turn is not busy
 
 
 def test_a_dead_holder_releases_its_turn(tmp_path, monkeypatch):

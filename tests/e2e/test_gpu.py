@@ -167,7 +167,7 @@ def test_decode_graphs_sample_what_the_eager_steps_sample(tiny_assets):
         keyed_rows(eager, reqs), keyed_rows(graphed, reqs), cpu_model, spec, 0, 0
     )
     again = collect(backend, reqs, spec)
-    assert backend.clock.take()["graph_captures"] == phases["graph_captures"]  # replayed only
+    assert backend.clock.take()["graph_captures"] == 0  # replayed only
     assert {k: s.response_token_ids for k, s in again.items()} == {
         k: s.response_token_ids for k, s in graphed.items()
     }

@@ -263,7 +263,8 @@ def test_ci_tests_every_declared_floor():
     code = [
         line.split(" #")[0] for line in body[1].splitlines() if not line.lstrip().startswith("#")
     ]
-    assert '"$floor_torch"' in " ".join(code) and "$floor_pins" in " ".join(code)
+    # the torch pin one argument, the others one each (unquoted: split into words)
+    assert '"$floor_torch"' in " ".join(code) and "--target .floors $floor_pins" in " ".join(code)
     torch_pin = re.search(r"^floor_torch=(\S+)$", ci, re.M)
     other_pins = re.search(r'^floor_pins="([^"]*)"$', ci, re.M)
     assert torch_pin and other_pins, ".ci/run does not set floor_torch and floor_pins"
