@@ -154,6 +154,24 @@ def same_rows(ref: dict, got: dict, reqs, model, spec) -> None:
     assert_equal_up_to_rounding(keyed_rows(ref, reqs), keyed_rows(got, reqs), model, spec, 0, 0)
 
 
+def test_batches_that_alternate_wide_and_tall_share_one_slab(policy):
+    """A wide batch of few rows, then a narrower one of more rows, then the wide one again: the
+    second slab holds both (8 x 256 is twice the larger of 4 x 256 and 8 x 128), so the third
+    batch reuses it instead of rebuilding it and recapturing its graphs."""
+    model, tok = policy
+    spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
+    backend = TransformersBackend(model, tok, batch_size=64, graphs=True)
+    wide = [PromptRequest(f"w{i}", [5 + i] * 190, [1, 2]) for i in range(2)]
+    tall = [PromptRequest(f"t{i}", [9 + i] * 100, [1, 2]) for i in range(4)]
+    collect(backend, wide, spec)
+    assert (backend.graphs.slab.rows, backend.graphs.slab.width) == (4, 256)
+    collect(backend, tall, spec)
+    both = backend.graphs.slab
+    assert (both.rows, both.width) == (8, 256)
+    collect(backend, wide, spec)
+    assert backend.graphs.slab is both
+
+
 def test_slab_widths_are_powers_of_two():
     assert [slab_width(n) for n in (1, 64, 65, 128, 129, 1000)] == [64, 64, 128, 128, 256, 1024]
 
