@@ -170,7 +170,8 @@ def buckets(rows: int) -> list[int]:
 
 class GraphDecoder:
     """The static decode step of one backend: a slab kept across batches, a graph per bucket.
-    `capture=False` runs the same step eagerly (a CPU, or a GPU whose capture failed)."""
+    `capture=False` (a CPU) runs the same step eagerly, as does the rest of a batch whose
+    capture failed; later batches then take the growing cache (`usable`)."""
 
     def __init__(self, cache_kwarg: str, *, capture: bool) -> None:
         self.model = None  # the model the slab's graphs were captured with
