@@ -142,20 +142,12 @@ def test_bf16_zero3_through_the_trainjob_pod_entry_equals_one_gpu_zero1(prepared
 
 def test_decode_graphs_sample_what_the_eager_steps_sample(tiny_assets):
     from components.core.checkpoint import load_policy
-    from components.generate.backends import SamplingSpec
     from components.generate.hf_backend import TransformersBackend
     from tests.support.invariance import assert_equal_up_to_rounding
-    from tests.support.sampling import collect, early_stops, keyed_rows, varied_requests
+    from tests.support.sampling import collect, early_stop_spec, keyed_rows, varied_requests
 
     model, tok = load_policy(tiny_assets / "base", dtype=torch.float32, device="cuda")
-    spec = SamplingSpec(
-        n=8,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        max_new_tokens=24,
-        stop_token_ids=tuple(early_stops(tok)),
-    )
+    spec = early_stop_spec(tok, 8, 24)
     reqs = varied_requests(tok, spec.n)
     eager = collect(TransformersBackend(model, tok, device="cuda"), reqs, spec)
     backend = TransformersBackend(model, tok, device="cuda", graphs=True)

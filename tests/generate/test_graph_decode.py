@@ -28,7 +28,7 @@ from tests.support.invariance import assert_equal_up_to_rounding
 from tests.support.sampling import (
     check_logprobs,
     collect,
-    early_stops,
+    early_stop_spec,
     keyed_rows,
     varied_requests,
 )
@@ -49,14 +49,7 @@ def test_static_step_samples_what_the_growing_cache_samples(policy):
     """Same rows, same seeds: equal up to rounding (the contract across layouts), with rows
     finishing early, so finished rows leave the step at bucket boundaries."""
     model, tok = policy
-    spec = SamplingSpec(
-        n=4,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        max_new_tokens=16,
-        stop_token_ids=tuple(early_stops(tok)),
-    )
+    spec = early_stop_spec(tok, 4, 16)
     reqs = varied_requests(tok, spec.n)
     growing = collect(TransformersBackend(model, tok, batch_size=64), reqs, spec)
     static_backend = TransformersBackend(model, tok, batch_size=64, graphs=True)
@@ -82,14 +75,7 @@ def test_static_step_drops_finished_rows_by_bucket(policy, monkeypatch):
         return step(self, feed, next_pos, t)
 
     monkeypatch.setattr(GraphRun, "step", spy)
-    spec = SamplingSpec(
-        n=8,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        max_new_tokens=24,
-        stop_token_ids=tuple(early_stops(tok)),
-    )
+    spec = early_stop_spec(tok, 8, 24)
     collect(
         TransformersBackend(model, tok, batch_size=64, graphs=True), varied_requests(tok, 8), spec
     )

@@ -57,7 +57,14 @@ def keyed_rows(samples: dict, reqs: list[PromptRequest]) -> dict:
     return {k: {**s.__dict__, "prompt_token_ids": prompt_ids[k[0]]} for k, s in samples.items()}
 
 
-def early_stops(tok) -> list[int]:
-    """A seventh of the vocabulary ends a response: rows finish at different steps, so the
-    step drops them, bucket by bucket."""
-    return list(range(0, len(tok), 7))
+def early_stop_spec(tok, n: int, max_new_tokens: int) -> SamplingSpec:
+    """Plain sampling where a seventh of the vocabulary ends a response: rows finish at
+    different steps, so the decode drops them, bucket by bucket."""
+    return SamplingSpec(
+        n=n,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=max_new_tokens,
+        stop_token_ids=tuple(range(0, len(tok), 7)),
+    )
