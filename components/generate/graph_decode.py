@@ -173,10 +173,13 @@ class GraphDecoder:
     `capture=False` (a CPU) runs the same step eagerly, as does the rest of a batch whose
     capture failed; later batches then take the growing cache (`usable`)."""
 
-    def __init__(self, cache_kwarg: str, *, capture: bool) -> None:
+    def __init__(self, cache_kwarg: str, *, capture: bool, budget: int | None = None) -> None:
         self.model = None  # the model the slab's graphs were captured with
         self.cache_kwarg = cache_kwarg
         self.capture = capture
+        self.budget = budget
+        """`generate.batch_tokens`: a slab grown to hold two batch shapes stays within it (the
+        backend plans each batch's own slab within it)."""
         self.slab: Slab | None = None
         self.pool = None  # the graphs' shared memory pool
         self.off: str | None = None
@@ -203,7 +206,10 @@ class GraphDecoder:
                 # rollouts) would otherwise rebuild the slab and recapture every time: one slab
                 # that holds both, where that is at most twice the larger of them
                 grown = max(s.rows, rows), max(s.width, width_cap)
-                if grown[0] * grown[1] <= 2 * max(s.rows * s.width, rows * width_cap):
+                area = grown[0] * grown[1]
+                if area <= 2 * max(s.rows * s.width, rows * width_cap) and (
+                    self.budget is None or area <= self.budget
+                ):
                     rows_cap, width_cap = grown
             self.slab = self.pool = s = None  # its graphs go with it
             if torch.cuda.is_available():

@@ -32,6 +32,7 @@ from components.generate.graph_decode import (
     GraphDecoder,
     GraphRun,
     graphable,
+    slab_width,
     static_step_fits,
 )
 from components.generate.kv_cache import reserve, rows_movable
@@ -75,7 +76,9 @@ class TransformersBackend:
         self.cache_kwarg = cache_kwarg(model)
         unfit = static_step_fits(model) if graphs else None
         self.graphs = (
-            GraphDecoder(self.cache_kwarg, capture=str(device).startswith("cuda"))
+            GraphDecoder(
+                self.cache_kwarg, capture=str(device).startswith("cuda"), budget=batch_tokens
+            )
             if graphs and unfit is None
             else None
         )
@@ -142,8 +145,9 @@ class TransformersBackend:
         self, ordered: list[PromptRequest], spec: SamplingSpec
     ) -> list[list[PromptRequest]]:
         """Consecutive prompts (sorted by length) per batch, bounded by batch_size sequences and,
-        when set, by batch_tokens = sequences x (longest prompt + max_new_tokens). A prompt's n
-        samples always stay together."""
+        when set, by batch_tokens = sequences x the cache columns a row takes: longest prompt +
+        max_new_tokens, rounded up to the slab's power of two where the static step runs (its
+        cache is that wide). A prompt's n samples always stay together."""
         batches: list[list[PromptRequest]] = []
         cur: list[PromptRequest] = []
         width = 0
@@ -153,7 +157,7 @@ class TransformersBackend:
             over_rows = rows > max(self.batch_size, spec.n)
             over_tokens = (
                 self.batch_tokens is not None
-                and rows * (new_width + spec.max_new_tokens) > self.batch_tokens
+                and rows * self._columns(new_width + spec.max_new_tokens) > self.batch_tokens
             )
             if cur and (over_rows or over_tokens):
                 batches.append(cur)
@@ -163,6 +167,11 @@ class TransformersBackend:
         if cur:
             batches.append(cur)
         return batches
+
+    def _columns(self, need: int) -> int:
+        """The KV cache columns a row that needs `need` of them takes: the slab's width where
+        batches take the static step (graph_decode.py), else `need`."""
+        return slab_width(need) if self.graphs is not None and self.graphs.usable() else need
 
     def _prefill(self, ids, attn, pos, n: int, vision=None):
         """The prompts' forward: (KV cache, last position's logits) for every row. Rows come in
@@ -252,17 +261,18 @@ class TransformersBackend:
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         pos, next_pos, vision = self._positions(batch, ids, attn, pos, spec.n)
-        # The mask for all steps, allocated once; step t feeds a view of its first P+t+1 columns.
-        attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)
-        attn_all[:, :P] = attn
         # Prefill, once per prompt: its n samples share it, so the cache and the last logits are
         # repeated n times after. Only the last position's logits are needed, so the output head
         # (a large matmul at a large vocabulary) runs on that position alone.
         past, logits = self._prefill(ids, attn, pos, spec.n, vision)
+        attn_all = None  # the static step keeps its own mask, in the slab
         if self.graphs is not None and self.graphs.usable() and pos.dim() == 2 and graphable(past):
             past = self.graphs.start(self.model, past, attn, P, T)  # graph_decode.py
         else:  # room for every step's keys and values, written in place (kv_cache.py)
             reserve(past, P + T)
+            # The mask for all steps, allocated once: step t feeds a view of its first P+t+1 columns.
+            attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)
+            attn_all[:, :P] = attn
         dev = self.device
         return _Decode(
             P=P,
@@ -392,7 +402,8 @@ def left_pad(prompts: list[list[int]], width: int, pad: int) -> tuple[torch.Tens
 class _Decode:
     """One batch's decode loop state. `tokens`, `logps` [B, T] and `lengths`, `finished`,
     `stopped` [B] cover every row; the per-step tensors (`uniforms`, `past`, `logits`,
-    `attn_all`, `next_pos`) hold only the rows still sampling, `act` (indices into the batch)."""
+    `attn_all`, `next_pos`) hold only the rows still sampling, `act` (indices into the batch).
+    `attn_all` is the growing cache's mask for every step (None on the static step's slab)."""
 
     P: int  # the padded prompt width
     T: int  # max_new_tokens
@@ -407,7 +418,7 @@ class _Decode:
     act: torch.Tensor
     past: Any
     logits: torch.Tensor
-    attn_all: torch.Tensor
+    attn_all: torch.Tensor | None
     next_pos: torch.Tensor
 
     def record(
@@ -443,7 +454,9 @@ class _Decode:
         keep = torch.nonzero(~done).flatten()
         self.past.batch_select_indices(keep)
         self.act, tok, done = self.act[keep], tok[keep], done[keep]
-        self.attn_all, self.next_pos = self.attn_all[keep], self.next_pos[keep]
+        self.next_pos = self.next_pos[keep]
+        if self.attn_all is not None:
+            self.attn_all = self.attn_all[keep]
         self.uniforms = self.uniforms[keep]
         return tok, done
 

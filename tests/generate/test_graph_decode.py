@@ -158,6 +158,32 @@ def test_batches_that_alternate_wide_and_tall_share_one_slab(policy):
     assert backend.graphs.slab is both
 
 
+def test_token_budget_counts_the_slab_and_bounds_its_growth(policy):
+    """`batch_tokens` bounds the cache a batch takes: on the static step a row takes the slab's
+    width (a power of two, at least 64), so the same budget makes smaller batches than on the
+    growing cache, and a slab grown to hold two shapes stays within it."""
+    model, tok = policy
+    spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=10)
+    reqs = [PromptRequest(f"p{i}", [5] * n, [i, i + 100]) for i, n in enumerate([2, 3, 8, 20])]
+    growing = TransformersBackend(model, tok, batch_size=64, batch_tokens=256)
+    # 8 rows x (20 + 10) = 240 <= 256
+    assert [len(b) for b in growing.plan_batches(reqs, spec)] == [4]
+    static = TransformersBackend(model, tok, batch_size=64, batch_tokens=256, graphs=True)
+    # 4 rows x 64 = 256; a third prompt makes 6 x 64 = 384 > 256
+    assert [len(b) for b in static.plan_batches(reqs, spec)] == [2, 2]
+    collect(static, reqs, spec)
+    assert static.graphs.slab.rows * static.graphs.slab.width <= 256
+
+    spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
+    wide = [PromptRequest(f"w{i}", [5 + i] * 190, [1, 2]) for i in range(2)]
+    tall = [PromptRequest(f"t{i}", [9 + i] * 100, [1, 2]) for i in range(4)]
+    budget = 1024  # 4 x 256 and 8 x 128 fit it; the slab holding both, 8 x 256, does not
+    backend = TransformersBackend(model, tok, batch_size=64, batch_tokens=budget, graphs=True)
+    for batch, shape in ((wide, (4, 256)), (tall, (8, 128)), (wide, (4, 256))):
+        collect(backend, batch, spec)
+        assert (backend.graphs.slab.rows, backend.graphs.slab.width) == shape
+
+
 def test_slab_widths_are_powers_of_two():
     assert [slab_width(n) for n in (1, 64, 65, 128, 129, 1000)] == [64, 64, 128, 128, 256, 1024]
 
