@@ -104,11 +104,12 @@ class Slab:
     pos: torch.Tensor  # [rows, 1] its position
     mask: torch.Tensor  # [rows, 1, 1, width] additive: 0 where attended, the dtype's minimum else
     write_at: torch.Tensor  # [1] the column this step writes
+    largest: int  # the largest own slab (rows x slab_width) of the batches it was made for
     graphs: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
     """{bucket rows: (CUDA graph, its logits output [bucket, vocab])}"""
 
     @classmethod
-    def like(cls, layers: list, rows: int, width: int) -> Slab:
+    def like(cls, layers: list, rows: int, width: int, largest: int) -> Slab:
         """Empty buffers shaped after a prefilled cache's layers."""
         k0 = layers[0].keys
         dev = k0.device
@@ -127,6 +128,7 @@ class Slab:
                 (rows, 1, 1, width), torch.finfo(k0.dtype).min, dtype=k0.dtype, device=dev
             ),
             write_at=torch.zeros(1, dtype=torch.long, device=dev),
+            largest=largest,
         )
 
     def fits(self, layers: list, rows: int, need: int) -> bool:
@@ -184,13 +186,32 @@ class GraphDecoder:
         self.pool = None  # the graphs' shared memory pool
         self.off: str | None = None
         """Why capture was given up (a failed capture or a replay that differs), else None."""
+        self.declined: str | None = None
+        """Why the model's batches cannot take the static step (its cache layers or positions,
+        seen at a prefill), else None."""
         self.captures = 0
 
     def usable(self) -> bool:
-        """Whether batches should take the static step: on a CPU always (tests), on a GPU while
-        graphs are on. Without them the eager static step is slower than the growing cache
-        (attention over the slab's whole width, new layer objects every step)."""
-        return not self.capture or self.off is None
+        """Whether batches should take the static step: unless declined, on a CPU always
+        (tests), on a GPU while graphs are on. Without them the eager static step is slower than
+        the growing cache (attention over the slab's whole width, new layer objects every
+        step)."""
+        return self.declined is None and (not self.capture or self.off is None)
+
+    def decline(self, why: str) -> None:
+        """The model's prefilled cache cannot move onto a slab: its batches take the growing
+        cache from now on (and are planned for it)."""
+        self.declined = why
+        self.release()
+
+    def release(self) -> None:
+        """Let the slab and its graphs go (graphs off, or the static step declined), so the
+        growing cache that takes their place does not sit beside them in memory."""
+        if self.slab is None:
+            return
+        self.slab = self.pool = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def start(self, model, cache, attn: torch.Tensor, width: int, steps: int) -> GraphRun:
         """A batch's decode by `model` on the slab, from its prefilled `cache` (left-padded
@@ -199,23 +220,24 @@ class GraphDecoder:
         layers, rows = cache.layers, attn.shape[0]
         need = width + steps
         s = self.slab
+        own = rows * slab_width(need)  # the batch's own slab
         if s is None or model is not self.model or not s.fits(layers, rows, need):
-            rows_cap, width_cap = rows, slab_width(need)
+            rows_cap, width_cap, largest = rows, slab_width(need), own
             if s is not None and model is self.model and s.holds(layers):
                 # batches that alternate a wide and a tall shape (a token budget, multi-turn
                 # rollouts) would otherwise rebuild the slab and recapture every time: one slab
-                # that holds both, where that is at most twice the larger of them
+                # that holds both, where that is at most twice the largest batch's own slab
+                # (of this slab's batches: no chain of growths past it) and within the budget
                 grown = max(s.rows, rows), max(s.width, width_cap)
-                area = grown[0] * grown[1]
-                if area <= 2 * max(s.rows * s.width, rows * width_cap) and (
-                    self.budget is None or area <= self.budget
-                ):
+                area, largest = grown[0] * grown[1], max(s.largest, own)
+                if area <= 2 * largest and (self.budget is None or area <= self.budget):
                     rows_cap, width_cap = grown
-            self.slab = self.pool = s = None  # its graphs go with it
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            self.slab = s = Slab.like(layers, rows_cap, width_cap)
+                else:
+                    largest = own
+            self.release()  # its graphs go with it
+            self.slab = s = Slab.like(layers, rows_cap, width_cap, largest)
             self.model = model
+        s.largest = max(s.largest, own)
         for layer, k, v in zip(layers, s.keys, s.values, strict=True):
             k[:rows, :, :width].copy_(layer.keys)
             v[:rows, :, :width].copy_(layer.values)
@@ -291,7 +313,8 @@ class GraphDecoder:
         graphs are off where they are."""
         out: dict[str, Any] = {"graph_captures": self.captures}
         self.captures = 0
-        return out | ({"graphs_off": self.off} if self.off else {})
+        off = self.declined or self.off
+        return out | ({"graphs_off": off} if off else {})
 
 
 class GraphRun:

@@ -156,6 +156,11 @@ def test_batches_that_alternate_wide_and_tall_share_one_slab(policy):
     assert (both.rows, both.width) == (8, 256)
     collect(backend, wide, spec)
     assert backend.graphs.slab is both
+    # A third shape, 16 x 64, would make 16 x 256: four times its own slab and the largest of
+    # the others'. It gets its own: growths do not chain.
+    short = [PromptRequest(f"s{i}", [7 + i] * 40, [1, 2]) for i in range(8)]
+    collect(backend, short, spec)
+    assert (backend.graphs.slab.rows, backend.graphs.slab.width) == (16, 64)
 
 
 def test_token_budget_counts_the_slab_and_bounds_its_growth(policy):
@@ -177,11 +182,13 @@ def test_token_budget_counts_the_slab_and_bounds_its_growth(policy):
     spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
     wide = [PromptRequest(f"w{i}", [5 + i] * 190, [1, 2]) for i in range(2)]
     tall = [PromptRequest(f"t{i}", [9 + i] * 100, [1, 2]) for i in range(4)]
-    budget = 1024  # 4 x 256 and 8 x 128 fit it; the slab holding both, 8 x 256, does not
-    backend = TransformersBackend(model, tok, batch_size=64, batch_tokens=budget, graphs=True)
-    for batch, shape in ((wide, (4, 256)), (tall, (8, 128)), (wide, (4, 256))):
-        collect(backend, batch, spec)
-        assert (backend.graphs.slab.rows, backend.graphs.slab.width) == shape
+    # 1024: 4 x 256 and 8 x 128 fit it, the slab holding both (8 x 256) does not; 2048 holds it
+    grows = {1024: [(4, 256), (8, 128), (4, 256)], 2048: [(4, 256), (8, 256), (8, 256)]}
+    for budget, shapes in grows.items():
+        backend = TransformersBackend(model, tok, batch_tokens=budget, graphs=True)
+        for batch, shape in zip((wide, tall, wide), shapes, strict=True):
+            collect(backend, batch, spec)
+            assert (backend.graphs.slab.rows, backend.graphs.slab.width) == shape, budget
 
 
 def test_slab_widths_are_powers_of_two():
@@ -225,3 +232,23 @@ def test_only_plain_full_attention_caches_take_the_static_step(policy):
     special.keys, special.values = cache.layers[0].keys, cache.layers[0].values
     cache.layers[0] = special
     assert not graphable(cache)
+
+
+def test_a_cache_the_slab_cannot_keep_declines_the_static_step(policy, monkeypatch):
+    """Seen at the first prefill: that batch and every later one take the growing cache, are
+    planned for it (the token budget counts their own widths again), and the stage's phases say
+    why graphs are off."""
+    model, tok = policy
+    monkeypatch.setattr("components.generate.hf_backend.graphable", lambda cache: False)
+    spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=10)
+    reqs = [PromptRequest(f"p{i}", [5] * n, [i, i + 100]) for i, n in enumerate([2, 3, 8, 20])]
+    backend = TransformersBackend(model, tok, batch_tokens=256, graphs=True)
+    assert [len(b) for b in backend.plan_batches(reqs, spec)] == [2, 2]  # slab widths
+    got = collect(backend, reqs, spec)
+    assert "cache layers" in backend.clock.take()["graphs_off"]
+    assert backend.graphs.slab is None and not backend.graphs.usable()
+    assert [len(b) for b in backend.plan_batches(reqs, spec)] == [4]  # their own widths
+    growing = collect(TransformersBackend(model, tok), reqs, spec)
+    assert {k: v.response_token_ids for k, v in got.items()} == {
+        k: v.response_token_ids for k, v in growing.items()
+    }
