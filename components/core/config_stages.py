@@ -45,8 +45,9 @@ class GenerateSection(Strict):
     """Most sequences decoded together by the transformers backend."""
     batch_tokens: int | None = Field(None, ge=1)
     """Token budget of one transformers batch: sequences x (longest prompt + max_new_tokens), so
-    long prompts get smaller batches (None: batch_size alone). With CUDA graphs the second factor
-    is the static cache's width: that sum rounded up to a power of two (at least 64)."""
+    long prompts get smaller batches (None: batch_size alone). While decode steps run on CUDA
+    graphs' static cache, the second factor is its width: that sum rounded up to a power of two
+    (at least 64)."""
     cuda_graphs: bool = True
     """Transformers backend on a GPU: decode steps on a static KV cache, each replayed as a CUDA
     graph (one per row bucket); a small model's step is launch-bound there. No effect on a CPU."""

@@ -222,18 +222,7 @@ class GraphDecoder:
         s = self.slab
         own = rows * slab_width(need)  # the batch's own slab
         if s is None or model is not self.model or not s.fits(layers, rows, need):
-            rows_cap, width_cap, largest = rows, slab_width(need), own
-            if s is not None and model is self.model and s.holds(layers):
-                # batches that alternate a wide and a tall shape (a token budget, multi-turn
-                # rollouts) would otherwise rebuild the slab and recapture every time: one slab
-                # that holds both, where that is at most twice the largest batch's own slab
-                # (of this slab's batches: no chain of growths past it) and within the budget
-                grown = max(s.rows, rows), max(s.width, width_cap)
-                area, largest = grown[0] * grown[1], max(s.largest, own)
-                if area <= 2 * largest and (self.budget is None or area <= self.budget):
-                    rows_cap, width_cap = grown
-                else:
-                    largest = own
+            rows_cap, width_cap, largest = self._new_shape(model, layers, rows, need)
             self.release()  # its graphs go with it
             self.slab = s = Slab.like(layers, rows_cap, width_cap, largest)
             self.model = model
@@ -249,6 +238,27 @@ class GraphDecoder:
         run = GraphRun(self, cache, rows, width)
         self._bind(cache, run.bucket)
         return run
+
+    def _new_shape(self, model, layers: list, rows: int, need: int) -> tuple[int, int, int]:
+        """(rows, width, largest own slab) of the slab made for a batch the current one does
+        not fit: the batch's own, or, where batches alternate a wide and a tall shape (a token
+        budget, multi-turn rollouts), which would otherwise rebuild the slab and recapture
+        every time, one that holds both. That one must fit the batch (at most twice its own
+        width), be at most twice the largest own slab of the batches it holds (so growths do
+        not chain past it) and stay within the budget."""
+        own = (rows, slab_width(need), rows * slab_width(need))
+        s = self.slab
+        if s is None or model is not self.model or not s.holds(layers):
+            return own
+        grown = max(s.rows, rows), max(s.width, own[1])
+        area, largest = grown[0] * grown[1], max(s.largest, own[2])
+        if (
+            grown[1] <= 2 * own[1]
+            and area <= 2 * largest
+            and (self.budget is None or area <= self.budget)
+        ):
+            return (*grown, largest)
+        return own
 
     def forward(self, cache, bucket: int) -> torch.Tensor:
         """The step's logits [bucket, vocab] on the slab's first `bucket` rows: a graph's replay,

@@ -231,11 +231,11 @@ class TransformersBackend:
             state = self._start(batch, rows, spec)
         with attention_kernels(self.device), self.clock("decode"):
             self._decode(state, spec)
-        self._note_graphs()
+        self._note_graphs(state)
         with self.clock("detokenize"):
             return self._samples(rows, state, spec)
 
-    def _note_graphs(self) -> None:
+    def _note_graphs(self, state: _Decode) -> None:
         """Into the call's phases: the graphs this batch captured, or why graphs are off."""
         notes = self.clock.notes
         if self.graphs is not None:
@@ -245,6 +245,8 @@ class TransformersBackend:
                 notes["graphs_off"] = stats["graphs_off"]
         if self.graphs_unfit:
             notes["graphs_off"] = self.graphs_unfit
+        elif self.graphs is not None and not isinstance(state.past, GraphRun):
+            notes.setdefault("graphs_off", "M-RoPE positions (image prompts)")
 
     def _start(self, batch: list[PromptRequest], rows: list, spec: SamplingSpec) -> _Decode:
         """A batch's decode state after the prefill: the prompts left-padded to the longest,
@@ -260,16 +262,20 @@ class TransformersBackend:
         # Prefill, once per prompt: its n samples share it, so the cache and the last logits are
         # repeated n times after. Only the last position's logits are needed, so the output head
         # (a large matmul at a large vocabulary) runs on that position alone.
+        g = self.graphs
+        if g is not None and not g.usable():
+            g.release()  # graphs went off (a failed capture): the slab goes before the prefill
         past, logits = self._prefill(ids, attn, pos, spec.n, vision)
         attn_all = None  # the static step keeps its own mask, in the slab
-        g = self.graphs
-        if g is not None and g.usable() and not (pos.dim() == 2 and graphable(past)):
-            g.decline("M-RoPE positions or cache layers the slab does not keep")
-        if g is not None and g.usable():
+        # M-RoPE positions (image prompts) take the growing cache, batch by batch; a cache the
+        # slab cannot keep is the model's, so its batches decline the slab for good.
+        on_slab = g is not None and g.usable() and pos.dim() == 2
+        if on_slab and not graphable(past):
+            g.decline("cache layers the slab does not keep (sliding window, quantized, ...)")
+            on_slab = False
+        if on_slab:
             past = g.start(self.model, past, attn, P, T)  # graph_decode.py
         else:  # room for every step's keys and values, written in place (kv_cache.py)
-            if g is not None:
-                g.release()  # a failed capture's slab: the growing cache takes its memory
             reserve(past, P + T)
             # The mask for all steps, allocated once: step t feeds a view of its first P+t+1 columns.
             attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)

@@ -163,6 +163,23 @@ def test_batches_that_alternate_wide_and_tall_share_one_slab(policy):
     assert (backend.graphs.slab.rows, backend.graphs.slab.width) == (16, 64)
 
 
+def test_a_narrow_batch_after_a_wide_one_makes_its_own_slab_once(policy):
+    """A slab four times as wide as a batch needs is not grown (growing it changes nothing and
+    would rebuild it, and its graphs, every time): the batch gets its own, which the next narrow
+    batch reuses."""
+    model, tok = policy
+    spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
+    backend = TransformersBackend(model, tok, graphs=True)
+    collect(backend, [PromptRequest(f"w{i}", [5 + i] * 190, [1, 2]) for i in range(2)], spec)
+    assert (backend.graphs.slab.rows, backend.graphs.slab.width) == (4, 256)
+    narrow = [PromptRequest(f"n{i}", [7 + i] * 40, [1, 2]) for i in range(2)]
+    collect(backend, narrow, spec)
+    own = backend.graphs.slab
+    assert (own.rows, own.width) == (4, 64)
+    collect(backend, narrow, spec)
+    assert backend.graphs.slab is own
+
+
 def test_token_budget_counts_the_slab_and_bounds_its_growth(policy):
     """`batch_tokens` bounds the cache a batch takes: on the static step a row takes the slab's
     width (a power of two, at least 64), so the same budget makes smaller batches than on the
@@ -248,7 +265,4 @@ def test_a_cache_the_slab_cannot_keep_declines_the_static_step(policy, monkeypat
     assert "cache layers" in backend.clock.take()["graphs_off"]
     assert backend.graphs.slab is None and not backend.graphs.usable()
     assert [len(b) for b in backend.plan_batches(reqs, spec)] == [4]  # their own widths
-    growing = collect(TransformersBackend(model, tok), reqs, spec)
-    assert {k: v.response_token_ids for k, v in got.items()} == {
-        k: v.response_token_ids for k, v in growing.items()
-    }
+    same_rows(collect(TransformersBackend(model, tok), reqs, spec), got, reqs, model, spec)
