@@ -240,7 +240,7 @@ class GraphDecoder:
         return run
 
     def _new_shape(self, model, layers: list, rows: int, need: int) -> tuple[int, int, int]:
-        """(rows, width, largest own slab) of the slab made for a batch the current one does
+        """(rows, width, largest own slab) of the slab made for a batch the current slab does
         not fit: the batch's own, or, where batches alternate a wide and a tall shape (a token
         budget, multi-turn rollouts), which would otherwise rebuild the slab and recapture
         every time, one that holds both. That one must fit the batch (at most twice its own

@@ -259,12 +259,12 @@ class TransformersBackend:
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         pos, next_pos, vision = self._positions(batch, ids, attn, pos, spec.n)
-        # Prefill, once per prompt: its n samples share it, so the cache and the last logits are
-        # repeated n times after. Only the last position's logits are needed, so the output head
-        # (a large matmul at a large vocabulary) runs on that position alone.
         g = self.graphs
         if g is not None and not g.usable():
             g.release()  # graphs went off (a failed capture): the slab goes before the prefill
+        # Prefill, once per prompt: its n samples share it, so the cache and the last logits are
+        # repeated n times after. Only the last position's logits are needed, so the output head
+        # (a large matmul at a large vocabulary) runs on that position alone.
         past, logits = self._prefill(ids, attn, pos, spec.n, vision)
         attn_all = None  # the static step keeps its own mask, in the slab
         # M-RoPE positions (image prompts) take the growing cache, batch by batch; a cache the
