@@ -4,9 +4,9 @@
 
 A Qwen2 model of the given size (about 0.1 B parameters, 0.4 GB of float32 by default) is saved the
 way the train stage saves a checkpoint (its weights streamed one tensor at a time into safetensors,
-hashed as written, components/core/weights.py; renamed into a store directory and committed with
+hashed as written, components/model/weights.py; renamed into a store directory and committed with
 the sha256s in the manifest) and loaded the way a warm generate engine takes a new
-policy (weights read into the running model in place, components/generate/engine.py) and the way
+policy (weights read into the running model in place, components/model/engine.py) and the way
 a cold stage loads one (from_pretrained). The baseline, measured side by side on the same
 filesystem with the same number of bytes: one sequential write of a file (in 8 MiB chunks,
 flushed and fsynced) and one sequential read of it. Printed: bytes/s of each and the ratio to the
@@ -65,7 +65,7 @@ def save_streamed(weights: dict, src: Path, out) -> None:
     """The train stage's save (components/train/handoff.py) without an engine: the weights
     streamed into safetensors and hashed as written, the other files copied, renamed into the
     store and committed."""
-    from components.core.weights import Entry, plan_order, shard_plan, write_files
+    from components.model.weights import Entry, plan_order, shard_plan, write_files
 
     tmp = out.scratch_dir()
     plan = shard_plan([Entry(k, v.dtype, tuple(v.shape)) for k, v in weights.items()])
@@ -90,10 +90,10 @@ def main() -> int:
 
     import torch
 
-    from components.core.checkpoint import load_policy
     from components.core.commit import OutputDir
     from components.core.store import LocalStore
-    from components.generate.hf_backend import TransformersBackend
+    from components.model.checkpoint import load_policy
+    from components.model.hf_backend import TransformersBackend
     from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint
 
     Path(args.store).mkdir(parents=True, exist_ok=True)

@@ -60,11 +60,11 @@ def timed(cmd: list[str], log: Path) -> float:
 def evaluate_run(cfg, run_id: str) -> dict[int, dict]:
     """The `overall` metrics of every checkpoint the config evaluates, for run `run_id` (trained
     without evaluation: the eval sets are copied into it first)."""
-    from components.core import run_setup
     from components.core.layout import RunLayout
     from components.core.timing import Timeline
     from components.core.warm import eval_checkpoints
     from components.evaluate.stage import EvaluateStage
+    from components.model import run_setup
 
     rcfg = cfg.model_copy(deep=True)
     rcfg.run.run_id = run_id
@@ -119,7 +119,7 @@ def overlap(a: tuple[float, float], spans: list[tuple[float, float]]) -> float:
 
 
 def stage_overlaps(tl) -> dict[int, dict]:
-    """Per iteration of a run's timeline (components/evaluate/timeline.py): the generate step's
+    """Per iteration of a run's timeline (components/report/timeline.py): the generate step's
     work seconds, and how much of an evaluation's and of train's work spans lie inside it (an
     evaluation's waits for its turn are `turn` spans, cut out of its work)."""
     work = [(st, [(s, e) for k, s, e in st.spans if k == "work"]) for st in tl.steps]

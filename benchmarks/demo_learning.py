@@ -90,7 +90,7 @@ def print_handoff(run: Path) -> None:
     what the run keeps in its store (goals: <= 2% and <= 3 GB for the SmolLM2 example on a
     CPU)."""
     from components.core.store import get_store
-    from components.evaluate.timeline import load_timeline, summary
+    from components.report.timeline import load_timeline, summary
 
     s = summary(load_timeline(get_store(str(run)), str(run)))
     size = sum(p.stat().st_size for p in run.rglob("*") if p.is_file())

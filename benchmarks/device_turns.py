@@ -1,4 +1,4 @@
-"""Evaluation by turns (components/core/device_turn.py) against evaluation beside the loop,
+"""Evaluation by turns (components/model/device_turn.py) against evaluation beside the loop,
 side by side: the same run twice, with RLVR_DEVICE_TURN=off and with the default.
 
     python benchmarks/device_turns.py [--config examples/arithmetic/config.yaml] [--set k=v]
@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import cpu_model, stage_overlaps  # noqa: E402
 from components.core.commit import read_manifest  # noqa: E402
-from components.core.device_turn import TURN_ENV  # noqa: E402
 from components.core.store import get_store, join  # noqa: E402
-from components.evaluate.timeline import load_timeline  # noqa: E402
+from components.model.device_turn import TURN_ENV  # noqa: E402
+from components.report.timeline import load_timeline  # noqa: E402
 
 
 def run(config: str, store: str, run_id: str, sets: list[str], turns: bool) -> float:

@@ -33,11 +33,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.core.checkpoint import load_policy  # noqa: E402
 from components.core.commit import shard_of  # noqa: E402
-from components.generate.backends import PromptRequest, SamplingSpec, sample_seed  # noqa: E402
-from components.generate.hf_backend import TransformersBackend  # noqa: E402
-from components.generate.token_sampling import draw_margin, sample_uniforms  # noqa: E402
+from components.model.backends import PromptRequest, SamplingSpec, sample_seed  # noqa: E402
+from components.model.checkpoint import load_policy  # noqa: E402
+from components.model.hf_backend import TransformersBackend  # noqa: E402
+from components.model.token_sampling import draw_margin, sample_uniforms  # noqa: E402
 
 NEAR_TIE = 1e-5
 LAYOUTS = {

@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import cpu_model  # noqa: E402
 from components.core.commit import OutputDir  # noqa: E402
 from components.core.store import LocalStore  # noqa: E402
-from components.generate.backends import SamplingSpec  # noqa: E402
-from components.generate.hf_backend import TransformersBackend  # noqa: E402
 from components.generate.rollouts import PromptRow, generate_rollouts, prompts_from  # noqa: E402
+from components.model.backends import SamplingSpec  # noqa: E402
+from components.model.hf_backend import TransformersBackend  # noqa: E402
 from examples.arithmetic.model import build_model, build_tokenizer, save_checkpoint  # noqa: E402
 
 
@@ -177,8 +177,8 @@ p = subprocess.run([sys.executable, "-m", "components.generate", "{workdir}/conf
 assert p.returncode == 0, p.stderr.decode()[-2000:]
 print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
 """
-    from components.core import run_setup
     from components.core.config import load_config
+    from components.model import run_setup
 
     run_setup.run(load_config(workdir / "config.yaml", run_id=f"mem{prompts}"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -212,7 +212,7 @@ def main() -> None:
     )
 
     if args.model:
-        from components.core.checkpoint import load_policy
+        from components.model.checkpoint import load_policy
 
         model, tok = load_policy(args.model, dtype=getattr(torch, args.dtype))
         model.eval()

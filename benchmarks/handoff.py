@@ -11,11 +11,11 @@ Measured here, side by side in one invocation, on random weights shaped like the
   safetensors, each file then read back to hash it for the commit manifest; and generate's
   in-place load of the fp32 file into a bf16 model;
 - store path now: the weights in the sampler's dtype (bf16) streamed one tensor at a time,
-  hashed as written (components/core/weights.py), renamed into the store, and generate's
+  hashed as written (components/model/weights.py), renamed into the store, and generate's
   in-place load; the full train state is written every train.state_every iterations in the
   background, off this path (its cost is printed apart);
 - broadcast: the same bf16 weights from one process to another over gloo on loopback, in
-  buckets of --bucket-mb (components/core/channel.py), as train's rank 0 sends them to a
+  buckets of --bucket-mb (components/model/channel.py), as train's rank 0 sends them to a
   generate worker; the receiver copies them into its model's parameters.
 
 Each prints bytes, seconds and GB/s, the median of --repeats, and the ratio to `before`. Then
@@ -123,7 +123,7 @@ def before(w: dict[str, torch.Tensor], work: Path) -> tuple[float, int]:
 
 def now(w: dict[str, torch.Tensor], work: Path) -> tuple[float, int]:
     """The bf16 handoff streamed and hashed as written, then renamed into place."""
-    from components.core.weights import Entry, plan_order, shard_plan, write_files
+    from components.model.weights import Entry, plan_order, shard_plan, write_files
 
     t0 = time.perf_counter()
     tmp = work / ".now.tmp"
@@ -164,8 +164,8 @@ def load(path: Path, model: dict[str, torch.Tensor]) -> float:
 
 def _receiver(run: str, bucket_mb: int, rounds: int, q) -> None:
     """A generate worker's end: `rounds` versions received into a model's parameters."""
-    from components.core.channel import Receiver, Settings
     from components.core.store import LocalStore
+    from components.model.channel import Receiver, Settings
 
     r = Receiver(
         Settings(LocalStore(), run, receivers=1, bucket_mb=bucket_mb, timeout_s=120), rank=1
@@ -194,9 +194,9 @@ def broadcast(
     w16: dict[str, torch.Tensor], repeats: int, bucket_mb: int
 ) -> list[tuple[float, float]]:
     """(send seconds, receive seconds) per round, one process to another over gloo."""
-    from components.core.channel import Sender, Settings
     from components.core.store import LocalStore
-    from components.core.weights import Entry
+    from components.model.channel import Sender, Settings
+    from components.model.weights import Entry
 
     run = tempfile.mkdtemp(prefix="rlvr-bench-run-")
     ctx = mp.get_context("spawn")

@@ -48,7 +48,7 @@ def figures(root: Path) -> dict:
         for p in root.glob("evals/[0-9]*/metrics.json")
     }
     from components.core.store import get_store
-    from components.evaluate.timeline import load_timeline, summary
+    from components.report.timeline import load_timeline, summary
 
     tl = summary(load_timeline(get_store(str(root)), str(root)))
     return {
@@ -70,7 +70,7 @@ def cold_load_s(cfg, run_root: Path, checkpoint: int, repeats: int = 5) -> float
     cold start for its policy: the full weights, or the base and then the adapter), median of
     `repeats` fresh engines in this process (imports already paid)."""
     from components.core.store import get_store
-    from components.generate.engine import PolicyEngine
+    from components.model.engine import PolicyEngine
 
     uri = str(run_root / "checkpoints" / f"{checkpoint:05d}")
     store = get_store(uri, None)
@@ -153,8 +153,8 @@ def main() -> int:
 
     from transformers import Qwen2Config
 
-    from components.core.adapter import adapter_parameter_count
     from components.core.config import LoraSection
+    from components.model.adapter import adapter_parameter_count
 
     bench, cfg = bench_setup("lora", args.config, args.iterations, args.set)
     sides = {"full": []}

@@ -71,7 +71,7 @@ def main() -> int:
     from safetensors.torch import load_file
 
     from components.core.layout import RunLayout, store_for
-    from components.evaluate.timeline import load_timeline, summary
+    from components.report.timeline import load_timeline, summary
 
     bench, cfg = bench_setup("multinode", args.config, args.iterations)
     cfg.evaluate.every = cfg.run.iterations  # score the base and the last checkpoint

@@ -6,7 +6,7 @@ Runs the demo as the README does (`rlvr run examples/arithmetic/config.yaml`, un
 id; the inputs are prepared first, untimed) and reads from its outputs the figures of
 docs/benchmarks.md's demo rows (the README's headline figures come from them): held-out pass@1
 of the base and of checkpoint 12 with their 95% bootstrap CIs, the wall time of the `rlvr run`
-process, and from the run's timeline (components/evaluate/timeline.py) the start-up, the seconds
+process, and from the run's timeline (components/report/timeline.py) the start-up, the seconds
 of a steady iteration and the share of it that is not stage work. It prints the machine it ran
 on (CPU model, cores, load average: figures from a shared machine say so) and compares, row by
 row:
@@ -106,7 +106,7 @@ def run_demo(store: Path) -> tuple[Path, float]:
 
 def measure(run: Path, wall: float | None) -> dict:
     from components.core.store import get_store
-    from components.evaluate.timeline import load_timeline, summary
+    from components.report.timeline import load_timeline, summary
 
     evals = sorted(int(p.name) for p in (run / "evals").iterdir() if (p / "_SUCCESS").exists())
     overall = {

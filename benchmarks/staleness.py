@@ -43,7 +43,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from components.core.layout import RunLayout, store_for
-    from components.evaluate.timeline import load_timeline, summary
+    from components.report.timeline import load_timeline, summary
 
     bench, cfg = bench_setup("staleness", args.config, args.iterations)
     sides = {f"k={k}": k for k in ((args.k, 0) if args.k_first else (0, args.k))}

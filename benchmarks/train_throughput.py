@@ -66,7 +66,7 @@ def synthetic_rollouts(n: int, vocab: int, seed: int = 0, group: int = 8) -> Rol
 def load_model(args, tok):
     """A fresh policy: the checkpoint of `--model`, else a tiny Qwen2 (seed 0)."""
     if args.model:
-        from components.core.checkpoint import load_policy
+        from components.model.checkpoint import load_policy
 
         return load_policy(args.model)[0]
     torch.manual_seed(0)
@@ -147,7 +147,7 @@ def peak_rss_mb(
     n: int, mini_rows: int, hidden: int, layers: int, model_dir=None, micro_tokens: int = 2048
 ) -> float:
     load = (
-        f"from components.core.checkpoint import load_policy\n"
+        f"from components.model.checkpoint import load_policy\n"
         f"model, tok = load_policy({str(model_dir)!r})"
         if model_dir
         else f"tok = build_tokenizer(); model = build_model(tok, hidden_size={hidden}, "

@@ -45,9 +45,9 @@ def main() -> int:
 
     from components.core.commit import OutputDir
     from components.core.store import LocalStore
-    from components.generate.backends import SamplingSpec
     from components.generate.rollouts import PromptRow, generate_rollouts
-    from components.generate.vllm_backend import VLLMBackend
+    from components.model.backends import SamplingSpec
+    from components.model.vllm_backend import VLLMBackend
 
     backend = VLLMBackend(
         args.model, tensor_parallel_size=args.tensor_parallel_size, dtype="bfloat16"

@@ -17,7 +17,7 @@ is rlvr's math verifier on both sides.
    evaluator with the same sample seeds (untimed): held-out pass@1 with its 95% bootstrap CI;
    "within CI" means each side's value lies inside the other's interval.
 3. rlvr's fixed cost: the share of a steady-state iteration (end of train i-1 to end of train i)
-   that is not stage work (components/evaluate/timeline.py; goal under 20%), and the one-off
+   that is not stage work (components/report/timeline.py; goal under 20%), and the one-off
    start-up before the first stage work.
 
 `--trl-first` runs TRL first (alternate it between repeats so machine drift hits both alike).
@@ -152,7 +152,7 @@ def main() -> int:
         return 0
 
     from components.core.layout import RunLayout, store_for
-    from components.evaluate.timeline import load_timeline, summary
+    from components.report.timeline import load_timeline, summary
 
     bench, cfg = bench_setup("vs_trl", args.config, args.iterations, args.set)
     run_id = "rlvr"

@@ -212,7 +212,7 @@ def sandbox_probe(docker: str, image: str, profile: str | None) -> tuple[int, st
     ]
     if profile:
         args += ["--security-opt", f"seccomp={profile}"]
-    out = sh(*args, image, "-m", "components.verify.sandbox", "probe", capture=True, check=False)
+    out = sh(*args, image, "-m", "components.sandbox", "probe", capture=True, check=False)
     return out.returncode, (out.stdout + out.stderr).strip()
 
 
@@ -420,7 +420,7 @@ def main() -> int:
             sh(
                 str(rlvr.parent / "python"),
                 "-m",
-                "components.verify.sandbox",
+                "components.sandbox",
                 "pod-profile",
                 capture=True,
             ).stdout

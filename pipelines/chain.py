@@ -77,8 +77,8 @@ def chain_next_segment(
     if not chain or segment + 1 >= len(segments(cfg)):
         return ""
     # Started beside the workers: wait, like them, for the segment's training to be committed.
-    from components.core.health import StopWatch
     from components.core.layout import RunLayout, store_for
+    from components.core.run_control import StopWatch
     from components.core.store import join
     from components.core.warm import RunStatus, RunStopped, wait_committed
     from components.core.warm import segment as segment_of

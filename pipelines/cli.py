@@ -470,7 +470,7 @@ def _run_dir(run_dir: str) -> tuple[Any, str]:
 @main.command(help="Print every checkpoint's metrics and regenerate the run's plots and report.")
 @click.argument("run_dir")
 def report(run_dir: str) -> None:
-    from components.evaluate.run_report import write_run_report
+    from components.report.run_report import write_run_report
 
     store, root = _run_dir(run_dir)
     Console().print(*eval_tables(run_dir))
@@ -529,7 +529,7 @@ def prune(run_dir: str, dry_run: bool, overrides: tuple[str, ...]) -> None:
     help="The base checkpoint (default: the run's checkpoints/00000 beside CHECKPOINT).",
 )
 def export(checkpoint: str, out: str, do_merge: bool, base: str | None) -> None:
-    from components.core.adapter import merge
+    from components.model.adapter import merge
 
     base_dir = Path(base) if base else Path(checkpoint).resolve().parent / "00000"
     if not base_dir.is_dir():

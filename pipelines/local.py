@@ -20,8 +20,8 @@ from rich.table import Table
 
 from components.core.config import RunConfig
 from components.core.layout import RunLayout, committed_indices, store_for
-from components.core.run_setup import INPUTS_CHECKED_ENV
 from components.core.store import get_store, join
+from components.model.run_setup import INPUTS_CHECKED_ENV
 
 console = Console(stderr=True)
 
@@ -77,7 +77,7 @@ def local_thread_env(
     evaluation overlapped, 90-150 alone). Niced, it takes the cycles the training loop leaves
     (verify, commits, waits) and the cores once the loop is done; no checkpoint goes unevaluated.
 
-    Evaluation also waits for its turn (components/core/device_turn.py, with `share_device`:
+    Evaluation also waits for its turn (components/model/device_turn.py, with `share_device`:
     the workers are processes of this machine): it samples only while neither generate nor
     train computes, on a GPU as on a CPU, where niceness alone still left generate 8-19x slower
     in the iterations an evaluation overlapped (the SmolLM2 example on 2 cores).
@@ -87,7 +87,7 @@ def local_thread_env(
     accelerator to CPU. If you have GPU ..." in every worker that imports it otherwise."""
     import os
 
-    from components.core import device_turn
+    from components.model import device_turn
 
     accelerator = {}
     gpu = Path("/proc/driver/nvidia").exists()
@@ -225,8 +225,8 @@ def run_local(
     and the run report. Exits 2 on a user error of a task (its hints printed), 1 on any other
     failure. `config_path` and `overrides` go into the hints, which give the command that
     resumes the run."""
-    from components.core import device_turn
     from components.core.warm import segments
+    from components.model import device_turn
     from pipelines.train import build_train_pipeline
 
     layout, store = RunLayout.of(cfg), store_for(cfg)
@@ -253,7 +253,7 @@ def run_local(
 
 def _segments(cfg: RunConfig, local, pipeline, segs, task_env) -> None:
     """Each segment of the run that is neither done nor past a stop, on the local runner."""
-    from components.core.health import read_stop
+    from components.core.run_control import read_stop
     from pipelines.plan import segment_up_to_date
 
     for seg in segs:
@@ -375,8 +375,8 @@ def _finish(cfg: RunConfig, elapsed: float) -> None:
     timeline's summary, the report and dashboard, and where to find them."""
     from components.core.retention import sweep
     from components.core.store import StoreError
-    from components.evaluate.run_report import write_run_report
-    from components.evaluate.timeline import summarize_run
+    from components.report.run_report import write_run_report
+    from components.report.timeline import summarize_run
 
     layout, store = RunLayout.of(cfg), store_for(cfg)
     try:
@@ -399,9 +399,9 @@ def _finish(cfg: RunConfig, elapsed: float) -> None:
 
 
 def print_health(store: Any, root: str) -> None:
-    """The run's health verdict (components/core/health.py), as the newest checkpoint records
+    """The run's health verdict (components/core/run_control.py), as the newest checkpoint records
     it; nothing for a run with no update yet."""
-    from components.core.health import latest
+    from components.core.run_control import latest
 
     h = latest(store, root)
     if h is None:
@@ -423,7 +423,7 @@ def store_runs_table(store_uri: str) -> Table:
     committed updates, its newest evaluation's pass@1 and its health verdict."""
     import contextlib
 
-    from components.core.health import latest
+    from components.core.run_control import latest
     from components.core.store import StoreError
 
     store, root = get_store(store_uri), store_uri.rstrip("/")

@@ -167,7 +167,7 @@ def plan_for(cfg: RunConfig, run_root: Path, *, user: str = "image") -> DockerPl
     """The containers' mounts, user, network and seccomp profile for this run; `user` is
     image (the images' own uid), host (the caller's) or UID[:GID]."""
     from components.core.config import _is_uri
-    from components.verify.sandbox.seccomp import pod_profile
+    from components.sandbox.seccomp import pod_profile
 
     mounts = [_same_path(run_root, read_only=False)]
     remote = _is_uri(cfg.run.store)

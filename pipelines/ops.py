@@ -200,7 +200,7 @@ def report_stage(
 
     from components.core.config import effective_config
     from components.core.layout import RunLayout, store_for
-    from components.evaluate.run_report import write_run_report
+    from components.report.run_report import write_run_report
 
     cfg = effective_config(config_json, run_id, store, base_checkpoint, eval_sets)
     st, root = store_for(cfg), RunLayout.of(cfg).root

@@ -20,8 +20,8 @@ from typing import Any
 from components.core import lineages
 from components.core.commit import SUCCESS, OutputDir, committed_parts
 from components.core.config import RunConfig
-from components.core.health import read_stop, stop_uri
 from components.core.layout import RunLayout, committed_indices, store_for
+from components.core.run_control import read_stop, stop_uri
 from components.core.stages import ITERATION_STAGES
 from components.core.store import Store, StoreError, join
 from components.core.warm import RunStatus, Segment, segment_eval_checkpoints
@@ -53,7 +53,7 @@ def _state(cfg: RunConfig, store: Store, layout: RunLayout, stage: str, i: int) 
 def first_out_of_date(cfg: RunConfig, seg: Segment) -> tuple[int, str, str] | None:
     """(iteration, stage, 'stale' | 'missing') of the first output of the segment, in data order,
     that is not current; None when the whole segment is current (evaluations aside), up to
-    the iteration after which the run stopped (components/core/health.py), if it did."""
+    the iteration after which the run stopped (components/core/run_control.py), if it did."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
     stop = read_stop(cfg)
     for i in seg.iterations:

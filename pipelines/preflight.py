@@ -25,13 +25,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.core.checkpoint import check_checkpoint_dir
 from components.core.config import RunConfig
 from components.core.errors import Problems
 from components.core.hub import HubError, is_hub, materialize
 from components.core.preflight import check_store, scan_dataset
 from components.core.schemas import SchemaError, read_parquet
 from components.core.store import StoreError, get_store, is_s3
+from components.model.checkpoint import check_checkpoint_dir
 
 
 def _eval_settings(cfg: RunConfig, problems: Problems) -> None:

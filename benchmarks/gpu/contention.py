@@ -5,7 +5,7 @@
 A local run puts its generate, train and evaluate workers on one GPU (or one CPU). This measures
 what an evaluation sampling at the same time costs generate, in three settings side by side in
 one invocation: generate alone; with an evaluation process sampling the held-out set over and
-over beside it; and the same with turns (components/core/device_turn.py: generate holds the device
+over beside it; and the same with turns (components/model/device_turn.py: generate holds the device
 while it samples, the evaluation waits before each of its forwards). Generate samples one
 iteration's shape (16 prompts x 8, the SmolLM2 example's settings) with the stage's backend.
 Prints generate's tokens/s in each (the median of --rounds) and the ratios to alone, and how many
@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT))
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
-from components.core import device_turn  # noqa: E402
-from components.core.checkpoint import device_and_dtype, load_policy  # noqa: E402
-from components.generate.backends import PromptRequest, SamplingSpec  # noqa: E402
-from components.generate.hf_backend import TransformersBackend  # noqa: E402
 from components.generate.rollouts import render_prompt  # noqa: E402
+from components.model import device_turn  # noqa: E402
+from components.model.backends import PromptRequest, SamplingSpec  # noqa: E402
+from components.model.checkpoint import device_and_dtype, load_policy  # noqa: E402
+from components.model.hf_backend import TransformersBackend  # noqa: E402
 
 SPEC = SamplingSpec(n=8, temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=48)
 

@@ -5,7 +5,7 @@
 
 `run`: a finished run's held-out pass@1 at its first and last evaluated checkpoint (with the
 last one's 95% interval), its wall time and an iteration's, and the policy handoff's share
-(components/evaluate/timeline.py). `gather`: run 1's and run 2's files in DIR (benchmarks/gpu/
+(components/report/timeline.py). `gather`: run 1's and run 2's files in DIR (benchmarks/gpu/
 run1.sh, run2.sh) into one JSON file and a Markdown table for docs/gpu.md, the card
 named in its first row.
 """
@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from components.core.layout import committed_indices  # noqa: E402
 from components.core.store import get_store, join  # noqa: E402
-from components.evaluate.timeline import load_timeline, summary  # noqa: E402
+from components.report.timeline import load_timeline, summary  # noqa: E402
 
 
 def run_figures(root: str) -> dict:

@@ -21,7 +21,7 @@ Then the ratios in run / bare, alone / bare and alone / eager per iteration, and
 medians (with the graphs the stage captured, or why they were off, from `stats.phases`); train's
 tokens/s per iteration and its MFU (6 x parameters x tokens/s over the GPU's dense bf16 peak;
 train also recomputes the old log-probabilities, a forward more, not counted); and the policy
-handoff's share of an iteration (components/evaluate/timeline.py). Prints a table and writes
+handoff's share of an iteration (components/report/timeline.py). Prints a table and writes
 the figures as JSON.
 """
 
@@ -41,16 +41,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import stage_overlaps  # noqa: E402
-from components.core.checkpoint import load_policy  # noqa: E402
 from components.core.commit import committed_files, read_manifest  # noqa: E402
 from components.core.config import RunConfig  # noqa: E402
 from components.core.layout import RunLayout  # noqa: E402
 from components.core.schemas import read_records  # noqa: E402
 from components.core.store import get_store, join  # noqa: E402
-from components.evaluate.timeline import handoff_times, load_timeline, summary  # noqa: E402
-from components.generate.backends import PromptRequest  # noqa: E402
-from components.generate.hf_backend import TransformersBackend, left_pad  # noqa: E402
 from components.generate.rollouts import spec_from  # noqa: E402
+from components.model.backends import PromptRequest  # noqa: E402
+from components.model.checkpoint import load_policy  # noqa: E402
+from components.model.hf_backend import TransformersBackend, left_pad  # noqa: E402
+from components.report.timeline import handoff_times, load_timeline, summary  # noqa: E402
 
 #: Dense bf16 peak FLOP/s by the name CUDA gives the card (the vendors' datasheets, no sparsity).
 PEAK_BF16 = {"H200": 989.5e12, "H100": 989.5e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
@@ -91,7 +91,7 @@ def timed(fn, device: str) -> tuple[int, float]:
 def measure(ckpt_dir: str, reqs: list[PromptRequest], cfg: RunConfig, rounds: int) -> dict:
     """Bare `model.generate`, the stage's backend alone and that backend's eager steps on the
     same requests: tokens/s, the median of `rounds` after one warm-up each, alternating."""
-    from components.core.checkpoint import device_and_dtype
+    from components.model.checkpoint import device_and_dtype
 
     device, dtype = device_and_dtype(cfg.generate.dtype)
     model, tok = load_policy(Path(ckpt_dir), dtype=dtype, device=device)

@@ -75,7 +75,7 @@ class PrepareSection(Strict):
 
 class LoraSection(Strict):
     """`model.lora`: train a LoRA adapter on the frozen base instead of every weight
-    (components/core/adapter.py; docs/algorithms.md, "LoRA")."""
+    (components/model/adapter.py; docs/algorithms.md, "LoRA")."""
 
     rank: int = Field(8, ge=1)
     """The adapter's rank r (its matrices are d x r and r x d)."""
@@ -293,7 +293,7 @@ class RetentionSection(Strict):
 
 
 class HealthSection(Strict):
-    """Run health (components/core/health.py; docs/health.md): train judges every iteration
+    """Run health (components/train/health.py; docs/health.md): train judges every iteration
     from the figures the stages commit, records the verdict in its checkpoint's manifest, warns
     as a symptom appears and stops the run when no group has carried a learning signal for
     `stop_after` iterations in a row. None of it changes what any stage computes."""

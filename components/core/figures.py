@@ -6,7 +6,7 @@ Every stage commits its figures in its output's `_SUCCESS` stats; this module na
 * ``verify/…``   verify: reward, per data source and component, errors, and the share of GRPO
   groups with no signal (every sample of a prompt got the same reward);
 * ``train/…``    train: loss, KL, clip fractions, entropy, gradient norm, learning rate, …;
-* ``health/…``   train: the run's health after the iteration (components/core/health.py);
+* ``health/…``   train: the run's health after the iteration (components/core/run_control.py);
 * ``eval/…``     evaluate: ``eval/<set>/pass@k``, ``mean@n``, ``maj@k`` and 95% CI bounds;
 * ``time/…``     each stage's seconds of one iteration (``time/<stage>_s``: everything but the
   wait for inputs; ``time/<stage>_work_s``: sampling, scoring or updating alone).

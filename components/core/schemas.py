@@ -84,7 +84,7 @@ OPTIONAL: dict[str, pa.DataType] = {
     "turns": pa.list_(TURN),
     "env_reward": pa.float32(),  # the environment's rewards summed over a trajectory's steps
     # image prompts: `<dataset path relative to the run>#<row>`, where the row's images are
-    # (components/core/vision.py); the images themselves are never copied into rollouts
+    # (components/model/vision.py); the images themselves are never copied into rollouts
     "images_ref": pa.string(),
 }
 #: `turns`: a multi-turn trajectory out of policy turns; `error`: its environment failed.

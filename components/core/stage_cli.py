@@ -135,7 +135,7 @@ def stage_command(
 
 
 STAGE_MODULES = {
-    "init": "components.core.run_setup",
+    "init": "components.model.run_setup",
     "generate": "components.generate.stage",
     "verify": "components.verify.stage",
     "train": "components.train.launch",

@@ -14,7 +14,7 @@ The store is the only channel between workers:
   waiting on its outputs stop at once instead of waiting for `run.wait_timeout_s`;
 - each committed output's manifest carries the step's `timeline` (process start, wait, setup,
   read, load, work, commit spans in epoch seconds), from which the run report draws its Gantt
-  chart and computes the critical path (components/evaluate/timeline.py).
+  chart and computes the critical path (components/report/timeline.py).
 
 After each step that committed, the worker logs the step's figures to the configured trackers
 (components/core/tracking.py); that never changes what was committed nor fails the worker.
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from components.core.commit import NotCommittedError, check_shard, committed_parts, shard_name
 from components.core.config import RunConfig
 from components.core.errors import UserError, is_user_error
-from components.core.health import StopWatch
 from components.core.layout import RunLayout, store_for
+from components.core.run_control import StopWatch
 from components.core.store import Store, StoreError, join
 from components.core.timing import Timeline, process_start_time
 
@@ -171,7 +171,7 @@ class PeerFailed(RuntimeError):
 
 
 class RunStopped(Exception):  # noqa: N818 - not an error: the run ended under its health rule
-    """The run stopped under `health.stop_after` before this step (components/core/health.py):
+    """The run stopped under `health.stop_after` before this step (components/core/run_control.py):
     the worker ends cleanly."""
 
 
@@ -385,7 +385,7 @@ def serve(
     step (or since `start`): evaluate waits `evaluate.every` iterations for its next checkpoint.
     On any error the task's failure marker is written (peers stop waiting unless KFP may still
     retry the task within `grace_s`) and the error is re-raised; a retried task clears its own
-    marker first. A run that stopped under its health rule (components/core/health.py) ends
+    marker first. A run that stopped under its health rule (components/core/run_control.py) ends
     the loop cleanly before the first step past the stop."""
     status.clear(stage.task)
     iterations = list(iterations)

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from components.core import device_turn
 from components.core.config import LmEvalSetConfig, RunConfig
 from components.core.errors import Problems, UserError
 from components.core.task_files import data_files
+from components.model import device_turn
 
 log = logging.getLogger("rlvr.evaluate")
 
@@ -245,9 +245,9 @@ def _policy(engine: Any, store: Any, uri: str, task: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from components.core.adapter import is_adapter_dir
-    from components.core.checkpoint import local_checkpoint, model_class
     from components.core.retention import reading
+    from components.model.adapter import is_adapter_dir
+    from components.model.checkpoint import local_checkpoint, model_class
 
     with reading(store, uri, task):
         ckpt = local_checkpoint(store, uri)

@@ -9,13 +9,13 @@ import logging
 import time
 from typing import Any
 
-from components.core import run_setup
 from components.core.commit import RetiredError
 from components.core.config import RunConfig
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.store import join
 from components.core.warm import Timeline, run_once
 from components.evaluate.stage import EvaluateStage
+from components.model import run_setup
 
 __all__ = ["evaluate_external", "watch_run"]
 

@@ -12,7 +12,6 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from components.core.commit import (
-    SUCCESS,
     OutputDir,
 )
 from components.core.config import EvalSetConfig, RunConfig
@@ -26,8 +25,9 @@ from components.evaluate.metrics import (
     summarize,
     summarize_by,
 )
-from components.evaluate.plots import plot_history, plot_pass_at_k
-from components.evaluate.report import render_markdown
+from components.report.history import history
+from components.report.markdown import render_markdown
+from components.report.plots import plot_history, plot_pass_at_k
 
 log = logging.getLogger("rlvr.evaluate")
 
@@ -86,33 +86,6 @@ def compute_metrics(
         "overall": summarize(problems, **opts),
         "by_data_source": summarize_by(problems, "data_source", **opts),
     }
-
-
-def history(store: Store, layout: RunLayout, current: int, current_metrics: dict) -> list[dict]:
-    rows = []
-    for c in committed_indices(store, join(layout.root, "evals")):
-        if c == current:
-            continue
-        m = json.loads(store.read_text(join(layout.evals(c), "metrics.json")))
-        if "overall" in m:  # a checkpoint evaluated on lm-eval suites alone has no pass@1
-            rows.append(_history_row(store, layout, c, m))
-    rows.append(_history_row(store, layout, current, current_metrics))
-    return sorted(rows, key=lambda r: r["checkpoint"])
-
-
-def _history_row(store: Store, layout: RunLayout, c: int, m: dict) -> dict:
-    ov = m["overall"]
-    n = m["n"]
-    row = {"checkpoint": c, "pass@1": ov["pass@1"], "mean@n": ov[f"mean@{n}"]}
-    if "pass@1_ci95" in ov:
-        row["pass@1_ci95"] = ov["pass@1_ci95"]
-    if c > 0:  # the train reward of the iteration that produced checkpoint c
-        try:
-            manifest = json.loads(store.read_text(join(layout.checkpoint(c), SUCCESS)))
-            row["reward"] = manifest["stats"]["train/reward_mean"]
-        except Exception:  # noqa: BLE001 - reward is optional decoration of the history
-            pass
-    return row
 
 
 def write_table(out: OutputDir, table, name: str, tmp: Path) -> None:

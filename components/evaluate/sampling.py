@@ -16,8 +16,6 @@ from components.core.errors import StageError
 from components.core.layout import RunLayout
 from components.core.schemas import read_records
 from components.core.store import Store, join
-from components.generate.backends import SamplingSpec
-from components.generate.engine import PolicyEngine
 from components.generate.rollouts import (
     PromptRow,
     dataset_uri,
@@ -25,6 +23,8 @@ from components.generate.rollouts import (
     load_prompts,
     spec_from,
 )
+from components.model.backends import SamplingSpec
+from components.model.engine import PolicyEngine
 from components.verify.scoring import resolve_rewards, score_table
 
 __all__ = ["EVAL_SEED_ITERATION", "gather", "sample_and_score"]

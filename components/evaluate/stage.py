@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.core import device_turn, lineages
+from components.core import lineages
 from components.core.commit import (
     Lineage,
     OutputDir,
@@ -53,7 +53,8 @@ from components.evaluate.results import (
     write_table,
 )
 from components.evaluate.sampling import gather, sample_and_score
-from components.generate.engine import PolicyEngine
+from components.model import device_turn
+from components.model.engine import PolicyEngine
 
 log = logging.getLogger("rlvr.evaluate")
 

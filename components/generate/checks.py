@@ -124,7 +124,7 @@ def check_local_dtype(cfg: RunConfig, problems: Problems) -> None:
     torch emulates them, slower than fp32. A warning: it is correct, only slow."""
     import torch
 
-    from components.core.checkpoint import cpu_native_matmul
+    from components.model.checkpoint import cpu_native_matmul
 
     g = cfg.generate
     if g.backend != "transformers" or g.dtype not in ("bfloat16", "float16"):
@@ -145,7 +145,7 @@ def check_curriculum(cfg: RunConfig, problems: Problems, table: pa.Table | None 
     (read from data.train when None)."""
     if cfg.data.sampler != "curriculum":
         return
-    from components.core.curriculum import group_keys
+    from components.generate.curriculum import group_keys
 
     if table is None:
         from components.core.schemas import read_parquet

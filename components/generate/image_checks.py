@@ -16,7 +16,7 @@ from tqdm import tqdm
 from components.core.config import RunConfig
 from components.core.errors import Problems, UserError
 from components.core.preflight import rows_text
-from components.core.vision import (
+from components.model.vision import (
     IMAGE_COLUMN,
     VisionProcessor,
     image_bytes,

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from components.generate.backends import PromptRequest, SamplingSpec
 from components.generate.tools import ToolBox, parse_tool_calls
+from components.model.backends import PromptRequest, SamplingSpec
 
 TOOL_CALL_END = "</tool_call>"
 

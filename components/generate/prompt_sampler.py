@@ -2,7 +2,7 @@
 
 `uniform` walks a seeded permutation epoch by epoch (:func:`select_indices`). `curriculum` folds
 the per-prompt stats verify committed for iterations up to ``i - 1 - train.max_staleness`` and
-draws from them (components/core/curriculum.py). A warm worker keeps the folded history and
+draws from them (components/generate/curriculum.py). A warm worker keeps the folded history and
 adds one iteration's stats per step; a cold start (or a rerun of an earlier iteration) folds
 from iteration 0. Either way the rows depend only on the run seed, i and committed stats.
 """
@@ -16,20 +16,14 @@ import pyarrow as pa
 
 from components.core.commit import committed_files, committed_parts, content_digest, read_manifest
 from components.core.config import RunConfig
-from components.core.curriculum import (
-    PROMPT_STATS,
-    History,
-    curriculum_indices,
-    group_keys,
-    row_of,
-    scored_prompt_stats,
-)
 from components.core.errors import UserError
 from components.core.layout import RunLayout
 from components.core.lineages import sampler_inputs, stats_horizon
+from components.core.prompt_stats import PROMPT_STATS, row_of, scored_prompt_stats
 from components.core.schemas import SchemaError, read_parquet, read_records
 from components.core.store import Store
 from components.core.warm import is_committed
+from components.generate.curriculum import History, curriculum_indices, group_keys
 
 __all__ = ["PromptSampler", "read_prompt_stats", "select_indices"]
 

@@ -25,8 +25,8 @@ from components.core.config import GenerateSection
 from components.core.errors import StageError, UserError
 from components.core.schemas import PartWriter, ground_truth_of, read_dataset
 from components.core.store import Store
-from components.core.vision import IMAGES_REF
-from components.generate.backends import Backend, PromptRequest, SamplingSpec, sample_seed
+from components.model.backends import Backend, PromptRequest, SamplingSpec, sample_seed
+from components.model.vision import IMAGES_REF
 
 log = logging.getLogger("rlvr.generate")
 
@@ -39,7 +39,7 @@ class PromptRow:
     prompt: Any  # list of {role, content} or a string
     extra_info: str | None  # JSON
     images: list | None = None
-    """An image prompt's `images` entries (encoded bytes, components/core/vision.py)."""
+    """An image prompt's `images` entries (encoded bytes, components/model/vision.py)."""
     images_ref: str | None = None
     """Where they are: `<dataset uri>#<row>` (rollouts carry it relative to the run)."""
 
@@ -72,7 +72,7 @@ def prompts_from(table, uri: str, prefix: str, indices: list[int] | None = None)
         table = table.take(indices)
     else:
         indices = list(range(table.num_rows))
-    from components.core.vision import IMAGE_COLUMN, image_bytes
+    from components.model.vision import IMAGE_COLUMN, image_bytes
 
     cols = {c: table.column(c).to_pylist() for c in ("data_source", "prompt", "reward_model")}
     extra = table.column("extra_info").to_pylist() if "extra_info" in table.column_names else None
@@ -98,7 +98,7 @@ def render_request(tokenizer, vision, row: PromptRow) -> tuple[str, list[int], t
     policy's `VisionProcessor`, a text prompt through `render_prompt`."""
     if not row.images:
         return (*render_prompt(tokenizer, row.prompt), (), None)
-    from components.core.vision import decode_image
+    from components.model.vision import decode_image
 
     if vision is None:
         raise StageError(

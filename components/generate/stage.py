@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from components.core import device_turn, lineages
+from components.core import lineages
 from components.core.commit import (
     NotCommittedError,
     OutputDir,
@@ -28,11 +28,9 @@ from components.core.config import RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
 from components.core.lineages import policy_version
-from components.core.profiling import profiled
 from components.core.schemas import read_dataset
 from components.core.timing import Timeline
 from components.core.warm import Stage, is_committed
-from components.generate.engine import PolicyEngine
 from components.generate.prompt_sampler import PromptSampler
 from components.generate.rollouts import (
     dataset_uri,
@@ -40,6 +38,9 @@ from components.generate.rollouts import (
     prompts_from,
     spec_from,
 )
+from components.model import device_turn
+from components.model.engine import PolicyEngine
+from components.model.profiling import profiled
 
 __all__ = ["GenerateStage", "run", "serve"]
 
@@ -95,8 +96,8 @@ class GenerateStage(Stage):
         if self.cfg.train.handoff.channel != "broadcast" or not self.serving:
             return None
         if self._receiver is None:
-            from components.core.channel import Receiver, Settings, ranks_per_worker
-            from components.core.checkpoint import device_and_dtype
+            from components.model.channel import Receiver, Settings, ranks_per_worker
+            from components.model.checkpoint import device_and_dtype
 
             h, g = self.cfg.train.handoff, self.cfg.generate
             per = ranks_per_worker(g.backend, g.tensor_parallel_size)
@@ -207,7 +208,7 @@ class GenerateStage(Stage):
         ckpt_uri = self.layout.checkpoint(version)
         channel = self._channel()
         if channel is not None and version > 0 and channel.offered(version):
-            from components.core.channel import ChannelError
+            from components.model.channel import ChannelError
 
             try:
                 return self.engine.receive(
@@ -223,7 +224,7 @@ class GenerateStage(Stage):
         """Wait for checkpoint `version`'s commit, and refuse to commit rollouts sampled from
         weights that are not its files' (a channel that corrupted them, a sender that wrote
         other weights than it sent)."""
-        from components.core.channel import ChannelError
+        from components.model.channel import ChannelError
 
         uri = self.layout.checkpoint(version)
         try:

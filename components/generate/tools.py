@@ -217,7 +217,7 @@ class ToolBox:
 def python_tool(timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: int = 2000) -> Tool:
     """The built-in `python` tool: the code runs in the code verifier's sandbox, one fresh
     process per call, and the observation is what it printed (stderr's tail after a failure)."""
-    from components.verify.sandbox import SandboxConfig, run_python
+    from components.sandbox import SandboxConfig, run_python
 
     config = SandboxConfig(
         timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max(4 * max_output_chars, 4096)

@@ -16,7 +16,7 @@ import torch
 
 from components.core.errors import StageError
 from components.core.turns import has_void_turn
-from components.core.vision import IMAGES_REF
+from components.model.vision import IMAGES_REF
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Rollouts:
     turns: list[list[dict]] | None = None
     """Multi-turn rollouts: each row's turns ({role, content, start, end}); None otherwise."""
     images_ref: list[str | None] | None = None
-    """Image prompts: each row's `images_ref` (components/core/vision.py); None otherwise."""
+    """Image prompts: each row's `images_ref` (components/model/vision.py); None otherwise."""
     vision: list | None = None
     """Image prompts: each row's VisionInputs, once the stage has read them (`resolve_images`)."""
 
@@ -169,7 +169,7 @@ def collate(ro: Rollouts, rows: list[int], pad_id: int) -> MicroBatch:
     tokens[mask] = input_ids[np.arange(b)[:, None], np.where(mask, index + 1, 0)][mask]
     vision = None
     if ro.vision is not None:
-        from components.core.vision import VisionInputs
+        from components.model.vision import VisionInputs
 
         vision = VisionInputs.cat([ro.vision[r] for r in rows])
     return MicroBatch(

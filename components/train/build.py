@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from components.core.checkpoint import device_and_dtype, load_policy, local_checkpoint
 from components.core.commit import materialize, read_manifest
 from components.core.config import RunConfig
 from components.core.errors import Problems, StageError
 from components.core.layout import RunLayout
 from components.core.retention import reading
 from components.core.store import Store
-from components.core.vision import VisionProcessor, vision_tower
+from components.model.checkpoint import device_and_dtype, load_policy, local_checkpoint
+from components.model.vision import VisionProcessor, vision_tower
 from components.train import state as train_state
 from components.train.distributed import deepspeed_config, import_deepspeed, init_distributed
 from components.train.policy import (
@@ -83,7 +83,7 @@ def _build(cfg, store, layout, state, ref_model, reader) -> Built:
     model, tokenizer = load_policy(base_dir, dtype=torch.float32, device=device)
     base_digest = None
     if cfg.model.lora is not None:
-        from components.core import adapter
+        from components.model import adapter
 
         base_digest = adapter.base_digest(base_dir, read_manifest(store, base_uri))
         model = adapter.attach(model, cfg.model.lora)

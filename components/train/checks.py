@@ -152,7 +152,7 @@ def _check_rollout_logprobs(cfg: RunConfig, problems: Problems) -> None:
 
 def _rollout_differences(cfg: RunConfig) -> list[str]:
     """What makes the sampler's logprobs differ from the trainer's own in this config."""
-    from components.core.checkpoint import device_and_dtype
+    from components.model.checkpoint import device_and_dtype
 
     # as they resolve here (auto: bf16 on a GPU, fp32 on a CPU)
     sampler_dtype = device_and_dtype(cfg.generate.dtype)[1]
@@ -261,7 +261,7 @@ def check_lora(cfg: RunConfig, problems: Problems) -> None:
         )
         return
     if cfg.generate.backend == "vllm":
-        from components.generate.vllm_backend import VLLM_MAX_LORA_RANKS
+        from components.model.vllm_backend import VLLM_MAX_LORA_RANKS
 
         if cfg.generate.dtype == "float32":
             problems.error(
@@ -292,7 +292,7 @@ def check_lora_targets(cfg: RunConfig, problems: Problems, model_config) -> None
     lora = cfg.model.lora
     if lora is None or importlib.util.find_spec("peft") is None:
         return
-    from components.core.adapter import adapter_parameter_count
+    from components.model.adapter import adapter_parameter_count
 
     try:
         adapter, _ = adapter_parameter_count(model_config, lora)

@@ -10,12 +10,12 @@ train state every `train.state_every` iterations (components/train/state.py).
 Every rank walks the same plan in the same order (a ZeRO-3 parameter's gather, DeepSpeed's
 fp32 master under bf16, are collectives); rank 0 alone writes, each tensor as soon as it is
 whole, so neither the model nor the checkpoint is ever held whole in memory
-(components/core/weights.py). The files are HF's (`model.safetensors`, sharded with an index past
-2 GB, under the names `save_pretrained` uses: components/core/checkpoint.py `saved_names`), and
+(components/model/weights.py). The files are HF's (`model.safetensors`, sharded with an index past
+2 GB, under the names `save_pretrained` uses: components/model/checkpoint.py `saved_names`), and
 the same weights always give the same bytes: `WeightPlan.write(None)` hashes what would be
 written, which checks a replayed update against the checkpoint the original run committed.
 
-With the weight channel (components/core/channel.py) the plan is walked twice: once to
+With the weight channel (components/model/channel.py) the plan is walked twice: once to
 broadcast (generate starts sampling as soon as the last bucket is in), then once to write the
 checkpoint, while generate samples. One pass doing both would hold generate back until the
 files were on disk; the second gather costs little beside either (NVLink and memory bandwidth).
@@ -33,11 +33,11 @@ from typing import Any
 
 import torch
 
-from components.core import weights as weight_files
-from components.core.checkpoint import check_hf_dir, saved_names
 from components.core.commit import OutputDir
 from components.core.errors import StageError
-from components.core.weights import (
+from components.model import weights as weight_files
+from components.model.checkpoint import check_hf_dir, saved_names
+from components.model.weights import (
     INDEX_NAME,
     Entry,
     FileInfo,
@@ -129,7 +129,7 @@ class WeightPlan:
                 yield e.name, t
 
     def send(self, sender, version: int, *, keep: bool = True) -> bool:
-        """Broadcast every tensor over the weight channel (components/core/channel.py), before
+        """Broadcast every tensor over the weight channel (components/model/channel.py), before
         anything is written: the receivers sample while the files are written. Every rank
         takes part in the gathers; rank 0 (`keep`) sends, unless it has no `sender` (it could
         not listen). True when every receiver got everything."""

@@ -21,7 +21,7 @@ from components.core.errors import StageError
 from components.core.layout import RunLayout
 from components.core.schemas import read_records
 from components.core.store import Store
-from components.generate.backends import LOGPROB_DEFINITION
+from components.model.backends import LOGPROB_DEFINITION
 from components.train.batching import Rollouts
 
 
@@ -68,7 +68,7 @@ def old_logprobs_from_rollout(
     `sampled`: the generate stats) in float32 on the trainer's own kind of device, a float32
     trainer, and nothing that changes the forward (LoRA, tools) or needs the trainer's own pass
     (rollout correction compares the two; forking tokens need its entropy)."""
-    from components.core.checkpoint import device_and_dtype
+    from components.model.checkpoint import device_and_dtype
 
     t, g = cfg.train, cfg.generate
     definition = sampled.get("logprob_definition")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from components.core.checkpoint import write_checkpoint
 from components.core.commit import OutputDir
 from components.core.errors import StageError
 from components.core.timing import Timeline
-from components.generate.engine import WEIGHT_SUFFIXES
+from components.model.checkpoint import write_checkpoint
+from components.model.engine import WEIGHT_SUFFIXES
 
 
 def enable_checkpointing(model) -> None:
@@ -140,7 +140,7 @@ class TokenizerFiles:
     """Saves a checkpoint's tokenizer files by copying them from the checkpoint trained from,
     byte for byte: every checkpoint of a run then carries the base's tokenizer files unchanged
     (a re-save through transformers adds keys), so a warm generate engine sees the same tokenizer
-    and takes each new checkpoint as weights only (components/generate/engine.py)."""
+    and takes each new checkpoint as weights only (components/model/engine.py)."""
 
     # the model's own files: written for each checkpoint (an adapter's config and base too)
     SKIP = (
@@ -183,7 +183,7 @@ def write_adapter_checkpoint(
         generation_config = None
 
         def save_pretrained(self, path, **kwargs):
-            from components.core.adapter import write_adapter
+            from components.model.adapter import write_adapter
 
             write_adapter(model, weights, Path(path), base_digest, base_uri)
 

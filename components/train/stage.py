@@ -23,9 +23,7 @@ from typing import Any
 
 import torch
 
-from components.core import device_turn, lineages
-from components.core.channel import Sender, Settings, ranks_per_worker
-from components.core.checkpoint import device_and_dtype, sampler_dtype_name
+from components.core import lineages
 from components.core.commit import (
     Lineage,
     NotCommittedError,
@@ -40,9 +38,12 @@ from components.core.errors import StageError, UserError
 from components.core.layout import RunLayout, committed_indices, store_for
 from components.core.store import StoreError, join
 from components.core.timing import Timeline
-from components.core.vision import resolve_images
 from components.core.warm import Stage
-from components.generate.backends import LOGPROB_DEFINITION
+from components.model import device_turn
+from components.model.backends import LOGPROB_DEFINITION
+from components.model.channel import Sender, Settings, ranks_per_worker
+from components.model.checkpoint import device_and_dtype, sampler_dtype_name
+from components.model.vision import resolve_images
 from components.train import algorithms as algos
 from components.train import state as train_state
 from components.train.build import Built, build, release
@@ -260,13 +261,13 @@ class TrainStage(Stage):
             return {k: v.sha256 for k, v in self.weights.write(None, keep=keep).items()}
         import tempfile
 
-        from components.core.adapter import ADAPTER_WEIGHTS
         from components.core.commit import sha256_file
+        from components.model.adapter import ADAPTER_WEIGHTS
 
         weights = adapter_state_dict(self.engine)  # gathered on every rank (ZeRO-3)
         if not keep:
             return {}
-        from components.core.adapter import write_adapter
+        from components.model.adapter import write_adapter
 
         with tempfile.TemporaryDirectory(prefix="rlvr-replay-") as tmp:
             write_adapter(self.engine.module, weights, Path(tmp), self.built.base_digest, "")
@@ -336,11 +337,12 @@ class TrainStage(Stage):
         return {"skipped": False, "uri": ckpt_out.uri, "stats": metrics}
 
     def _health(self, iteration: int, metrics: dict) -> dict[str, Any]:
-        """Run health after this iteration (components/core/health.py), for the checkpoint's
+        """Run health after this iteration (components/train/health.py), for the checkpoint's
         manifest: the record, its figures, a warning per new symptom; and, when the run is to
         stop, the stop record, written before the checkpoint commits (rank 0). Judging never
         fails the step."""
-        from components.core import health
+        from components.core import run_control
+        from components.train import health
 
         self.stopping = False
         if self.rank != 0:
@@ -352,7 +354,7 @@ class TrainStage(Stage):
             return {}
         if h.stop:
             try:
-                health.write_stop(self.cfg, h)
+                run_control.write_stop(self.cfg, h)
                 self.stopping = True
             except (StoreError, OSError):
                 log.warning("train: could not record the run's stop", exc_info=True)
@@ -362,7 +364,7 @@ class TrainStage(Stage):
                 log.log(level, "health: %s", event.message)
         if h.stop:
             log.warning("health: the run stops after iteration %d: %s", iteration, h.summary)
-        return {"health": h.model_dump(mode="json"), **health.figures(h)}
+        return {"health": h.model_dump(mode="json"), **run_control.figures(h)}
 
     def _update(self, inputs: IterationInputs, timeline: Timeline) -> tuple[int, dict]:
         """Iteration `inputs.iteration`'s optimizer steps on the held engine."""

@@ -32,7 +32,7 @@ from components.core.commit import OutputDir, content_digest
 from components.core.errors import UserError
 from components.core.store import Store, StoreError, join
 from components.core.timing import Timeline
-from components.core.weights import Entry, FileInfo, FileWriter, ordered
+from components.model.weights import Entry, FileInfo, FileWriter, ordered
 
 STATE_VERSION = 2
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -298,7 +298,7 @@ class StateReader:
     def __init__(self, state_dir: Path, uri: str) -> None:
         from safetensors import safe_open
 
-        from components.core.checkpoint import safetensors_problem
+        from components.model.checkpoint import safetensors_problem
 
         self.uri = uri
         self.meta = read_meta(Path(state_dir), uri)

@@ -122,14 +122,14 @@ def sequence_logprobs(
 def model_inputs(model, mb: MicroBatch, device: str) -> dict[str, Any]:
     """The forward's inputs of a micro-batch: token ids and mask; with image prompts also their
     pixel values and grids, and M-RoPE positions computed as the sampler computed them
-    (components/core/vision.py), so teacher forcing sees what the sampler saw. An image
+    (components/model/vision.py), so teacher forcing sees what the sampler saw. An image
     placeholder token the policy sampled ends its response (the sampler stops there), so it is
     only ever a response's last token, read by nothing scored: it goes in as padding, or the
     model would take it for an image's place."""
     ids = mb.input_ids
     if mb.vision is None:
         return {"input_ids": ids.to(device), "attention_mask": mb.attention_mask.to(device)}
-    from components.core.vision import placeholder_ids, rope_index
+    from components.model.vision import placeholder_ids, rope_index
 
     in_response = torch.arange(ids.shape[1])[None, :] >= mb.prompt_lengths[:, None]
     sampled = torch.isin(ids, torch.tensor(sorted(placeholder_ids(model)))) & in_response

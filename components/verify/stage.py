@@ -32,8 +32,8 @@ from components.core.commit import (
     shard_of,
 )
 from components.core.config import RunConfig
-from components.core.curriculum import PROMPT_STATS, group_shares, scored_prompt_stats
 from components.core.layout import RunLayout, store_for
+from components.core.prompt_stats import PROMPT_STATS, group_shares, scored_prompt_stats
 from components.core.schemas import read_records, stamp
 from components.core.timing import Timeline
 from components.core.warm import Stage

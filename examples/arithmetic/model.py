@@ -22,7 +22,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from components.core.checkpoint import portable_tokenizer_config
+from components.model.checkpoint import portable_tokenizer_config
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"

@@ -46,8 +46,8 @@ def from_hub(out: Path, hub_id: str = HUB_ID, timeout_s: float = 10.0) -> bool:
     import os
     import shutil
 
-    from components.core.checkpoint import portable_tokenizer_config
     from components.core.hub import HubError, materialize
+    from components.model.checkpoint import portable_tokenizer_config
 
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(int(timeout_s)))
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(timeout_s)))
@@ -74,7 +74,7 @@ def from_gguf(out: Path, gguf: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from components.core.checkpoint import portable_tokenizer_config
+    from components.model.checkpoint import portable_tokenizer_config
 
     started = time.time()
     tokenizer = gguf_tokenizer(gguf)
@@ -119,7 +119,7 @@ def _turn_end_specials(tokenizer, generation_config=None) -> None:
     """eos and pad from the model's own chat template, whatever the GGUF converter of this
     transformers version took (5.17 gives eos `<|im_start|>` and no pad; 5.24 `<|im_end|>` for
     both): the token the template ends a turn with, in the generation config too."""
-    from components.core.checkpoint import turn_end_token
+    from components.model.checkpoint import turn_end_token
 
     end = turn_end_token(tokenizer)
     if end is None:

@@ -85,10 +85,10 @@ def encode(tokenizer, problems, tool_share: float, seed: int):
 def dev_check(model, tokenizer, problems, cfg: ToolWarmup, seed: int) -> dict[str, float]:
     """Pass@1 and tool-call rate of sampled dev trajectories (temperature 1.0, the real python
     tool, rlvr's multi-turn loop on the in-memory model): what the generate stage would see."""
-    from components.generate.backends import PromptRequest, SamplingSpec, sample_seed
-    from components.generate.hf_backend import TransformersBackend
     from components.generate.multiturn import generate_multi_turn
     from components.generate.tools import load_tools
+    from components.model.backends import PromptRequest, SamplingSpec, sample_seed
+    from components.model.hf_backend import TransformersBackend
 
     model.eval()
     backend = TransformersBackend(model, tokenizer, batch_size=len(problems))

@@ -6,7 +6,7 @@ torchvision) set to turn the demo's 56x56 images into a 4x4 patch grid (4 image 
 pixel values in [0, 1] (not normalised), and the model is a freshly initialised (weights' std
 ``INIT_STD``), very small ``Qwen2VLForConditionalGeneration``. They save to a
 directory that ``AutoTokenizer``, ``AutoImageProcessor`` and ``AutoModelForImageTextToText``
-load, and that ``components.core.vision.VisionProcessor.of_checkpoint`` renders prompts for.
+load, and that ``components.model.vision.VisionProcessor.of_checkpoint`` renders prompts for.
 
 Usage (from Python)::
 
@@ -30,7 +30,7 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
 )
 
-from components.core.vision import pil_image_processor_class
+from components.model.vision import pil_image_processor_class
 from examples.arithmetic.model import build_tokenizer as build_text_tokenizer
 from examples.arithmetic.model import count_parameters, generation_config
 from examples.arithmetic.model import save_checkpoint as save_text_checkpoint

@@ -11,8 +11,8 @@ Writes, under ``--out``:
 
 The warm-up teaches the response ``\\boxed{N}<eos>`` after the chat-templated prompt with its
 image (teacher forcing, loss on response tokens only, label smoothing, AdamW). Prompts are
-rendered by ``components.core.vision.VisionProcessor`` and every forward gets the M-RoPE
-positions of ``components.core.vision.rope_index``, exactly as the pipeline's stages do. Label
+rendered by ``components.model.vision.VisionProcessor`` and every forward gets the M-RoPE
+positions of ``components.model.vision.rope_index``, exactly as the pipeline's stages do. Label
 smoothing leaves a little probability on every token but the vision tokens (``smoothed_loss``),
 so sampling at temperature 1.0 is much worse than greedy decoding: the base's sampled pass@1 is
 low (about 0.3) while its greedy accuracy is high (about 0.85), which gives GRPO room to improve
@@ -41,8 +41,8 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen2VLForConditionalGeneration
 
-from components.core.vision import VisionInputs, VisionProcessor, rope_index
-from components.generate.hf_backend import cache_kwarg
+from components.model.hf_backend import cache_kwarg
+from components.model.vision import VisionInputs, VisionProcessor, rope_index
 from components.verify.math import compute_score
 from examples.arithmetic.prepare import already_prepared, publish_demo
 from examples.prepare_cli import prepare_main

@@ -117,7 +117,7 @@ def test_evaluations_of_an_older_version_stay_current(cfg) -> None:
     from components.core.layout import RunLayout, store_for
 
     store, layout = store_for(cfg), RunLayout.of(cfg)
-    from components.core import run_setup
+    from components.model import run_setup
 
     run_setup.run(cfg)
     now = lineages.evaluate(cfg, layout, 0).lineage(store, layout.root)

@@ -101,9 +101,9 @@ def test_unsupported_scheme():
 @pytest.mark.slow
 def test_killed_stage_leaves_nothing_trusted(workspace, cfg):
     """A generate stage SIGKILLed after its first part leaves no _SUCCESS; a rerun replaces it."""
-    from components.core import run_setup
     from components.core.layout import RunLayout
     from components.core.store import LocalStore
+    from components.model import run_setup
 
     run_setup.run(cfg)
     layout = RunLayout.of(cfg)

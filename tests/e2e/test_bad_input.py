@@ -68,9 +68,9 @@ class Ctx:
 @pytest.fixture(scope="module")
 def template(tiny_assets, tmp_path_factory) -> Path:
     """A run: iteration 0 trained, iteration 1 generated and verified (built once)."""
-    from components.core import run_setup
     from components.core.config import load_config
     from components.generate.stage import run as generate
+    from components.model import run_setup
     from components.train.stage import run as train
     from components.verify.stage import run as verify
 

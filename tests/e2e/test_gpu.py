@@ -25,7 +25,7 @@ whole step, and a few such elements make the relative error large while the upda
 flipped element lowers the cosine by about 2 / (number of elements): 0.999 allows 0.05% of them
 (fp32), 0.98 allows 1% (bf16).
 
-3. Generate's decode steps replayed as CUDA graphs (components/generate/graph_decode.py) sample
+3. Generate's decode steps replayed as CUDA graphs (components/model/graph_decode.py) sample
    what the eager steps on the growing cache sample, in fp32 on the same GPU, up to rounding (the
    batch-invariance contract of docs/contracts.md); the graphs were captured, one per bucket the
    rows passed through, none given up; a second call replays them and samples the same again.
@@ -141,8 +141,8 @@ def test_bf16_zero3_through_the_trainjob_pod_entry_equals_one_gpu_zero1(prepared
 
 
 def test_decode_graphs_sample_what_the_eager_steps_sample(tiny_assets):
-    from components.core.checkpoint import load_policy
-    from components.generate.hf_backend import TransformersBackend
+    from components.model.checkpoint import load_policy
+    from components.model.hf_backend import TransformersBackend
     from tests.support.invariance import assert_equal_up_to_rounding
     from tests.support.sampling import collect, early_stop_spec, keyed_rows, varied_requests
 

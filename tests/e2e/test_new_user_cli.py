@@ -194,9 +194,9 @@ def test_local_evaluation_runs_niced_below_the_training_loop(workspace: Path, tm
 
 def test_local_evaluation_takes_its_turn_on_the_device(workspace: Path, monkeypatch) -> None:
     """Generate and train hold the device while they compute and evaluation waits for them
-    (components/core/device_turn.py), all on one lock file of the run; not in containers (they
+    (components/model/device_turn.py), all on one lock file of the run; not in containers (they
     do not share it), and not with RLVR_DEVICE_TURN=off."""
-    from components.core.device_turn import TURN_ENV
+    from components.model.device_turn import TURN_ENV
     from pipelines.local import local_thread_env
 
     monkeypatch.delenv(TURN_ENV, raising=False)
@@ -245,7 +245,7 @@ def test_init_does_not_load_the_base_again_after_rlvr_check(workspace: Path, mon
     """`rlvr run` checks the base checkpoint (transformers loads it) and tells its init task so:
     init copies it without loading it again. Without the word (a cluster, --skip-check) init
     checks it itself."""
-    from components.core import run_setup
+    from components.model import run_setup
     from pipelines.local import local_thread_env
 
     cfg = load_config(workspace)

@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from components.core import run_setup
 from components.core.layout import RunLayout
 from components.evaluate.stage import run as evaluate
 from components.generate.stage import run as generate
+from components.model import run_setup
 from components.train.stage import run as train
 from components.verify.stage import run as verify
 from tests.support.models import SMOLLM2_TOKENIZER_CLASSES, smollm2_gguf
@@ -36,7 +36,7 @@ def smol_assets(tmp_path_factory) -> Path:
     weights, seed 0), and 40 train / 8 eval word problems of examples/smollm2."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from components.core.checkpoint import portable_tokenizer_config
+    from components.model.checkpoint import portable_tokenizer_config
     from examples.smollm2.model import gguf_tokenizer
     from examples.smollm2.task import make_splits, write_table
 
@@ -137,7 +137,7 @@ def test_trainer_logprobs_equal_the_samplers_at_a_49k_vocabulary(smol_cfg, monke
     output-head path with several chunks per micro-batch (HEAD_CHUNK_ELEMENTS lowered)."""
     from transformers import AutoModelForCausalLM
 
-    from components.core.checkpoint import load_policy
+    from components.model.checkpoint import load_policy
     from components.train import update
     from components.train.batching import Rollouts, collate
 
@@ -206,7 +206,7 @@ def test_check_names_a_missing_chat_template_and_an_overlong_response(
     ],
 )
 def test_cpu_native_matmul_reads_the_cpu_flags(tmp_path, flags, native):
-    from components.core.checkpoint import cpu_native_matmul
+    from components.model.checkpoint import cpu_native_matmul
 
     info = tmp_path / "cpuinfo"
     info.write_text(f"processor\t: 0\n{flags}\n")
@@ -219,7 +219,7 @@ def test_cpu_native_matmul_reads_the_cpu_flags(tmp_path, flags, native):
 def test_check_warns_of_a_bf16_sampler_on_a_cpu_that_emulates_it(smol_cfg, monkeypatch):
     """generate.dtype bfloat16 is correct anywhere, but on a CPU without bf16 matmuls torch
     emulates it, slower than fp32: `rlvr check` says so (a warning) on a local run only."""
-    from components.core import checkpoint
+    from components.model import checkpoint
     from pipelines.preflight import check_run
 
     def slow_dtype_warnings(native: bool | None, **kw) -> list[str]:

@@ -1,7 +1,7 @@
 """A run with no learning signal, end to end through `rlvr run` on KFP's local runner: train
 warns as the symptom appears, gives the verdict, and the run stops under health.stop_after
 with its checkpoints, evaluations and report intact; a rerun finds it done; turning the rule
-off lets it go on. (The verdicts' thresholds: tests/core/test_health.py.)"""
+off lets it go on. (The verdicts' thresholds: tests/train/test_health.py.)"""
 
 from __future__ import annotations
 

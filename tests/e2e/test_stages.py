@@ -8,14 +8,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from components.core import run_setup
-from components.core.checkpoint import load_policy
 from components.core.layout import RunLayout
 from components.core.schemas import SCORED, components_dict
 from components.evaluate.sampling import EVAL_SEED_ITERATION
 from components.evaluate.stage import run as evaluate
 from components.generate.rollouts import spec_from
 from components.generate.stage import run as generate
+from components.model import run_setup
+from components.model.checkpoint import load_policy
 from components.verify.scoring import resolve_rewards
 from components.verify.stage import run as verify
 from tests.support.invariance import assert_equal_up_to_rounding

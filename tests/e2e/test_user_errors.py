@@ -82,13 +82,13 @@ def test_not_user_errors(error):
 
 
 def _error_classes() -> dict[str, type]:
-    from components.core.adapter import AdapterError
-    from components.core.checkpoint import CheckpointError
     from components.core.config import ConfigError
     from components.core.errors import PreflightError
     from components.core.hub import HubError
     from components.core.schemas import SchemaError
     from components.generate.tools import ToolError
+    from components.model.adapter import AdapterError
+    from components.model.checkpoint import CheckpointError
     from components.train.algorithms import UnknownNameError
     from components.train.state import TrainStateError
     from components.verify.code.cases import InvalidTestCases

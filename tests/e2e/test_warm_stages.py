@@ -10,7 +10,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.core import run_setup
 from components.core.commit import committed_files
 from components.core.errors import StageError
 from components.core.layout import RunLayout, store_for
@@ -18,6 +17,7 @@ from components.core.schemas import read_records
 from components.core.timing import Timeline
 from components.generate.stage import GenerateStage
 from components.generate.stage import run as generate
+from components.model import run_setup
 from components.train.stage import TrainStage
 from components.train.stage import run as train
 from components.verify.stage import VerifyStage

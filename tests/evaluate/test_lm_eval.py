@@ -254,11 +254,11 @@ def read_manifest_stats(uri: Path) -> dict:
 def test_a_warm_worker_hands_its_own_model_to_lm_eval(tmp_path, tiny_assets):
     """No second load: lm-eval's adapter wraps the model the engine holds; and an unchanged
     evaluation is not run again, while a changed task file makes it stale."""
-    from components.core import run_setup
     from components.core.timing import Timeline
     from components.evaluate.lm_eval_suite import _policy
     from components.evaluate.lm_eval_suite import adapter as lm_adapter
     from components.evaluate.stage import EvaluateStage
+    from components.model import run_setup
 
     cfg = load_config(suite_config(tmp_path, tiny_assets))
     run_setup.run(cfg)
@@ -289,9 +289,9 @@ def test_a_warm_worker_hands_its_own_model_to_lm_eval(tmp_path, tiny_assets):
 
 def test_figures_dashboard_and_regression_panel():
     from components.core.figures import eval_figures
-    from components.evaluate.dashboard import render_html
-    from components.evaluate.dynamics import Dynamics
-    from components.evaluate.dynamics_plots import family_panels
+    from components.report.dashboard import render_html
+    from components.report.dynamics import Dynamics
+    from components.report.dynamics_plots import family_panels
 
     def top(p1: float, acc: float) -> dict:
         return {
@@ -337,10 +337,10 @@ def test_schedule_submits_an_eval_pipeline_carrying_the_suite(
 def test_a_lora_checkpoint_is_its_base_with_the_adapter_as_lm_eval_loads_it(tmp_path, tiny_assets):
     """A LoRA run's checkpoint: the worker's PEFT model goes to lm-eval, and the numbers equal
     lm-eval's CLI with `pretrained=BASE,peft=ADAPTER`."""
-    from components.core import run_setup
     from components.core.layout import RunLayout
     from components.evaluate.stage import run as evaluate
     from components.generate.stage import run as generate
+    from components.model import run_setup
     from components.train.stage import run as train
     from components.verify.stage import run as verify
 
@@ -377,7 +377,7 @@ def test_a_config_of_suites_alone_evaluates_and_reports(tmp_path, tiny_assets):
     """No held-out set, only standard benchmarks: the evaluation, its tables and the run
     report (which draws pass@1 plots only where there is pass@1) all work."""
     from components.evaluate.local import evaluate_external
-    from components.evaluate.run_report import write_run_report
+    from components.report.run_report import write_run_report
 
     path = suite_config(tmp_path, tiny_assets)
     raw = yaml.safe_load(path.read_text())

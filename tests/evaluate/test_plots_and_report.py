@@ -1,4 +1,4 @@
-"""Tests for components.evaluate.plots and components.evaluate.report."""
+"""Tests for components.report.plots and components.report.markdown."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from components.evaluate.plots import plot_history, plot_pass_at_k
-from components.evaluate.report import format_value, render_markdown
+from components.report.markdown import format_value, render_markdown
+from components.report.plots import plot_history, plot_pass_at_k
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

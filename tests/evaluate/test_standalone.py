@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from components.core import run_setup
 from components.core.layout import RunLayout
 from components.evaluate.local import watch_run
 from components.evaluate.stage import resolve_checkpoint
+from components.model import run_setup
 from pipelines.cli import main
 
 

@@ -8,7 +8,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from components.verify import sandbox
+from components import sandbox
 from components.verify.code import compute_score
 from examples.arithmetic.data import Problem
 from examples.arithmetic_code.task import (

@@ -46,7 +46,7 @@ def test_the_packaged_gguf_becomes_a_checkpoint_every_stage_loads(tmp_path):
         from tests.support.models import smollm2_gguf
 
         smollm2_gguf()  # skips, or fails under CI
-    from components.core.checkpoint import load_policy
+    from components.model.checkpoint import load_policy
 
     assert smol_model.fetch_model(tmp_path / "base", hub=False) == "gguf"
     base = tmp_path / "base"

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from components.generate.backends import PromptRequest, Sample, SamplingSpec
 from components.generate.multiturn import generate_multi_turn, observation_encoder
 from components.generate.tools import load_tools
+from components.model.backends import PromptRequest, Sample, SamplingSpec
 from examples.arithmetic.data import Problem
 from examples.arithmetic.prepare import chat_prompt
 from examples.tool_arithmetic.task import (
@@ -28,7 +28,7 @@ class Replay:
     """Replays given policy turns (as the tokenizer encodes them) in order, for one prompt."""
 
     def __init__(self, tok, turns: list[str]) -> None:
-        from components.generate.backends import BackendInfo
+        from components.model.backends import BackendInfo
 
         self.tok, self.turns, self.info = tok, list(turns), BackendInfo("replay", "0")
 
@@ -98,7 +98,7 @@ def test_eval_and_dev_problems_are_held_out_of_train():
 
 @pytest.mark.slow
 def test_prepare_commits_a_loadable_base_and_its_curve(tmp_path):
-    from components.core.checkpoint import load_policy
+    from components.model.checkpoint import load_policy
     from examples.tool_arithmetic.prepare import ToolWarmup, prepare
 
     cfg = ToolWarmup(n_train=64, n_eval=8, n_dev=4, max_steps=2, eval_every=1, target=2.0)

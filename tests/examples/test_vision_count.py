@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.core.vision import decode_image, image_bytes
+from components.model.vision import decode_image, image_bytes
 from components.verify.math import compute_score
 from examples.vision_count.data import (
     BACKGROUND,
@@ -174,7 +174,7 @@ def test_prepare_writes_a_base_that_transformers_and_rlvr_load(tmp_path, capsys)
         AutoTokenizer,
     )
 
-    from components.core.vision import VisionProcessor, rope_index
+    from components.model.vision import VisionProcessor, rope_index
     from examples.vision_count.model import build_tokenizer
     from examples.vision_count.prepare import VisionWarmup, prepare
 

@@ -1,5 +1,5 @@
 """The curriculum prompt sampler: per-prompt stats, the Beta weights, retirement, determinism,
-and the stages that commit and read them (components/core/curriculum.py,
+and the stages that commit and read them (components/core/prompt_stats.py, components/generate/curriculum.py,
 components/generate/prompt_sampler.py)."""
 
 from __future__ import annotations
@@ -14,17 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from components.core.config import CurriculumSection, load_config
-from components.core.curriculum import (
+from components.core.layout import RunLayout, store_for
+from components.core.prompt_stats import group_shares, prompt_stats_table, row_of
+from components.generate.curriculum import (
     History,
     _weights,
     beta_signal,
     curriculum_indices,
     group_keys,
-    group_shares,
-    prompt_stats_table,
-    row_of,
 )
-from components.core.layout import RunLayout, store_for
 from tests.support.runs import write_config
 
 
@@ -269,9 +267,9 @@ def curriculum_cfg(tmp_path, tiny_assets):
 
 @pytest.mark.slow
 def test_stages_commit_stats_and_draw_from_them(curriculum_cfg):
-    from components.core import run_setup
     from components.generate.prompt_sampler import PromptSampler
     from components.generate.stage import run as generate
+    from components.model import run_setup
     from components.train.stage import run as train
     from components.verify.stage import run as verify
 

@@ -81,14 +81,14 @@ class BisectingPolicy:
     verify's scorer."""
 
     def __init__(self, tokenizer) -> None:
-        from components.generate.backends import BackendInfo
+        from components.model.backends import BackendInfo
 
         self.tok, self.info = tokenizer, BackendInfo("scripted", "0")
 
     def generate(self, requests, spec):
         import re
 
-        from components.generate.backends import Sample
+        from components.model.backends import Sample
 
         out = []
         for r in requests:
@@ -111,13 +111,13 @@ class BisectingPolicy:
 
 def _stage_rollouts(tmp_path, tiny_assets, server, name):
     """The generate stage's rollouts of two prompts x 2 samples in the server's game."""
-    from components.core.checkpoint import load_policy
     from components.core.commit import OutputDir
     from components.core.config import EnvironmentSection
     from components.core.store import LocalStore
-    from components.generate.backends import SamplingSpec
     from components.generate.rollouts import PromptRow, generate_rollouts
     from components.generate.tools import ToolBox
+    from components.model.backends import SamplingSpec
+    from components.model.checkpoint import load_policy
 
     _, tok = load_policy(tiny_assets / "base")
     prompts = [

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from components.core.vision import (
+from components.model.vision import (
     VisionInputs,
     VisionProcessor,
     pil_image_processor_class,
@@ -60,7 +60,7 @@ def vlm(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def loaded(vlm):
-    from components.core.checkpoint import load_policy
+    from components.model.checkpoint import load_policy
 
     model, tok = load_policy(vlm)
     return model.eval(), tok, VisionProcessor.of_checkpoint(vlm, tok, model.config)
@@ -132,9 +132,9 @@ def test_sampler_logprobs_equal_the_trainers_with_images(loaded):
     """The logprob contract with image prompts: the transformers sampler against the train
     stage's teacher-forced forward (collate + sequence_logprobs, as train runs it)."""
     model, tok, vision = loaded
-    from components.generate.backends import PromptRequest, SamplingSpec, sample_seed
-    from components.generate.hf_backend import TransformersBackend
     from components.generate.rollouts import render_request
+    from components.model.backends import PromptRequest, SamplingSpec, sample_seed
+    from components.model.hf_backend import TransformersBackend
     from components.train.batching import Rollouts, collate
     from components.train.update import sequence_logprobs
 
@@ -184,12 +184,12 @@ def test_warm_engine_loads_a_vision_checkpoint_in_place(loaded, vlm, tmp_path):
     """transformers saves Qwen2-VL under its original names (`model.layers.*`, `visual.*`): the
     warm engine maps them onto the loaded model and takes every weight."""
     model, tok, vision = loaded
-    from components.generate.hf_backend import TransformersBackend, saved_names
+    from components.model.hf_backend import TransformersBackend, saved_names
     from examples.vision_count.model import build_image_processor, build_model, save_checkpoint
 
     other = build_model(tok, seed=11)
     save_checkpoint(other, tok, build_image_processor(), tmp_path / "other")
-    from components.core.checkpoint import load_policy
+    from components.model.checkpoint import load_policy
 
     fresh, _ = load_policy(vlm)
     backend = TransformersBackend(fresh, tok, vision=vision)
@@ -212,10 +212,10 @@ def test_rollouts_point_at_the_dataset_row_not_copies(tmp_path, loaded):
     model, tok, vision = loaded
     from components.core.commit import OutputDir, committed_files
     from components.core.store import get_store
-    from components.core.vision import resolve_images
-    from components.generate.backends import SamplingSpec
-    from components.generate.hf_backend import TransformersBackend
     from components.generate.rollouts import generate_rollouts, prompts_from
+    from components.model.backends import SamplingSpec
+    from components.model.hf_backend import TransformersBackend
+    from components.model.vision import resolve_images
 
     root = tmp_path / "run"
     data = root / "data" / "train"
@@ -284,9 +284,9 @@ def test_an_iteration_through_the_stages(tmp_path, vlm, train, tower_trains):
     import pyarrow.parquet as pq
     import yaml
 
-    from components.core import run_setup
     from components.core.config import load_config
     from components.generate.stage import run as generate
+    from components.model import run_setup
     from components.train.stage import run as train_stage
     from components.verify.stage import run as verify
 
@@ -394,7 +394,7 @@ def test_the_dashboard_shows_image_prompts_and_skips_text_rows(tmp_path, loaded)
     import pyarrow.parquet as pq
 
     from components.core.store import get_store
-    from components.evaluate.gallery import image_gallery
+    from components.report.gallery import image_gallery
 
     root = tmp_path / "run"
     (root / "data" / "eval" / "heldout").mkdir(parents=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from components.generate.backends import PromptRequest, Sample, SamplingSpec
 from components.generate.multiturn import generate_multi_turn, plain_observation, turn_seed
 from components.generate.tools import ToolBox, tool_from_callable
+from components.model.backends import PromptRequest, Sample, SamplingSpec
 
 
 class CharTokenizer:
@@ -174,9 +174,9 @@ def test_without_tool_calls_the_loop_samples_what_single_turn_generation_does(ti
     """The real transformers backend and tiny model (which never calls a tool): every trajectory
     is one turn, all sampled, with the tokens and logprobs single-turn generation gives from the
     same seeds (turn 0 keeps the sample's seed; batch layout does not change a sample)."""
-    from components.core.checkpoint import load_policy
-    from components.generate.backends import sample_seed
-    from components.generate.hf_backend import TransformersBackend
+    from components.model.backends import sample_seed
+    from components.model.checkpoint import load_policy
+    from components.model.hf_backend import TransformersBackend
 
     model, tok = load_policy(tiny_assets / "base")
     backend = TransformersBackend(model, tok, batch_size=16)
@@ -222,12 +222,12 @@ def test_a_run_with_tools_writes_turns_that_verify_and_train_read(tmp_path, tiny
     ones; the loop's tool turns are covered above.)"""
     import pandas as pd
 
-    from components.core import run_setup
     from components.core.commit import read_manifest
     from components.core.config import load_config
     from components.core.layout import RunLayout
     from components.core.store import LocalStore
     from components.generate.stage import run as generate
+    from components.model import run_setup
     from components.train.stage import run as train
     from components.verify.stage import run as verify
     from tests.support.runs import write_config

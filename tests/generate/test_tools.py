@@ -116,7 +116,7 @@ def test_every_failure_is_an_observation():
 
 
 def test_the_python_tool_runs_in_the_sandbox():
-    from components.verify.sandbox import capabilities
+    from components.sandbox import capabilities
 
     if not capabilities().available:
         pytest.skip(f"no sandbox here: {capabilities().reason}")

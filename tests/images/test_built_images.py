@@ -62,22 +62,20 @@ def test_code_rewards_in_the_verify_image(images, tmp_path):
     """Under the runtime's default seccomp profile the sandbox cannot build its user namespace
     and says why and what to do; under the profile the code-sandbox overlay ships it is
     available, with the network isolated, as uid 10001 with every capability dropped."""
-    default = _run(images["verify"], "-m", "components.verify.sandbox", "probe")
+    default = _run(images["verify"], "-m", "components.sandbox", "probe")
     assert default.returncode != 0
     assert "available: False" in default.stdout
     assert "seccomp" in default.stdout and "pod-profile" in default.stdout  # names the fix
 
     profile = tmp_path / "profile.json"
     out = subprocess.run(
-        [sys.executable, "-m", "components.verify.sandbox", "pod-profile"],
+        [sys.executable, "-m", "components.sandbox", "pod-profile"],
         capture_output=True,
         text=True,
         check=True,
     )
     profile.write_text(out.stdout)
-    shipped = _run(
-        images["verify"], "-m", "components.verify.sandbox", "probe", profile=str(profile)
-    )
+    shipped = _run(images["verify"], "-m", "components.sandbox", "probe", profile=str(profile))
     assert shipped.returncode == 0, shipped.stdout + shipped.stderr
     assert "available: True, network isolated: True" in shipped.stdout
 

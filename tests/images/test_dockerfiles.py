@@ -52,8 +52,8 @@ HEAVY = {"torch", "transformers", "deepspeed", "vllm", "safetensors", "tokenizer
 OPTIONAL_IMPORTS = {"cloudpickle"}
 # Function-level imports in modules the verify stage loads, in functions it never calls.
 VERIFY_NEVER_CALLS = {
-    ("components.core.checkpoint", "torch"),  # load_policy: generate/train/evaluate only
-    ("components.core.checkpoint", "transformers"),
+    ("components.model.checkpoint", "torch"),  # load_policy: generate/train/evaluate only
+    ("components.model.checkpoint", "transformers"),
 }
 
 

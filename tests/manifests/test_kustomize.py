@@ -541,12 +541,12 @@ def test_code_pods_get_the_sandbox_profile_and_narrow_egress(rendered):
 
 
 def test_the_shipped_seccomp_profile_is_the_generated_one():
-    from components.verify.sandbox.seccomp import SANDBOX_BUILDER_NEEDS, pod_profile
+    from components.sandbox.seccomp import SANDBOX_BUILDER_NEEDS, pod_profile
 
     shipped = json.loads(
         (MANIFESTS / "overlays/code-sandbox/seccomp/rlvr-code-sandbox.json").read_text()
     )
-    assert shipped == pod_profile(), "regenerate: python -m components.verify.sandbox pod-profile"
+    assert shipped == pod_profile(), "regenerate: python -m components.sandbox pod-profile"
     denied = set(shipped["syscalls"][0]["names"])
     assert not denied & set(SANDBOX_BUILDER_NEEDS)
     assert {"ptrace", "bpf", "keyctl", "perf_event_open", "setns", "io_uring_setup"} <= denied

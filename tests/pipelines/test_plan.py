@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from components.core import run_setup
 from components.core.commit import content_digest
 from components.core.layout import RunLayout, store_for
 from components.core.warm import RunStatus
 from components.generate.stage import run as generate
+from components.model import run_setup
 from components.train.stage import run as train
 from components.verify.stage import run as verify
 from pipelines.plan import first_out_of_date, plan_segment

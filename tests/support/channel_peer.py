@@ -1,4 +1,4 @@
-"""One end of the weight channel, for tests/core/test_weight_channel.py (each end its own process).
+"""One end of the weight channel, for tests/model/test_weight_channel.py (each end its own process).
 
     python tests/support/channel_peer.py send RUN_DIR OUT_JSON [--die-after N] [--receivers R]
     python tests/support/channel_peer.py receive RUN_DIR OUT_JSON [--die-after N]
@@ -25,9 +25,9 @@ from safetensors.torch import save_file
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from components.core.channel import ChannelError, Receiver, Sender, Settings  # noqa: E402
 from components.core.store import LocalStore  # noqa: E402
-from components.core.weights import Entry, FileWriter, ordered  # noqa: E402
+from components.model.channel import ChannelError, Receiver, Sender, Settings  # noqa: E402
+from components.model.weights import Entry, FileWriter, ordered  # noqa: E402
 
 TIMEOUT_S = 5.0
 

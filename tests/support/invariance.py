@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from components.generate.backends import SamplingSpec, sample_seed
+from components.model.backends import SamplingSpec, sample_seed
 
 #: Two layouts (batch, shard, thread count) may draw different tokens only where the draw is
 #: within this relative distance of changing (`draw_margin`). Measured: a row's float32 logits
@@ -30,7 +30,7 @@ def assert_equal_up_to_rounding(
     """The contract of docs/contracts.md, "Batch and shard invariance": the same rows; per row,
     token streams equal up to a first divergence that is a near-tie of the reference draw;
     logprobs on the common prefix within LOGPROB_ATOL. Returns the diverged keys."""
-    from components.generate.token_sampling import draw_margin, sample_uniforms
+    from components.model.token_sampling import draw_margin, sample_uniforms
 
     assert ref.keys() == got.keys()
     diverged = []

@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 from safetensors.torch import load_file
 
-from components.core import run_setup
 from components.core.config import RunConfig, load_config
 from components.core.layout import RunLayout
+from components.model import run_setup
 
 
 def write_config(root: Path, assets: Path, **sections) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from components.generate.backends import PromptRequest, SamplingSpec, sample_seed
+from components.model.backends import PromptRequest, SamplingSpec, sample_seed
 
 
 def requests(tok, n, count=6):

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import save_file
 
-from components.core.checkpoint import load_policy
 from components.core.config import TrainSection
+from components.model.checkpoint import load_policy
 from components.train import distributed, update
 from components.train import state as train_state
 from components.train.batching import Rollouts, plan_micro_batches, shard_rows

@@ -13,13 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from components.core import run_setup
-from components.core.checkpoint import load_policy
 from components.core.errors import StageError
 from components.core.layout import RunLayout
 from components.core.timing import Timeline
 from components.generate.stage import GenerateStage
 from components.generate.stage import run as generate
+from components.model import run_setup
+from components.model.checkpoint import load_policy
 from components.train import state as train_state
 from components.train.stage import TrainStage
 from components.train.stage import run as train
@@ -144,7 +144,7 @@ def test_the_handoff_is_in_the_samplers_dtype_and_samples_as_the_masters_would(t
 def test_a_sharded_handoff_loads_in_transformers_and_in_place(train_cfg, monkeypatch):  # noqa: F811
     """Past the shard size the handoff is split with HF's index, which from_pretrained and a
     warm engine's in-place load both read."""
-    import components.core.weights as weights
+    import components.model.weights as weights
 
     monkeypatch.setattr(weights, "MAX_SHARD_BYTES", 20_000)
     cfg = train_cfg

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.core.checkpoint import load_policy
 from components.core.config import LoraSection
+from components.model.checkpoint import load_policy
 from components.train.policy import enable_checkpointing, eval_modes, set_train_modes
 
 
@@ -33,7 +33,7 @@ def test_gradient_checkpointing_recomputes_each_layer_and_gives_the_same_gradien
         torch.manual_seed(0)
         model, _ = load_policy(tiny_assets / "base")
         if lora:
-            from components.core.adapter import attach
+            from components.model.adapter import attach
 
             model = attach(model, LoraSection(rank=2))
             with torch.no_grad():  # B != 0, so A gets a gradient too
@@ -67,7 +67,7 @@ def test_gradient_checkpointing_recomputes_each_layer_and_gives_the_same_gradien
 
 def test_lora_dropout_applies_to_the_gradient_passes_only(tiny_assets):
     pytest.importorskip("peft")
-    from components.core.adapter import attach
+    from components.model.adapter import attach
 
     model, _ = load_policy(tiny_assets / "base")
     model = attach(model, LoraSection(rank=2, dropout=0.5))
@@ -111,10 +111,10 @@ def test_a_train_step_with_gradient_checkpointing_commits_the_same_weights(
     turning it on does not retrain a committed iteration."""
     if lora:
         pytest.importorskip("peft")
-    from components.core import run_setup
     from components.core.config import load_config
     from components.core.layout import RunLayout
     from components.generate.stage import run as generate
+    from components.model import run_setup
     from components.train.stage import run as train
     from components.verify.stage import run as verify
     from tests.support.runs import write_config

@@ -16,13 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.core import run_setup
 from components.core.commit import OutputDir, committed_files
 from components.core.layout import RunLayout, store_for
 from components.core.schemas import read_records
 from components.core.store import LocalStore
-from components.generate.backends import LOGPROB_DEFINITION
 from components.generate.stage import run as generate
+from components.model import run_setup
+from components.model.backends import LOGPROB_DEFINITION
 from components.train import distributed, update
 from components.train import inputs as train_inputs
 from components.train import stage as train
@@ -53,7 +53,7 @@ def reference_engine(cfg, *, iterations: int, total_steps: int):
     equal. Returns the engine and the tokenizer."""
     import deepspeed
 
-    from components.core.checkpoint import load_policy
+    from components.model.checkpoint import load_policy
 
     model, tok = load_policy(Path(RunLayout.of(cfg).checkpoint(0)))
     distributed.init_distributed("cpu")

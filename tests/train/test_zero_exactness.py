@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.core import run_setup
 from components.core.commit import committed_files
 from components.core.layout import RunLayout
 from components.generate.stage import run as generate
+from components.model import run_setup
 from components.verify.stage import run as verify
 from tests.support.runs import REWARD_PLUGIN
 

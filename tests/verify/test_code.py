@@ -19,7 +19,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from components.verify import sandbox
+from components import sandbox
+from components.sandbox import (
+    RunResult,
+    SandboxConfig,
+    SandboxUnavailable,
+    _child,
+    _run,
+    run_python,
+)
 from components.verify.code import (
     InvalidTestCases,
     TestCase,
@@ -30,14 +38,6 @@ from components.verify.code import (
 )
 from components.verify.executor import ScoreItem, score_batch
 from components.verify.rewards import get_verifier
-from components.verify.sandbox import (
-    RunResult,
-    SandboxConfig,
-    SandboxUnavailable,
-    _child,
-    _run,
-    run_python,
-)
 
 CAPS = sandbox.capabilities()
 ENFORCED = CAPS.available and CAPS.network_isolated

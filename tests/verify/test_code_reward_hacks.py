@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from components.verify import sandbox
+from components import sandbox
 from components.verify.code import compute_score
 
 CAPS = sandbox.capabilities()

@@ -6,7 +6,7 @@ contract every function keeps, the shapes)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -37,27 +37,42 @@ class UnknownNameError(KeyError, UserError):
 class Registry(Generic[F]):
     """A name -> callable table for one family of algorithms.
 
-    ``register(name)`` is a decorator (stack it to register aliases); ``get(name)`` raises
-    :class:`UnknownNameError` whose message lists every valid name, sorted; ``names()`` returns
-    the sorted names.
+    ``register(name, **traits)`` is a decorator (stack it to register aliases); ``get(name)``
+    raises :class:`UnknownNameError` whose message lists every valid name, sorted; ``names()``
+    returns the sorted names. A family may require traits that every entry declares when it
+    registers (the advantage estimators' ``group_relative``), read back with ``trait``.
     """
 
-    def __init__(self, family: str) -> None:
+    def __init__(self, family: str, *, traits: tuple[str, ...] = ()) -> None:
         self.family = family
+        self.required = traits
         self._fns: dict[str, F] = {}
+        self._traits: dict[str, dict[str, Any]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Decorator registering ``fn`` under ``name``; re-registering a name raises ValueError."""
+    def register(self, name: str, **traits: Any) -> Callable[[F], F]:
+        """Decorator registering ``fn`` under ``name`` with its ``traits``; re-registering a name,
+        or leaving out a trait the family requires, raises ValueError."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.family} name must be a non-empty string, got {name!r}")
+        missing = [t for t in self.required if t not in traits]
+        if missing:
+            raise ValueError(
+                f"{self.family} {name!r} must declare {', '.join(missing)} when it registers: "
+                f"register({name!r}, {'=..., '.join(missing)}=...)"
+            )
 
         def decorator(fn: F) -> F:
             if name in self._fns:
                 raise ValueError(f"{self.family} {name!r} is already registered")
             self._fns[name] = fn
+            self._traits[name] = dict(traits)
             return fn
 
         return decorator
+
+    def trait(self, name: str, key: str, default: Any = None) -> Any:
+        """What entry ``name`` declared for trait ``key`` (``default`` for an unknown name)."""
+        return self._traits.get(name, {}).get(key, default)
 
     def get(self, name: str) -> F:
         """Return the callable registered under ``name``."""
@@ -83,7 +98,11 @@ class Registry(Generic[F]):
         return f"Registry({self.family!r}, names={self.names()})"
 
 
-ADVANTAGES: Registry[Callable[..., Tensor]] = Registry("advantage estimator")
+#: `group_relative`: a group whose rewards are all equal gets zero advantage (run health's "no
+#: signal" is judged only for such estimators: components/train/health.py).
+ADVANTAGES: Registry[Callable[..., Tensor]] = Registry(
+    "advantage estimator", traits=("group_relative",)
+)
 POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, dict[str, Tensor]]]] = Registry("policy loss")
 LOSS_AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("loss aggregation mode")
 KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estimator")

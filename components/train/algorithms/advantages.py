@@ -30,7 +30,7 @@ from components.train.algorithms.filters import (
 # ----------------------------------------------------------------------------------------------
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", group_relative=True)
 def grpo_advantage(
     rewards: Tensor,
     group_ids: Tensor,
@@ -57,7 +57,7 @@ def grpo_advantage(
     return broadcast_to_tokens(adv, response_mask)
 
 
-@ADVANTAGES.register("dr_grpo")
+@ADVANTAGES.register("dr_grpo", group_relative=True)
 def dr_grpo_advantage(rewards: Tensor, group_ids: Tensor, response_mask: Tensor) -> Tensor:
     """Dr.GRPO advantage: group-mean baseline, no std normalisation.
 
@@ -71,7 +71,7 @@ def dr_grpo_advantage(rewards: Tensor, group_ids: Tensor, response_mask: Tensor)
     return grpo_advantage(rewards, group_ids, response_mask, norm_by_std=False)
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", group_relative=True)
 def rloo_advantage(rewards: Tensor, group_ids: Tensor, response_mask: Tensor) -> Tensor:
     """REINFORCE leave-one-out advantage.
 
@@ -90,7 +90,7 @@ def rloo_advantage(rewards: Tensor, group_ids: Tensor, response_mask: Tensor) ->
     return broadcast_to_tokens(adv, response_mask)
 
 
-@ADVANTAGES.register("reinforce_plus_plus")
+@ADVANTAGES.register("reinforce_plus_plus", group_relative=False)
 def reinforce_plus_plus_advantage(
     rewards: Tensor,
     group_ids: Tensor,
@@ -118,7 +118,7 @@ def reinforce_plus_plus_advantage(
     return _zero_outside(masked_whiten(returns, response_mask), response_mask)
 
 
-@ADVANTAGES.register("reinforce_plus_plus_baseline")
+@ADVANTAGES.register("reinforce_plus_plus_baseline", group_relative=True)
 def reinforce_plus_plus_baseline_advantage(
     rewards: Tensor, group_ids: Tensor, response_mask: Tensor
 ) -> Tensor:
@@ -136,7 +136,7 @@ def reinforce_plus_plus_baseline_advantage(
     return _zero_outside(masked_whiten(tokens, response_mask), response_mask)
 
 
-@ADVANTAGES.register("grpo_passk")
+@ADVANTAGES.register("grpo_passk", group_relative=True)
 def grpo_passk_advantage(
     rewards: Tensor,
     group_ids: Tensor,
@@ -175,7 +175,7 @@ def grpo_passk_advantage(
     return broadcast_to_tokens(adv, response_mask)
 
 
-@ADVANTAGES.register("w_reinforce")
+@ADVANTAGES.register("w_reinforce", group_relative=False)
 def w_reinforce_advantage(
     rewards: Tensor,
     group_ids: Tensor,

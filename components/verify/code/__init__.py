@@ -2,7 +2,7 @@
 
 Why a separate module: unlike math answers, code rewards require *executing* what the
 policy wrote. Every test case runs in its own fresh sandbox process
-(``components.verify.sandbox``): no network, no writes outside a private work dir,
+(``components.sandbox``): no network, no writes outside a private work dir,
 unprivileged uid, CPU / memory / process / file / output limits and a wall-clock kill.
 
 Usage::
@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal
 
+from components.sandbox import SandboxConfig, SandboxUnavailable
 from components.verify.code.cases import (
     InvalidTestCases,
     TestCase,
@@ -44,7 +45,6 @@ from components.verify.code.cases import (
     parse_test_cases,
 )
 from components.verify.code.run import run_case
-from components.verify.sandbox import SandboxConfig, SandboxUnavailable
 
 __all__ = [
     "DEFAULT_MEMORY_MB",

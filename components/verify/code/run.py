@@ -25,10 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from components.verify.code import harness
-from components.verify.code.cases import TestCase
-from components.verify.code.harness import wire
-from components.verify.sandbox import (
+from components.sandbox import (
     ChannelClosed,
     ChannelOverflow,
     ChannelTimeout,
@@ -37,6 +34,9 @@ from components.verify.sandbox import (
     SandboxConfig,
     run_python,
 )
+from components.verify.code import harness
+from components.verify.code.cases import TestCase
+from components.verify.code.harness import wire
 
 # float tolerance for function-call results
 REL_TOL = 1e-6

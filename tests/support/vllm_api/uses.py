@@ -19,8 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 #: The backend modules the check reads.
 BACKEND_FILES = (
-    "components/generate/vllm_backend.py",
-    "components/generate/vllm_worker.py",
+    "components/model/vllm_backend.py",
+    "components/model/vllm_worker.py",
 )
 #: The worker class vLLM mixes `worker_extension_cls` into on CUDA: vllm/platforms/cuda.py sets
 #: `parallel_config.worker_cls` to this string when it is "auto" (0.10 to 0.33). `check` fails

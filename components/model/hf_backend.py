@@ -1,0 +1,591 @@
+"""Transformers generation backend: batched, left-padded, KV-cached, per-sample seeded.
+
+It runs its own decode loop over the model's forward (rather than `model.generate`) so that the
+three things the trainer depends on are explicit: the per-token log-probability definition
+(backends.LOGPROB_DEFINITION), per-sample random streams that do not depend on the batch, and the
+stop rules. Each step's tokens are drawn by token_sampling.py (inverse-CDF draws from a
+per-sample uniform stream: sample `s` at step `t` always consumes uniform `u[s, t]` from its own
+generator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from components.core.errors import UserError
+from components.model import device_turn
+from components.model.backends import (
+    BackendInfo,
+    PromptRequest,
+    Sample,
+    SamplingSpec,
+    cut_at_stop,
+)
+from components.model.graph_decode import (
+    GraphDecoder,
+    GraphRun,
+    graphable,
+    slab_width,
+    static_step_fits,
+)
+from components.model.kv_cache import reserve, rows_movable
+from components.model.profiling import PhaseClock
+from components.model.token_sampling import sample_step, sample_uniforms
+
+
+class TransformersBackend:
+    """Generation with a Hugging Face causal LM on CPU or one GPU."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        batch_size: int = 64,
+        batch_tokens: int | None = None,
+        device: str = "cpu",
+        vision=None,
+        graphs: bool = False,
+    ) -> None:
+        import transformers
+
+        if tokenizer.pad_token_id is None:
+            raise UserError(
+                "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token) "
+                "in the checkpoint's tokenizer_config.json"
+            )
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.batch_tokens = batch_tokens
+        self.device = device
+        self.vision = vision
+        """A vision-language policy's `VisionProcessor` (image prompts), else None."""
+        self.eos_ids = _eos_ids(model, tokenizer)
+        if vision is not None:  # a sampled image placeholder ends the response (the trainer
+            # could not feed it back as text: the model takes it for an image's place)
+            from components.model.vision import placeholder_ids
+
+            self.eos_ids |= placeholder_ids(model)
+        self.cache_kwarg = cache_kwarg(model)
+        unfit = static_step_fits(model) if graphs else None
+        self.graphs = (
+            GraphDecoder(
+                self.cache_kwarg, capture=str(device).startswith("cuda"), budget=batch_tokens
+            )
+            if graphs and unfit is None
+            else None
+        )
+        """Decode steps on a static cache, replayed as CUDA graphs on a GPU (graph_decode.py;
+        eager on a CPU, where tests check it), else None: the growing cache (kv_cache.py)."""
+        self.graphs_unfit = unfit
+        """Why graphs were asked for and not taken (the model), for `stats.phases`."""
+        self.clock = PhaseClock(device)
+        """Seconds per phase of the calls so far (`clock.take()`: the stage's `stats.phases`)."""
+        self.before_forward = device_turn.waiter()
+        """Called before every forward: a local evaluation worker's wait for its turn on the
+        device it shares with generate and train (components/model/device_turn.py), else None."""
+        self.last_logits_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+        weight = next(model.parameters())
+        self.info = BackendInfo(
+            "transformers",
+            transformers.__version__,
+            dtype=str(weight.dtype).removeprefix("torch."),
+            device=weight.device.type,
+        )
+
+    def warm_up(self) -> None:
+        """One short sampling call (a one-token prompt, two steps), at the engine's start: a
+        process's first forward on a GPU loads kernels and libraries (half a second on an H200),
+        which otherwise lands in the first iteration's sampling, not in the engine's load. Draws
+        are seeded per sample, so nothing sampled later changes."""
+        spec = SamplingSpec(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=2)
+        for _ in self.generate(
+            [PromptRequest("warm-up", [self.tokenizer.pad_token_id], [0])], spec
+        ):
+            pass
+        self.clock.take()
+
+    def load_weights(self, checkpoint_dir: Path) -> None:
+        """Load a checkpoint's weights into the running model, in place (a warm engine taking a
+        new policy). Every parameter must be set, except those tied to one that is (lm_head to
+        the embeddings); config and tokenizer are the caller's to check (PolicyEngine)."""
+        from safetensors import safe_open
+
+        # Streamed: one tensor at a time from the file straight into its parameter, so loading
+        # needs no second copy of the model in memory.
+        loader = self.weight_loader(f"checkpoint {checkpoint_dir}")
+        for f in sorted(Path(checkpoint_dir).glob("*.safetensors")):
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                keys = list(st.keys())
+                loader.start(keys)
+                for key in keys:
+                    loader.put(key, st.get_tensor(key))
+        loader.finish()
+
+    def weight_loader(self, source: str) -> InPlace:
+        """Weights into the running model one tensor at a time, from any source (a checkpoint's
+        files, the weight channel's buckets)."""
+        return InPlace(self.model, source)
+
+    def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
+        # Sort by prompt length to cut padding; whole prompts per batch, so every prompt's n
+        # samples are yielded together.
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_token_ids))
+        for batch in self.plan_batches([requests[i] for i in order], spec):
+            yield self._generate_batch(batch, spec)
+
+    def plan_batches(
+        self, ordered: list[PromptRequest], spec: SamplingSpec
+    ) -> list[list[PromptRequest]]:
+        """Consecutive prompts (sorted by length) per batch, bounded by batch_size sequences and,
+        when set, by batch_tokens = sequences x the cache columns a row takes: longest prompt +
+        max_new_tokens, rounded up to the slab's power of two where the static step runs (its
+        cache is that wide). A prompt's n samples always stay together."""
+        batches: list[list[PromptRequest]] = []
+        cur: list[PromptRequest] = []
+        width = 0
+        for r in ordered:
+            rows = (len(cur) + 1) * spec.n
+            new_width = max(width, len(r.prompt_token_ids))
+            over_rows = rows > max(self.batch_size, spec.n)
+            over_tokens = (
+                self.batch_tokens is not None
+                and rows * self._columns(new_width + spec.max_new_tokens) > self.batch_tokens
+            )
+            if cur and (over_rows or over_tokens):
+                batches.append(cur)
+                cur, new_width = [], len(r.prompt_token_ids)
+            cur.append(r)
+            width = new_width
+        if cur:
+            batches.append(cur)
+        return batches
+
+    def _columns(self, need: int) -> int:
+        """The KV cache columns a row that needs `need` of them takes: the slab's width where
+        batches take the static step (graph_decode.py), else `need`."""
+        return slab_width(need) if self.graphs is not None and self.graphs.usable() else need
+
+    def _prefill(self, ids, attn, pos, n: int, vision=None):
+        """The prompts' forward: (KV cache, last position's logits) for every row. Rows come in
+        runs of `n` copies of one prompt; each run is computed once and its cache repeated,
+        unless the model's cache cannot be repeated (kv_cache.rows_movable): then every row.
+        `pos` is [B, P], or [3, B, P] for M-RoPE; `vision`: each row's VisionInputs (image
+        prompts), whose pixel values go in for the rows computed."""
+        from components.model.vision import VisionInputs
+
+        rows = slice(None, None, n) if n > 1 else slice(None)
+        if self.before_forward is not None:
+            self.before_forward()
+        extra = {}
+        if vision is not None:
+            picked = VisionInputs.cat(vision[rows])
+            if picked is not None:
+                extra = picked.kwargs(self.device, next(self.model.parameters()).dtype)
+        out = self.model(
+            input_ids=ids[rows],
+            attention_mask=attn[rows],
+            position_ids=pos[..., rows, :],
+            use_cache=True,
+            **self.last_logits_only,
+            **extra,
+        )
+        past, logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
+        if n == 1:
+            return past, logits
+        if rows_movable(past):
+            past.batch_repeat_interleave(n)
+            return past, logits.repeat_interleave(n, dim=0)
+        del out, past, logits
+        return self._prefill(ids, attn, pos, 1, vision)
+
+    def _positions(self, batch: list[PromptRequest], ids, attn, pos, n: int):
+        """(prefill positions, each row's next position, each row's VisionInputs) of a batch:
+        text positions for a text policy; M-RoPE positions for image prompts (computed once per
+        prompt), whose decode positions run on from the prompt's largest."""
+        if self.vision is None or all(r.vision is None for r in batch):
+            return pos, pos[:, -1] + 1, None
+        from components.model.vision import VisionInputs, rope_index
+
+        per_prompt = VisionInputs.cat([r.vision for r in batch])
+        pos3 = rope_index(self.model, ids[::n], attn[::n], per_prompt)[0]
+        pos3 = pos3.to(self.device).repeat_interleave(n, dim=1)
+        vision = np.array([r.vision for r in batch for _ in range(n)], dtype=object)
+        # Each row's next position: one past its largest (its last token is text, the same in
+        # all three sections). Not `pos + delta`: transformers 4.x measures its delta against
+        # the padded length, 5.x against the row's own, so a left-padded row would be off.
+        return pos3, pos3.amax(dim=(0, 2)) + 1, vision
+
+    @torch.inference_mode()
+    def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
+        # A prompt's n rows are consecutive: _prefill computes each run of them once.
+        rows = [(r, j) for r in batch for j in range(spec.n)]
+        with attention_kernels(self.device), self.clock("prefill"):
+            state = self._start(batch, rows, spec)
+        with attention_kernels(self.device), self.clock("decode"):
+            self._decode(state, spec)
+        self._note_graphs(state)
+        with self.clock("detokenize"):
+            return self._samples(rows, state, spec)
+
+    def _note_graphs(self, state: _Decode) -> None:
+        """Into the call's phases: the graphs this batch captured, or why graphs are off."""
+        notes = self.clock.notes
+        if self.graphs is not None:
+            stats = self.graphs.take_stats()
+            notes["graph_captures"] = notes.get("graph_captures", 0) + stats["graph_captures"]
+            if "graphs_off" in stats:
+                notes["graphs_off"] = stats["graphs_off"]
+        if self.graphs_unfit:
+            notes["graphs_off"] = self.graphs_unfit
+        elif self.graphs is not None and not isinstance(state.past, GraphRun):
+            notes.setdefault("graphs_off", "M-RoPE positions (image prompts)")
+
+    def _start(self, batch: list[PromptRequest], rows: list, spec: SamplingSpec) -> _Decode:
+        """A batch's decode state after the prefill: the prompts left-padded to the longest,
+        their KV cache (with room reserved for every step) and the first step's logits."""
+        prompts = [r.prompt_token_ids for r, _ in rows]
+        B, P, T = len(rows), max(len(p) for p in prompts), spec.max_new_tokens
+        pad = self.tokenizer.pad_token_id
+        ids, attn = left_pad(prompts, P, pad)
+        uniforms = sample_uniforms([r.sample_seeds[j] for r, j in rows], T)
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        pos, next_pos, vision = self._positions(batch, ids, attn, pos, spec.n)
+        g = self.graphs
+        if g is not None and not g.usable():
+            g.release()  # graphs went off (a failed capture): the slab goes before the prefill
+        # Prefill, once per prompt: its n samples share it, so the cache and the last logits are
+        # repeated n times after. Only the last position's logits are needed, so the output head
+        # (a large matmul at a large vocabulary) runs on that position alone.
+        past, logits = self._prefill(ids, attn, pos, spec.n, vision)
+        attn_all = None  # the static step keeps its own mask, in the slab
+        # M-RoPE positions (image prompts) take the growing cache, batch by batch; a cache the
+        # slab cannot keep is the model's, so its batches decline the slab for good.
+        on_slab = g is not None and g.usable() and pos.dim() == 2
+        if on_slab and not graphable(past):
+            g.decline("cache layers the slab does not keep (sliding window, quantized, ...)")
+            on_slab = False
+        if on_slab:
+            past = g.start(self.model, past, attn, P, T)  # graph_decode.py
+        else:  # room for every step's keys and values, written in place (kv_cache.py)
+            reserve(past, P + T)
+            # The mask for all steps, allocated once: step t feeds a view of its first P+t+1 columns.
+            attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)
+            attn_all[:, :P] = attn
+        dev = self.device
+        return _Decode(
+            P=P,
+            T=T,
+            pad=pad,
+            mrope=pos.dim() == 3,
+            tokens=torch.full((B, T), pad, dtype=torch.long, device=dev),
+            logps=torch.zeros((B, T), dtype=torch.float32, device=dev),
+            lengths=torch.zeros(B, dtype=torch.long, device=dev),
+            finished=torch.zeros(B, dtype=torch.bool, device=dev),
+            stopped=torch.zeros(B, dtype=torch.bool, device=dev),
+            uniforms=uniforms.to(dev),
+            act=torch.arange(B, device=dev),
+            past=past,
+            logits=logits,
+            attn_all=attn_all,
+            next_pos=next_pos,
+        )
+
+    def _decode(self, state: _Decode, spec: SamplingSpec) -> None:
+        """Sample step after step until every row has stopped or `max_new_tokens` are drawn."""
+        eos = torch.tensor(
+            sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
+        )
+        window = stop_window(spec.stop)
+        compact = isinstance(state.past, GraphRun) or rows_movable(state.past)
+        for t in range(state.T):
+            tok, lp = sample_step(state.logits, state.uniforms[:, t], spec)
+            open_rows = state.record(t, tok, lp, eos)
+            if spec.stop:
+                state.check_stop(self.tokenizer, t, open_rows, spec.stop, window)
+            if t == state.T - 1:
+                break
+            done = state.finished[state.act]
+            # The step's one read back to the host (on a GPU each waits for the queue to
+            # drain): every row has finished when every active one has (a row leaves the
+            # active ones only once finished).
+            n_done = int(done.sum())
+            if n_done == len(state.act):
+                break
+            if compact and worth_dropping(state.past, n_done, len(state.act)):
+                tok, done = state.drop_finished(tok, done)
+            self._step(state, torch.where(done, state.pad, tok), t)
+
+    def _step(self, state: _Decode, feed: torch.Tensor, t: int) -> None:
+        """The forward of step `t` on the active rows: `feed` (each row's newest token, pad for
+        a finished row) in, the next step's logits and the grown KV cache out."""
+        if self.before_forward is not None:
+            self.before_forward()
+        self.clock.steps += 1
+        if isinstance(state.past, GraphRun):
+            state.logits = state.past.step(feed, state.next_pos, t)
+            state.next_pos = state.next_pos + 1
+            return
+        step_pos = state.next_pos.unsqueeze(-1)
+        out = self.model(
+            input_ids=feed.unsqueeze(-1),
+            attention_mask=state.attn_all[:, : state.P + t + 1],
+            position_ids=step_pos.expand(3, -1, -1) if state.mrope else step_pos,
+            use_cache=True,
+            **{self.cache_kwarg: state.past},
+        )
+        state.past, state.logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
+        state.next_pos = state.next_pos + 1
+
+    def _samples(self, rows: list, state: _Decode, spec: SamplingSpec) -> list[Sample]:
+        """Each row's response: its tokens up to its length, decoded and cut at a stop string."""
+        samples = []
+        tokens, logps = state.tokens.cpu(), state.logps.cpu()
+        lengths, stopped = state.lengths.cpu(), state.stopped.cpu()
+        for i, (req, j) in enumerate(rows):
+            n = int(lengths[i])
+            tok_ids = tokens[i, :n].tolist()
+            text = self.tokenizer.decode(tok_ids, skip_special_tokens=True)
+            if spec.stop:
+                text = cut_at_stop(text, spec.stop)[0]
+            samples.append(
+                Sample(
+                    prompt_id=req.prompt_id,
+                    sample_index=j,
+                    response=text,
+                    response_token_ids=tok_ids,
+                    response_logprobs=logps[i, :n].tolist(),
+                    finish_reason="stop" if bool(stopped[i]) else "length",
+                )
+            )
+        return samples
+
+
+def worth_dropping(past, n_done: int, n_active: int) -> bool:
+    """Whether to drop the finished rows from the step now. On the growing cache, once they are
+    an eighth of the rows (a static batch would compute every row until its longest response
+    ends; each drop copies the cache). On the static step, when the rows left fit a smaller
+    graph: a drop that does not shrink the step only costs its copy."""
+    if isinstance(past, GraphRun):
+        return past.shrinks(n_active - n_done)
+    return 8 * n_done >= n_active
+
+
+def attention_kernels(device: str):
+    """The SDPA kernels sampling may use: on a GPU, every one but cuDNN's, which builds an
+    execution plan for each new key length and so costs a millisecond of host time per layer at
+    every decode step of every iteration (each brings prompts of new lengths); measured on an
+    H200, 55-68 ms a step with it, 22-31 without (docs/gpu.md)."""
+    from contextlib import nullcontext
+
+    if not str(device).startswith("cuda"):
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    )
+
+
+def left_pad(prompts: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids, attention mask) of prompts left-padded to `width`.  # -> [B, width] x 2"""
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attn[i, width - len(p) :] = 1
+    return ids, attn
+
+
+@dataclass
+class _Decode:
+    """One batch's decode loop state. `tokens`, `logps` [B, T] and `lengths`, `finished`,
+    `stopped` [B] cover every row; the per-step tensors (`uniforms`, `past`, `logits`,
+    `attn_all`, `next_pos`) hold only the rows still sampling, `act` (indices into the batch).
+    `attn_all` is the growing cache's mask for every step (None on the static step's slab)."""
+
+    P: int  # the padded prompt width
+    T: int  # max_new_tokens
+    pad: int
+    mrope: bool  # positions are [3, B, P] (M-RoPE), not [B, P]
+    tokens: torch.Tensor
+    logps: torch.Tensor
+    lengths: torch.Tensor
+    finished: torch.Tensor
+    stopped: torch.Tensor
+    uniforms: torch.Tensor
+    act: torch.Tensor
+    past: Any
+    logits: torch.Tensor
+    attn_all: torch.Tensor | None
+    next_pos: torch.Tensor
+
+    def record(
+        self, t: int, tok: torch.Tensor, lp: torch.Tensor, eos: torch.Tensor
+    ) -> torch.Tensor:
+        """Step `t`'s draws of the active rows: kept where the row was live, which ends at eos.
+        Returns which active rows were live and did not draw eos (a stop string may end them)."""
+        act = self.act
+        live = ~self.finished[act]
+        self.tokens[act, t] = torch.where(live, tok, self.pad)
+        self.logps[act, t] = torch.where(live, lp, 0.0)
+        self.lengths[act] += live
+        hit_eos = torch.isin(tok, eos) & live
+        self.finished[act] = self.finished[act] | hit_eos
+        self.stopped[act] = self.stopped[act] | hit_eos
+        return live & ~hit_eos
+
+    def check_stop(
+        self, tokenizer, t: int, open_rows: torch.Tensor, stop: tuple[str, ...], window: int
+    ) -> None:
+        """End the rows of `open_rows` (a mask over the active rows) whose text holds a stop
+        string after step `t`. Text-level, per row, over the last tokens only (`stop_in_tail`):
+        a stop string that completes at this step lies within them (every earlier step was
+        checked), and decoding the whole response each step costs O(T^2) per row."""
+        for i in self.act[open_rows].tolist():
+            if stop_in_tail(tokenizer, self.tokens[i], t + 1, stop, window):
+                self.finished[i] = True
+                self.stopped[i] = True
+
+    def drop_finished(self, tok: torch.Tensor, done: torch.Tensor):
+        """Keep only the rows not done in the per-step tensors and the KV cache; returns this
+        step's `tok` and `done` of the kept rows."""
+        keep = torch.nonzero(~done).flatten()
+        self.past.batch_select_indices(keep)
+        self.act, tok, done = self.act[keep], tok[keep], done[keep]
+        self.next_pos = self.next_pos[keep]
+        if self.attn_all is not None:
+            self.attn_all = self.attn_all[keep]
+        self.uniforms = self.uniforms[keep]
+        return tok, done
+
+
+class InPlace:
+    """Tensors into a loaded model's parameters, by the names a checkpoint saves them under
+    (`start` learns them, `put` copies one, `finish` checks every parameter was set but those
+    tied to one that was)."""
+
+    def __init__(self, model, source: str) -> None:
+        self.state = model.state_dict()  # views of the parameters and buffers
+        self.source = source
+        self.names: dict[str, str | None] = {}
+        self.seen: set[str] = set()
+        self.unexpected: list[str] = []
+
+    def start(self, keys: list[str]) -> None:
+        self.names.update(saved_names(keys, self.state))
+
+    def put(self, saved: str, tensor: torch.Tensor) -> None:
+        name = self.names.get(saved)
+        if name is None:
+            self.unexpected.append(saved)
+            return
+        if tensor.shape != self.state[name].shape:
+            raise ValueError(
+                f"{self.source}: {name} has shape {tuple(tensor.shape)}, the loaded model "
+                f"{tuple(self.state[name].shape)}"
+            )
+        with torch.no_grad():
+            self.state[name].copy_(tensor)
+        self.seen.add(name)
+
+    def finish(self) -> None:
+        loaded = {self.state[k].data_ptr() for k in self.seen}
+        untied = [
+            k for k in self.state if k not in self.seen and self.state[k].data_ptr() not in loaded
+        ]
+        if self.unexpected or untied:
+            raise ValueError(
+                f"{self.source} does not fit the loaded model: missing {untied[:3]}, "
+                f"unexpected {self.unexpected[:3]}"
+            )
+
+
+def saved_names(keys: list[str], state: dict) -> dict[str, str | None]:
+    """{name in the file: name in the loaded model, or None}. transformers saves some models
+    under their original checkpoint names (a Qwen2-VL's `model.layers.*` is the loaded model's
+    `model.language_model.layers.*`, its `visual.*` is `model.visual.*`): a name not in the model
+    maps to the one model name that ends with it less its first component, where exactly one
+    does, never a name another key already took; the caller checks shapes and completeness."""
+    out: dict[str, str | None] = {k: (k if k in state else None) for k in keys}
+    taken = {v for v in out.values() if v is not None}
+    missing = [k for k in keys if out[k] is None]
+    if not missing:
+        return out
+    free = [s for s in state if s not in taken]
+    for k in missing:
+        tail = "." + k.split(".", 1)[-1]
+        hits = [s for s in free if s.endswith(tail)]
+        if len(hits) == 1 and hits[0] not in taken:
+            out[k] = hits[0]
+            taken.add(hits[0])
+    return out
+
+
+def stop_window(stop: tuple[str, ...]) -> int:
+    """Tokens first decoded when looking for a stop string that completes at the newest token.
+
+    Most tokens decode to at least one character; special tokens (skipped) and the bytes of a
+    character split across byte-level BPE tokens do not, so twice the longest stop string's
+    length plus a margin usually suffices, and `stop_in_tail` widens it where it does not."""
+    return 2 * max((len(s) for s in stop), default=0) + 8
+
+
+def stop_in_tail(tokenizer, row, end: int, stop: tuple[str, ...], window: int) -> bool:
+    """Whether the text of ``row[:end]`` contains a stop string, decoding only its last tokens.
+
+    Starts from the last `window` tokens and widens the window (to the whole row at most) until
+    its text holds the longest stop string plus the newest token's text: special tokens decode to
+    nothing and a character split across byte-level BPE tokens takes several, so a fixed count
+    of tokens can hold fewer characters than a stop string that completed at the newest token
+    (a run of skipped special tokens inside "\n\n", a stop string of CJK characters). The
+    replacement characters of a character cut at the window's start do not count."""
+    longest = max(len(s) for s in stop)
+    need = longest + len(tokenizer.decode(row[end - 1 : end], skip_special_tokens=True))
+    lo = max(0, end - window)
+    while True:
+        text = tokenizer.decode(row[lo:end], skip_special_tokens=True)
+        if lo == 0 or len(text.lstrip("\ufffd")) >= need:
+            return cut_at_stop(text, stop)[1]
+        lo = max(0, lo - max(window, end - lo))  # double the window
+
+
+def cache_kwarg(model) -> str:
+    """The name under which this transformers version passes and returns the KV cache: `cache`
+    (transformers >= 5.2x, which warns on the old name) or `past_key_values` (4.x, the GPU
+    images' pin). Read from the model class's forward signature, under a PEFT wrapper too."""
+    return "cache" if _accepts(model, "cache") else "past_key_values"
+
+
+def _accepts(model, name: str) -> bool:
+    """Whether the model class's forward takes keyword `name` (under a PEFT wrapper too)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return name in inspect.signature(type(base).forward).parameters
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list | tuple):
+        ids.update(int(e) for e in eos)
+    if not ids:
+        raise UserError(
+            "neither the tokenizer nor generation_config defines an eos token id; set eos_token "
+            "in the checkpoint's tokenizer_config.json or eos_token_id in its generation_config.json"
+        )
+    return ids
