@@ -6,8 +6,9 @@ Why: R1-style training often adds a small reward for following the output format
 length limit with a linear ramp instead of a cliff. Both are cheap, pure functions.
 
 ``format_score`` is registered as the ``"format"`` verifier; ``soft_overlong_penalty``
-needs the response length in tokens, which the verifier signature does not carry, so it
-is meant to be added to the reward by the caller (e.g. the train stage).
+needs the response length in tokens, which the verifier signature does not carry, so the
+verify stage adds it to the reward itself (``verify.overlong_penalty``, the reward
+component ``overlong``; see components/verify/scoring.py).
 """
 
 from __future__ import annotations

@@ -768,16 +768,6 @@ def test_overlong_mask():
     assert out.tolist() == [[True, True, False], [False, False, False]]
 
 
-def test_overlong_soft_penalty():
-    # Lmax = 10, Lc = 4 -> free up to 6; 7 -> (6 - 7)/4 = -0.25; 10 -> -1; 12 -> -1
-    out = alg.overlong_soft_penalty(torch.tensor([5, 6, 7, 10, 12]), 10, 4)
-    assert out.dtype == torch.float32
-    close(out, [0.0, 0.0, -0.25, -1.0, -1.0])
-    close(alg.overlong_soft_penalty(t([8.0]), 10, 4, penalty_factor=0.5), [-0.25])  # 0.5 * 2/4
-    with pytest.raises(ValueError):
-        alg.overlong_soft_penalty(t([8.0]), 10, 0)
-
-
 # ----------------------------------------------------------------------------------------------
 # Purity: no_grad friendly, inputs untouched
 # ----------------------------------------------------------------------------------------------
@@ -840,7 +830,6 @@ def test_purity_helpers():
     _assert_unchanged(alg.rollout_is_weights, old, rollout, ro_mask, mode="mis", cap=2.0)
     _assert_unchanged(alg.zero_variance_group_mask, rewards, groups)
     _assert_unchanged(alg.overlong_mask, mask, torch.tensor([True] + [False] * 6))
-    _assert_unchanged(alg.overlong_soft_penalty, torch.tensor([3, 9]), 8, 2)
     _assert_unchanged(alg.masked_whiten, rewards[:, None].expand(mask.shape).clone(), mask)
     _assert_unchanged(alg.discounted_returns, torch.rand(mask.shape, dtype=D), mask, 0.9)
 
@@ -875,4 +864,3 @@ def test_no_host_sync_on_meta_device():
             alg.rollout_is_weights(lp, old, mask, mode=mode, cap=2.0, level=level)
     alg.zero_variance_group_mask(rewards, groups)
     alg.overlong_mask(mask, torch.empty(4, dtype=torch.bool, device=meta))
-    alg.overlong_soft_penalty(rewards, 10, 2)

@@ -96,6 +96,16 @@ def test_soft_overlong_penalty(length: int, expected: float) -> None:
     assert soft_overlong_penalty(length, max_length=20, buffer=4) == pytest.approx(expected)
 
 
+def test_soft_overlong_penalty_dapo_hand_values() -> None:
+    # Lmax = 10, Lc = 4 -> free up to 6; 7 -> (6 - 7)/4 = -0.25; 10 -> -1; 12 -> -1
+    out = [soft_overlong_penalty(n, max_length=10, buffer=4) for n in (5, 6, 7, 10, 12)]
+    assert out == pytest.approx([0.0, 0.0, -0.25, -1.0, -1.0], abs=1e-12)
+    # 0.5 * 2/4
+    assert soft_overlong_penalty(8, max_length=10, buffer=4, penalty=0.5) == pytest.approx(-0.25)
+    # a fractional ramp: (6 - 7)/3 with max_length 9, buffer 3
+    assert soft_overlong_penalty(7, max_length=9, buffer=3) == pytest.approx(-1 / 3)
+
+
 def test_soft_overlong_penalty_scaled_and_edge_cases() -> None:
     assert soft_overlong_penalty(18, max_length=20, buffer=4, penalty=0.5) == pytest.approx(-0.25)
     assert soft_overlong_penalty(3, max_length=10, buffer=10) == pytest.approx(-0.3)

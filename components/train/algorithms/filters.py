@@ -199,33 +199,3 @@ def overlong_mask(response_mask: Tensor, truncated: Tensor) -> Tensor:
     Shapes: response_mask [B, L] bool, truncated [B] bool -> [B, L] bool.
     """
     return response_mask & ~truncated.unsqueeze(-1)
-
-
-def overlong_soft_penalty(
-    response_lengths: Tensor,
-    max_length: int,
-    buffer_length: int,
-    *,
-    penalty_factor: float = 1.0,
-) -> Tensor:
-    """DAPO soft overlong punishment, added to the outcome reward.
-
-    Formula (``Lmax = max_length``, ``Lc = buffer_length``, ``|y|`` = response length)::
-
-        0                                   if |y| <= Lmax - Lc
-        factor * ((Lmax - Lc) - |y|) / Lc   if Lmax - Lc < |y| <= Lmax
-        -factor                             if |y| > Lmax
-
-    Paper: DAPO, arXiv:2503.14476 (eq. 13). verl: the DAPO reward manager's
-    ``overlong_buffer`` (``min(-exceed_len / buffer_len * penalty_factor, 0)``), which equals
-    this for ``|y| <= Lmax``.
-    Shapes: response_lengths [B] (int or float) -> [B] float (float32 for integer input).
-    """
-    if not 1 <= buffer_length <= max_length:
-        raise ValueError(
-            f"need 1 <= buffer_length <= max_length, got {buffer_length}, {max_length}"
-        )
-    _check_nonneg("penalty_factor", penalty_factor)
-    lengths = response_lengths if response_lengths.is_floating_point() else response_lengths.float()
-    exceed = (lengths - (max_length - buffer_length)) / buffer_length
-    return -penalty_factor * torch.clamp(exceed, min=0.0, max=1.0)
