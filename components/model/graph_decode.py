@@ -328,7 +328,7 @@ class GraphDecoder:
 
 
 class GraphRun:
-    """One batch's decode on the slab: rows 0..live-1 are the batch's active rows, in the
+    """One batch's decode on the slab (a kv_cache.DecodeCache): rows 0..live-1 are the batch's active rows, in the
     order of the backend's `act`; the step runs on the smallest bucket that holds them."""
 
     def __init__(self, decoder: GraphDecoder, cache, rows: int, width: int) -> None:
@@ -338,27 +338,34 @@ class GraphRun:
         self.ladder = buckets(decoder.slab.rows)
         self.live = rows
         self.bucket = self.bucket_for(rows)
+        self.t = 0  # the steps taken
 
     def bucket_for(self, rows: int) -> int:
         return min(b for b in self.ladder if b >= rows)
 
-    def shrinks(self, alive: int) -> bool:
-        """Whether dropping the finished rows (leaving `alive`) moves the step to a smaller
-        bucket; otherwise the finished rows ride along, masked by their pad tokens."""
-        return self.bucket_for(max(alive, 1)) < self.bucket
+    def can_admit(self) -> bool:
+        """Rows join the slab only at a batch's start (continuous batching takes the growing
+        cache)."""
+        return False
 
-    def step(self, feed: torch.Tensor, next_pos: torch.Tensor, t: int) -> torch.Tensor:
-        """Step `t`: each active row feeds `feed` at `next_pos`, written to column width + t.
-        Returns the next logits of the active rows [live, vocab]."""
+    def worth_dropping(self, n_done: int, n_active: int) -> bool:
+        """Whether dropping the finished rows moves the step to a smaller bucket; otherwise the
+        finished rows ride along, masked by their pad tokens (a drop would only cost its copy)."""
+        return self.bucket_for(max(n_active - n_done, 1)) < self.bucket
+
+    def step(self, feed: torch.Tensor, next_pos: torch.Tensor) -> torch.Tensor:
+        """The next step: each active row feeds `feed` at `next_pos`, written to the column after
+        the last one written. Returns the next logits of the active rows [live, vocab]."""
         s, k = self.decoder.slab, self.live
-        col = self.width + t
+        col = self.width + self.t
+        self.t += 1
         s.ids[:k, 0].copy_(feed)
         s.pos[:k, 0].copy_(next_pos)
         s.mask[:k, 0, 0, col] = 0
         s.write_at.fill_(col)
         return self.decoder.forward(self.cache, self.bucket)[:k]
 
-    def batch_select_indices(self, keep: torch.Tensor) -> None:
+    def select(self, keep: torch.Tensor) -> None:
         """Keep only the rows `keep` (ascending indices of the active rows), moved to the front."""
         s, k = self.decoder.slab, len(keep)
         for buf in (*s.keys, *s.values, s.mask):

@@ -11,9 +11,7 @@ generator).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,14 +25,14 @@ from components.model.backends import (
     SamplingSpec,
     cut_at_stop,
 )
-from components.model.graph_decode import (
-    GraphDecoder,
-    GraphRun,
-    graphable,
-    slab_width,
-    static_step_fits,
+from components.model.batching import (
+    Continuous,
+    DecodeState,
+    Planned,
+    stop_window,
 )
-from components.model.kv_cache import reserve, rows_movable
+from components.model.graph_decode import GraphDecoder, graphable, slab_width, static_step_fits
+from components.model.kv_cache import DecodeCache, GrowingCache, rows_movable
 from components.model.profiling import PhaseClock
 from components.model.token_sampling import sample_step, sample_uniforms
 
@@ -52,6 +50,7 @@ class TransformersBackend:
         device: str = "cpu",
         vision=None,
         graphs: bool = False,
+        continuous: bool = False,
     ) -> None:
         import transformers
 
@@ -85,6 +84,10 @@ class TransformersBackend:
         """Decode steps on a static cache, replayed as CUDA graphs on a GPU (graph_decode.py;
         eager on a CPU, where tests check it), else None: the growing cache (kv_cache.py)."""
         self.graphs_unfit = unfit
+        self.continuous = continuous
+        """Continuous batching (batching.py): a finished row's room goes to the next prompt."""
+        self.off_slab: str | None = None
+        """Why the last batch took the growing cache though the static step is on."""
         """Why graphs were asked for and not taken (the model), for `stats.phases`."""
         self.clock = PhaseClock(device)
         """Seconds per phase of the calls so far (`clock.take()`: the stage's `stats.phases`)."""
@@ -135,11 +138,16 @@ class TransformersBackend:
         return InPlace(self.model, source)
 
     def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
-        # Sort by prompt length to cut padding; whole prompts per batch, so every prompt's n
-        # samples are yielded together.
-        order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_token_ids))
-        for batch in self.plan_batches([requests[i] for i in order], spec):
-            yield self._generate_batch(batch, spec)
+        # Sorted by prompt length to cut padding; whole prompts join the decode, so every
+        # prompt's n samples are yielded together (batching.py).
+        ordered = sorted(requests, key=lambda r: len(r.prompt_token_ids))
+        if self.continuous:
+            admission: Planned = Continuous(
+                len(ordered), spec.n, self._continuous_rows(ordered, spec)
+            )
+        else:
+            admission = Planned([len(b) for b in self.plan_batches(ordered, spec)])
+        yield from self._sample(ordered, spec, admission)
 
     def plan_batches(
         self, ordered: list[PromptRequest], spec: SamplingSpec
@@ -223,20 +231,52 @@ class TransformersBackend:
         # the padded length, 5.x against the row's own, so a left-padded row would be off.
         return pos3, pos3.amax(dim=(0, 2)) + 1, vision
 
-    @torch.inference_mode()
-    def _generate_batch(self, batch: list[PromptRequest], spec: SamplingSpec) -> list[Sample]:
-        # A prompt's n rows are consecutive: _prefill computes each run of them once.
-        rows = [(r, j) for r in batch for j in range(spec.n)]
-        with attention_kernels(self.device), self.clock("prefill"):
-            state = self._start(batch, rows, spec)
-        with attention_kernels(self.device), self.clock("decode"):
-            self._decode(state, spec)
-        self._note_graphs(state)
-        with self.clock("detokenize"):
-            return self._samples(rows, state, spec)
+    def _continuous_rows(self, ordered: list[PromptRequest], spec: SamplingSpec) -> int:
+        """The rows continuous batching decodes at once: batch_size, and within batch_tokens
+        with every row as wide as the longest prompt's (a join right-aligns the rows)."""
+        rows = max(self.batch_size, spec.n)
+        if self.batch_tokens is not None and ordered:
+            width = len(ordered[-1].prompt_token_ids) + spec.max_new_tokens
+            rows = min(rows, self.batch_tokens // width)
+        return max(spec.n, rows - rows % spec.n)
 
-    def _note_graphs(self, state: _Decode) -> None:
-        """Into the call's phases: the graphs this batch captured, or why graphs are off."""
+    @torch.inference_mode()
+    def _sample(
+        self, ordered: list[PromptRequest], spec: SamplingSpec, admission: Planned
+    ) -> Iterator[list[Sample]]:
+        """Decode the call's rows as `admission` lets them join; yield each prompt's samples
+        once all n have finished (batching.py)."""
+        n = spec.n
+        state = DecodeState.empty(len(ordered) * n, spec.max_new_tokens, self._pad(), self.device)
+        eos = torch.tensor(
+            sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
+        )
+        left, ready = [n] * len(ordered), []
+        while True:
+            first = admission.next
+            if k := admission.take(len(state.act)):
+                with attention_kernels(self.device), self.clock("prefill"):
+                    self._join(state, ordered[first : first + k], first, spec)
+            if not len(state.act):
+                break
+            with attention_kernels(self.device), self.clock("decode"):
+                gone = self._decode(state, spec, eos, admission)
+            for row in gone:
+                left[row // n] -= 1
+                if not left[row // n]:
+                    ready.append(row // n)
+            if ready and admission.flush(len(state.act)):
+                with self.clock("detokenize"):
+                    samples = self._samples(ordered, sorted(ready), state, spec)
+                ready = []
+                yield samples
+        self._note_graphs()
+
+    def _pad(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    def _note_graphs(self) -> None:
+        """Into the call's phases: the graphs this call captured, or why graphs are off."""
         notes = self.clock.notes
         if self.graphs is not None:
             stats = self.graphs.take_stats()
@@ -245,138 +285,116 @@ class TransformersBackend:
                 notes["graphs_off"] = stats["graphs_off"]
         if self.graphs_unfit:
             notes["graphs_off"] = self.graphs_unfit
-        elif self.graphs is not None and not isinstance(state.past, GraphRun):
-            notes.setdefault("graphs_off", "M-RoPE positions (image prompts)")
+        elif self.graphs is not None and self.off_slab:
+            notes.setdefault("graphs_off", self.off_slab)
 
-    def _start(self, batch: list[PromptRequest], rows: list, spec: SamplingSpec) -> _Decode:
-        """A batch's decode state after the prefill: the prompts left-padded to the longest,
-        their KV cache (with room reserved for every step) and the first step's logits."""
+    def _join(
+        self, state: DecodeState, batch: list[PromptRequest], first: int, spec: SamplingSpec
+    ) -> None:
+        """Prompts `first`.. of the call join the decode: left-padded to the longest, prefilled
+        once each (its n samples share it), into the KV cache with room for every step, and
+        their first step's logits."""
+        n, T = spec.n, spec.max_new_tokens
+        rows = [(r, j) for r in batch for j in range(n)]
         prompts = [r.prompt_token_ids for r, _ in rows]
-        B, P, T = len(rows), max(len(p) for p in prompts), spec.max_new_tokens
-        pad = self.tokenizer.pad_token_id
-        ids, attn = left_pad(prompts, P, pad)
+        P = max(len(p) for p in prompts)
+        ids, attn = left_pad(prompts, P, self._pad())
         uniforms = sample_uniforms([r.sample_seeds[j] for r, j in rows], T)
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        pos, next_pos, vision = self._positions(batch, ids, attn, pos, spec.n)
+        pos, next_pos, vision = self._positions(batch, ids, attn, pos, n)
         g = self.graphs
         if g is not None and not g.usable():
             g.release()  # graphs went off (a failed capture): the slab goes before the prefill
-        # Prefill, once per prompt: its n samples share it, so the cache and the last logits are
-        # repeated n times after. Only the last position's logits are needed, so the output head
-        # (a large matmul at a large vocabulary) runs on that position alone.
-        past, logits = self._prefill(ids, attn, pos, spec.n, vision)
-        attn_all = None  # the static step keeps its own mask, in the slab
-        # M-RoPE positions (image prompts) take the growing cache, batch by batch; a cache the
-        # slab cannot keep is the model's, so its batches decline the slab for good.
-        on_slab = g is not None and g.usable() and pos.dim() == 2
-        if on_slab and not graphable(past):
-            g.decline("cache layers the slab does not keep (sliding window, quantized, ...)")
-            on_slab = False
-        if on_slab:
-            past = g.start(self.model, past, attn, P, T)  # graph_decode.py
-        else:  # room for every step's keys and values, written in place (kv_cache.py)
-            reserve(past, P + T)
-            # The mask for all steps, allocated once: step t feeds a view of its first P+t+1 columns.
-            attn_all = torch.ones((B, P + T), dtype=attn.dtype, device=self.device)
-            attn_all[:, :P] = attn
-        dev = self.device
-        return _Decode(
-            P=P,
-            T=T,
-            pad=pad,
-            mrope=pos.dim() == 3,
-            tokens=torch.full((B, T), pad, dtype=torch.long, device=dev),
-            logps=torch.zeros((B, T), dtype=torch.float32, device=dev),
-            lengths=torch.zeros(B, dtype=torch.long, device=dev),
-            finished=torch.zeros(B, dtype=torch.bool, device=dev),
-            stopped=torch.zeros(B, dtype=torch.bool, device=dev),
-            uniforms=uniforms.to(dev),
-            act=torch.arange(B, device=dev),
-            past=past,
-            logits=logits,
-            attn_all=attn_all,
-            next_pos=next_pos,
-        )
+        # Only the last position's logits are needed, so the output head (a large matmul at a
+        # large vocabulary) runs on that position alone.
+        past, logits = self._prefill(ids, attn, pos, n, vision)
+        if state.cache is not None:  # continuous batching: beside the rows decoding
+            state.cache.admit(past, attn, T)
+        else:
+            state.cache = self._cache(past, attn, T, mrope=pos.dim() == 3)
+        first_row = torch.arange(first * n, (first + len(batch)) * n, device=self.device)
+        state.join(first_row, uniforms.to(self.device), logits, next_pos)
 
-    def _decode(self, state: _Decode, spec: SamplingSpec) -> None:
-        """Sample step after step until every row has stopped or `max_new_tokens` are drawn."""
-        eos = torch.tensor(
-            sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
-        )
+    def _cache(self, past, attn, steps: int, *, mrope: bool) -> DecodeCache:
+        """The decode's KV cache from a prefill: the static step's slab where it runs
+        (graph_decode.py), else the growing cache (kv_cache.py). M-RoPE positions (image prompts)
+        and continuous batching take the growing cache; a cache the slab cannot keep is the
+        model's, so its batches decline the slab for good."""
+        g = self.graphs
+        self.off_slab = None
+        if g is None or not g.usable():
+            return GrowingCache(self.model, self.cache_kwarg, past, attn, steps, mrope=mrope)
+        if not graphable(past):
+            g.decline("cache layers the slab does not keep (sliding window, quantized, ...)")
+        elif mrope or self.continuous:
+            self.off_slab = "M-RoPE positions (image prompts)" if mrope else "continuous batching"
+        else:
+            return g.start(self.model, past, attn, attn.shape[1], steps)  # graph_decode.py
+        return GrowingCache(self.model, self.cache_kwarg, past, attn, steps, mrope=mrope)
+
+    def _decode(self, state: DecodeState, spec: SamplingSpec, eos, admission: Planned) -> list:
+        """Sample step after step until every active row has finished, or prompts may join;
+        returns the rows that left."""
         window = stop_window(spec.stop)
-        compact = isinstance(state.past, GraphRun) or rows_movable(state.past)
-        for t in range(state.T):
-            tok, lp = sample_step(state.logits, state.uniforms[:, t], spec)
-            open_rows = state.record(t, tok, lp, eos)
+        left: list = []
+        while True:
+            tok, lp = sample_step(state.logits, state.draws(), spec)
+            open_rows = state.record(tok, lp, eos)
             if spec.stop:
-                state.check_stop(self.tokenizer, t, open_rows, spec.stop, window)
-            if t == state.T - 1:
-                break
+                state.check_stop(self.tokenizer, open_rows, spec.stop, window)
+            state.advance()
             done = state.finished[state.act]
             # The step's one read back to the host (on a GPU each waits for the queue to
             # drain): every row has finished when every active one has (a row leaves the
             # active ones only once finished).
-            n_done = int(done.sum())
-            if n_done == len(state.act):
-                break
-            if compact and worth_dropping(state.past, n_done, len(state.act)):
-                tok, done = state.drop_finished(tok, done)
-            self._step(state, torch.where(done, state.pad, tok), t)
+            n_done, n_active = int(done.sum()), len(state.act)
+            if n_done == n_active:
+                return left + state.retire_all()
+            joining = admission.wants(n_active - n_done) and state.cache.can_admit()
+            if n_done and (joining or state.cache.worth_dropping(n_done, n_active)):
+                tok, gone = state.drop_finished(tok, done)
+                done, left = torch.zeros_like(tok, dtype=torch.bool), left + gone
+            self._step(state, torch.where(done, state.pad, tok))
+            if joining:
+                return left
 
-    def _step(self, state: _Decode, feed: torch.Tensor, t: int) -> None:
-        """The forward of step `t` on the active rows: `feed` (each row's newest token, pad for
-        a finished row) in, the next step's logits and the grown KV cache out."""
+    def _step(self, state: DecodeState, feed: torch.Tensor) -> None:
+        """The forward of one step on the active rows: `feed` (each row's newest token, pad for
+        a finished row) in, the next step's logits out."""
         if self.before_forward is not None:
             self.before_forward()
         self.clock.steps += 1
-        if isinstance(state.past, GraphRun):
-            state.logits = state.past.step(feed, state.next_pos, t)
-            state.next_pos = state.next_pos + 1
-            return
-        step_pos = state.next_pos.unsqueeze(-1)
-        out = self.model(
-            input_ids=feed.unsqueeze(-1),
-            attention_mask=state.attn_all[:, : state.P + t + 1],
-            position_ids=step_pos.expand(3, -1, -1) if state.mrope else step_pos,
-            use_cache=True,
-            **{self.cache_kwarg: state.past},
-        )
-        state.past, state.logits = getattr(out, self.cache_kwarg), out.logits[:, -1, :]
+        state.logits = state.cache.step(feed, state.next_pos)
         state.next_pos = state.next_pos + 1
 
-    def _samples(self, rows: list, state: _Decode, spec: SamplingSpec) -> list[Sample]:
-        """Each row's response: its tokens up to its length, decoded and cut at a stop string."""
+    def _samples(
+        self, ordered: list[PromptRequest], prompts: list[int], state: DecodeState, spec
+    ) -> list[Sample]:
+        """The samples of `prompts` (indices into the call's): each row's tokens up to its
+        length, decoded and cut at a stop string."""
+        n = spec.n
+        rows = torch.tensor([p * n + j for p in prompts for j in range(n)], device=self.device)
+        tokens, logps = state.tokens[rows].cpu(), state.logps[rows].cpu()
+        lengths, stopped = state.lengths[rows].cpu(), state.stopped[rows].cpu()
         samples = []
-        tokens, logps = state.tokens.cpu(), state.logps.cpu()
-        lengths, stopped = state.lengths.cpu(), state.stopped.cpu()
-        for i, (req, j) in enumerate(rows):
-            n = int(lengths[i])
-            tok_ids = tokens[i, :n].tolist()
+        for i, (p, j) in enumerate((p, j) for p in prompts for j in range(n)):
+            k = int(lengths[i])
+            tok_ids = tokens[i, :k].tolist()
             text = self.tokenizer.decode(tok_ids, skip_special_tokens=True)
             if spec.stop:
                 text = cut_at_stop(text, spec.stop)[0]
             samples.append(
                 Sample(
-                    prompt_id=req.prompt_id,
+                    prompt_id=ordered[p].prompt_id,
                     sample_index=j,
                     response=text,
                     response_token_ids=tok_ids,
-                    response_logprobs=logps[i, :n].tolist(),
+                    response_logprobs=logps[i, :k].tolist(),
                     finish_reason="stop" if bool(stopped[i]) else "length",
                 )
             )
         return samples
-
-
-def worth_dropping(past, n_done: int, n_active: int) -> bool:
-    """Whether to drop the finished rows from the step now. On the growing cache, once they are
-    an eighth of the rows (a static batch would compute every row until its longest response
-    ends; each drop copies the cache). On the static step, when the rows left fit a smaller
-    graph: a drop that does not shrink the step only costs its copy."""
-    if isinstance(past, GraphRun):
-        return past.shrinks(n_active - n_done)
-    return 8 * n_done >= n_active
 
 
 def attention_kernels(device: str):
@@ -403,69 +421,6 @@ def left_pad(prompts: list[list[int]], width: int, pad: int) -> tuple[torch.Tens
         ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         attn[i, width - len(p) :] = 1
     return ids, attn
-
-
-@dataclass
-class _Decode:
-    """One batch's decode loop state. `tokens`, `logps` [B, T] and `lengths`, `finished`,
-    `stopped` [B] cover every row; the per-step tensors (`uniforms`, `past`, `logits`,
-    `attn_all`, `next_pos`) hold only the rows still sampling, `act` (indices into the batch).
-    `attn_all` is the growing cache's mask for every step (None on the static step's slab)."""
-
-    P: int  # the padded prompt width
-    T: int  # max_new_tokens
-    pad: int
-    mrope: bool  # positions are [3, B, P] (M-RoPE), not [B, P]
-    tokens: torch.Tensor
-    logps: torch.Tensor
-    lengths: torch.Tensor
-    finished: torch.Tensor
-    stopped: torch.Tensor
-    uniforms: torch.Tensor
-    act: torch.Tensor
-    past: Any
-    logits: torch.Tensor
-    attn_all: torch.Tensor | None
-    next_pos: torch.Tensor
-
-    def record(
-        self, t: int, tok: torch.Tensor, lp: torch.Tensor, eos: torch.Tensor
-    ) -> torch.Tensor:
-        """Step `t`'s draws of the active rows: kept where the row was live, which ends at eos.
-        Returns which active rows were live and did not draw eos (a stop string may end them)."""
-        act = self.act
-        live = ~self.finished[act]
-        self.tokens[act, t] = torch.where(live, tok, self.pad)
-        self.logps[act, t] = torch.where(live, lp, 0.0)
-        self.lengths[act] += live
-        hit_eos = torch.isin(tok, eos) & live
-        self.finished[act] = self.finished[act] | hit_eos
-        self.stopped[act] = self.stopped[act] | hit_eos
-        return live & ~hit_eos
-
-    def check_stop(
-        self, tokenizer, t: int, open_rows: torch.Tensor, stop: tuple[str, ...], window: int
-    ) -> None:
-        """End the rows of `open_rows` (a mask over the active rows) whose text holds a stop
-        string after step `t`. Text-level, per row, over the last tokens only (`stop_in_tail`):
-        a stop string that completes at this step lies within them (every earlier step was
-        checked), and decoding the whole response each step costs O(T^2) per row."""
-        for i in self.act[open_rows].tolist():
-            if stop_in_tail(tokenizer, self.tokens[i], t + 1, stop, window):
-                self.finished[i] = True
-                self.stopped[i] = True
-
-    def drop_finished(self, tok: torch.Tensor, done: torch.Tensor):
-        """Keep only the rows not done in the per-step tensors and the KV cache; returns this
-        step's `tok` and `done` of the kept rows."""
-        keep = torch.nonzero(~done).flatten()
-        self.past.batch_select_indices(keep)
-        self.act, tok, done = self.act[keep], tok[keep], done[keep]
-        self.next_pos = self.next_pos[keep]
-        if self.attn_all is not None:
-            self.attn_all = self.attn_all[keep]
-        self.uniforms = self.uniforms[keep]
-        return tok, done
 
 
 class InPlace:
@@ -528,34 +483,6 @@ def saved_names(keys: list[str], state: dict) -> dict[str, str | None]:
             out[k] = hits[0]
             taken.add(hits[0])
     return out
-
-
-def stop_window(stop: tuple[str, ...]) -> int:
-    """Tokens first decoded when looking for a stop string that completes at the newest token.
-
-    Most tokens decode to at least one character; special tokens (skipped) and the bytes of a
-    character split across byte-level BPE tokens do not, so twice the longest stop string's
-    length plus a margin usually suffices, and `stop_in_tail` widens it where it does not."""
-    return 2 * max((len(s) for s in stop), default=0) + 8
-
-
-def stop_in_tail(tokenizer, row, end: int, stop: tuple[str, ...], window: int) -> bool:
-    """Whether the text of ``row[:end]`` contains a stop string, decoding only its last tokens.
-
-    Starts from the last `window` tokens and widens the window (to the whole row at most) until
-    its text holds the longest stop string plus the newest token's text: special tokens decode to
-    nothing and a character split across byte-level BPE tokens takes several, so a fixed count
-    of tokens can hold fewer characters than a stop string that completed at the newest token
-    (a run of skipped special tokens inside "\n\n", a stop string of CJK characters). The
-    replacement characters of a character cut at the window's start do not count."""
-    longest = max(len(s) for s in stop)
-    need = longest + len(tokenizer.decode(row[end - 1 : end], skip_special_tokens=True))
-    lo = max(0, end - window)
-    while True:
-        text = tokenizer.decode(row[lo:end], skip_special_tokens=True)
-        if lo == 0 or len(text.lstrip("\ufffd")) >= need:
-            return cut_at_stop(text, stop)[1]
-        lo = max(0, lo - max(window, end - lo))  # double the window
 
 
 def cache_kwarg(model) -> str:

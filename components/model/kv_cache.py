@@ -12,6 +12,8 @@ plans a batch by, so a batch's cache needs no more memory than its plan says.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from transformers import cache_utils
 from transformers.cache_utils import DynamicLayer
@@ -94,6 +96,26 @@ class ReservedLayer(DynamicLayer):
             self.value_buf = self.value_buf.to(self.device, non_blocking=True)
             self._expose()
 
+    def joined(self, other: DynamicLayer, lo: int, width: int, capacity: int) -> ReservedLayer:
+        """This layer's columns [lo, length) and `other`'s rows (a prefill's keys and values)
+        in new buffers of `capacity` columns, both right-aligned at column `width` (the columns
+        before a row's own are zeros, which the mask hides)."""
+        out = ReservedLayer.__new__(ReservedLayer)
+        DynamicLayer.__init__(out)
+        span, new = self.length - lo, other.keys.shape[-2]
+        for name, mine, theirs in (
+            ("key_buf", self.key_buf, other.keys),
+            ("value_buf", self.value_buf, other.values),
+        ):
+            rows = mine.shape[0]
+            buf = mine.new_zeros(rows + theirs.shape[0], mine.shape[1], capacity, mine.shape[-1])
+            buf[:rows, :, width - span : width] = mine[:, :, lo : self.length]
+            buf[rows:, :, width - new : width] = theirs
+            setattr(out, name, buf)
+        out.length, out.device, out.is_initialized = width, self.device, True
+        out._expose()
+        return out
+
     def reset(self) -> None:
         """Empty, keeping the buffers (for reuse at the same batch size)."""
         self.length = 0
@@ -127,3 +149,92 @@ def reserve(cache, capacity: int) -> bool:
             layers[i] = ReservedLayer(layer, capacity)
             swapped += 1
     return swapped == len(layers)
+
+
+class DecodeCache(Protocol):
+    """The KV cache of a batch's decode, as the decode loop uses it, whichever kind it is: the
+    growing cache (`GrowingCache`, here) or the static slab (graph_decode.py `GraphRun`)."""
+
+    def step(self, feed: torch.Tensor, next_pos: torch.Tensor) -> torch.Tensor:
+        """One decode step of the active rows: each feeds its token `feed` [A] at its position
+        `next_pos` [A]; returns their next logits [A, vocab]."""
+        ...
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the active rows `keep` (ascending indices), in that order."""
+        ...
+
+    def worth_dropping(self, n_done: int, n_active: int) -> bool:
+        """Whether dropping the `n_done` finished rows of `n_active` pays for its copy now."""
+        ...
+
+    def can_admit(self) -> bool:
+        """Whether prefilled rows can join the rows decoding (`admit`, continuous batching)."""
+        ...
+
+
+class GrowingCache:
+    """transformers' own cache, its layers reserved in place (`reserve`), and the attention mask
+    of every step: all rows write the same column (`length`); row i attends from its first
+    unpadded column on. Rows that finished can be dropped (`select`) and, with `admit`, new
+    prefilled rows joined, right-aligned with the others (continuous batching)."""
+
+    def __init__(
+        self, model, cache_kwarg: str, past, attn: torch.Tensor, steps: int, *, mrope: bool
+    ) -> None:
+        self.model, self.cache_kwarg, self.past, self.mrope = model, cache_kwarg, past, mrope
+        rows, width = attn.shape
+        self.reserved = reserve(past, width + steps)
+        self.movable = rows_movable(past)
+        # The mask for all steps, allocated once: a step feeds a view of its first length + 1
+        # columns.
+        self.attn_all = torch.ones((rows, width + steps), dtype=attn.dtype, device=attn.device)
+        self.attn_all[:, :width] = attn
+        self.length = width
+
+    def step(self, feed: torch.Tensor, next_pos: torch.Tensor) -> torch.Tensor:
+        step_pos = next_pos.unsqueeze(-1)
+        out = self.model(
+            input_ids=feed.unsqueeze(-1),
+            attention_mask=self.attn_all[:, : self.length + 1],
+            position_ids=step_pos.expand(3, -1, -1) if self.mrope else step_pos,
+            use_cache=True,
+            **{self.cache_kwarg: self.past},
+        )
+        self.past = getattr(out, self.cache_kwarg)
+        self.length += 1
+        return out.logits[:, -1, :]
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.past.batch_select_indices(keep)
+        self.attn_all = self.attn_all[keep]
+
+    def worth_dropping(self, n_done: int, n_active: int) -> bool:
+        """Once the finished rows are an eighth of the batch (a static batch would compute every
+        row until its longest response ends; each drop copies the cache)."""
+        return self.movable and 8 * n_done >= n_active
+
+    def can_admit(self) -> bool:
+        """Whether new rows can join: every layer is a ReservedLayer of keys and values."""
+        return self.reserved and self.movable
+
+    def span(self) -> int:
+        """The columns from the first any row attends to the newest."""
+        used = self.attn_all[:, : self.length].any(0)
+        return self.length - int(used.int().argmax()) if bool(used.any()) else 0
+
+    def admit(self, past, attn: torch.Tensor, steps: int) -> None:
+        """Join prefilled rows (`past`, their left-padded mask `attn` [k, width]) after the
+        active ones, every row right-aligned at the newest column; the columns no row attends to
+        go, and every row gets room for `steps` more."""
+        span, new = self.span(), attn.shape[1]
+        lo, width = self.length - span, max(span, new)
+        rows = self.attn_all.shape[0]
+        for i, layer in enumerate(self.past.layers):
+            self.past.layers[i] = layer.joined(past.layers[i], lo, width, width + steps)
+        mask = torch.zeros((rows + attn.shape[0], width + steps), dtype=attn.dtype)
+        mask = mask.to(attn.device)
+        mask[:rows, width - span : width] = self.attn_all[:, lo : self.length]
+        mask[rows:, width - new : width] = attn
+        mask[:, width:] = 1
+        self.attn_all, self.length = mask, width

@@ -70,9 +70,9 @@ def test_static_step_drops_finished_rows_by_bucket(policy, monkeypatch):
     seen: list[tuple[int, int]] = []
     step = GraphRun.step
 
-    def spy(self, feed, next_pos, t):
+    def spy(self, feed, next_pos):
         seen.append((self.live, self.bucket))
-        return step(self, feed, next_pos, t)
+        return step(self, feed, next_pos)
 
     monkeypatch.setattr(GraphRun, "step", spy)
     spec = early_stop_spec(tok, 8, 24)

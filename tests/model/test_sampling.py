@@ -342,7 +342,7 @@ def test_stop_in_tail_agrees_with_a_full_decode():
     from transformers import AutoTokenizer
 
     from components.model.backends import cut_at_stop
-    from components.model.hf_backend import stop_in_tail, stop_window
+    from components.model.batching import stop_in_tail, stop_window
     from tests.support.models import smollm2_gguf
 
     gguf = smollm2_gguf()
