@@ -42,6 +42,7 @@ __all__ = [
     "lora_config",
     "merge",
     "save_adapter",
+    "load_adapter_weights",
     "set_adapter_weights",
     "write_adapter",
 ]
@@ -292,16 +293,23 @@ def load_adapter(base_model, adapter_dir: Path, digest: str):
     (`PeftModel.from_pretrained` would load a file that lacks tensors with a warning, leaving
     those at their fresh initialisation)."""
     from peft import LoraConfig, get_peft_model
-    from safetensors.torch import load_file
 
     check_base(adapter_dir, digest)
     config = LoraConfig.from_pretrained(str(adapter_dir))
     with _tied_head_is_handled():
         model = get_peft_model(base_model, config)
+    load_adapter_weights(model, adapter_dir)
+    return model
+
+
+def load_adapter_weights(model, adapter_dir: Path) -> None:
+    """An adapter's weights into a PeftModel, in place and strictly (a warm engine's next
+    policy: megabytes, not the model)."""
+    from safetensors.torch import load_file
+
     path = Path(adapter_dir) / ADAPTER_WEIGHTS
     device = str(next(model.parameters()).device)
     set_adapter_weights(model, load_file(str(path), device=device), str(path))
-    return model
 
 
 #: Files of a base's processor that a merged checkpoint keeps (vision-language policies).

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 LOGPROB_DEFINITION = "log_softmax(logits/temperature) of the sampled token, before top-k/top-p"
@@ -84,10 +85,30 @@ class BackendInfo:
 
 
 class Backend(Protocol):
+    """What the engine (engine.py), generate, evaluate and the tools call on a backend: the
+    transformers backend (hf_backend.py) and vLLM's (vllm_backend.py) implement all of it."""
+
     info: BackendInfo
 
     def generate(self, requests: list[PromptRequest], spec: SamplingSpec) -> Iterator[list[Sample]]:
         """Yield finished samples in batches (all n samples of a prompt come together)."""
+        ...
+
+    def load_weights(self, checkpoint_dir: Path) -> None:
+        """A checkpoint's weights into the running engine, in place (same architecture)."""
+        ...
+
+    def receive(self, receiver: Any, version: int) -> tuple[Any, int]:
+        """Policy `version` over the weight channel into the running engine: (what gives the
+        received bytes' sha256s, the bytes received). ChannelError on any failure."""
+        ...
+
+    def set_adapter(self, adapter_dir: Path, base_digest: str) -> None:
+        """Sample from now on with the LoRA adapter in `adapter_dir` on the loaded base."""
+        ...
+
+    def close(self) -> None:
+        """Let the engine's memory go now (a new engine may start right after)."""
         ...
 
 

@@ -28,7 +28,6 @@ from components.model.adapter import (
     base_digest,
     check_base,
     is_adapter_dir,
-    load_adapter,
 )
 from components.model.backends import Backend
 from components.model.checkpoint import (
@@ -138,18 +137,6 @@ def _weight_bytes(manifest: dict[str, Any]) -> int:
     return sum(f["bytes"] for f in manifest["files"] if f["path"].endswith(".safetensors"))
 
 
-def load_adapter_weights(model, adapter_dir: Path) -> None:
-    """A new adapter's weights into a loaded PeftModel, in place (a warm engine's next policy:
-    megabytes, not the model)."""
-    from safetensors.torch import load_file
-
-    from components.model.adapter import ADAPTER_WEIGHTS, set_adapter_weights
-
-    device = next(model.parameters()).device
-    path = Path(adapter_dir) / ADAPTER_WEIGHTS
-    set_adapter_weights(model, load_file(str(path), device=str(device)), str(path))
-
-
 class PolicyEngine:
     """Holds one backend (transformers or vLLM) and the identity of the policy it serves."""
 
@@ -205,14 +192,7 @@ class PolicyEngine:
         if self.backend is None:
             self.ensure(store, base_uri, who)
         self.digest = None
-        if hasattr(self.backend, "receive"):  # vLLM: every worker takes part itself
-            received = self.backend.receive(receiver, version)
-            nbytes = received.nbytes
-        else:
-            loader = self.backend.weight_loader(f"policy {version} over the weight channel")
-            received = receiver.receive(version, loader)
-            loader.finish()
-            nbytes = receiver.last_bytes
+        received, nbytes = self.backend.receive(receiver, version)
         t1 = time.time()
         load = LoadInfo("broadcast", t1 - t0, nbytes, t0, t1)
         return self.backend, self.tokenizer, load, received
@@ -239,13 +219,7 @@ class PolicyEngine:
                 action = "load"
             else:
                 action = "weights"
-            if hasattr(self.backend, "set_adapter"):  # vLLM: a LoRARequest per new adapter
-                self.backend.set_adapter(Path(ckpt_dir))
-            elif action == "load":  # transformers: PEFT on the loaded base
-                self.backend.model = load_adapter(self.backend.model, ckpt_dir, digest_of_base)
-                self.backend.model.eval()
-            else:
-                load_adapter_weights(self.backend.model, Path(ckpt_dir))
+            self.backend.set_adapter(Path(ckpt_dir), digest_of_base)
         elif self.backend is not None and signature == self.signature:
             self.backend.load_weights(Path(ckpt_dir))
             action = "weights"
@@ -257,7 +231,6 @@ class PolicyEngine:
         return action
 
     def close(self) -> None:
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        if self.backend is not None:
+            self.backend.close()
         self.backend = self.tokenizer = self.digest = self.signature = None

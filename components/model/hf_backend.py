@@ -132,6 +132,27 @@ class TransformersBackend:
                     loader.put(key, st.get_tensor(key))
         loader.finish()
 
+    def receive(self, receiver, version: int) -> tuple[object, int]:
+        """Policy `version` over the weight channel (components/model/channel.py), one tensor
+        at a time into the running model; returns what gives the bytes' sha256s, and the bytes."""
+        loader = self.weight_loader(f"policy {version} over the weight channel")
+        received = receiver.receive(version, loader)
+        loader.finish()
+        return received, receiver.last_bytes
+
+    def set_adapter(self, adapter_dir: Path, base_digest: str) -> None:
+        """Sample from now on with the LoRA adapter in `adapter_dir` on the loaded base (of
+        `base_digest`): PEFT's model on the first one, then each new adapter's weights in place."""
+        from components.model.adapter import load_adapter, load_adapter_weights
+
+        if hasattr(self.model, "peft_config"):
+            load_adapter_weights(self.model, adapter_dir)
+        else:
+            self.model = load_adapter(self.model, adapter_dir, base_digest).eval()
+
+    def close(self) -> None:
+        """Nothing outlives the model object (a GPU's memory goes with it)."""
+
     def weight_loader(self, source: str) -> InPlace:
         """Weights into the running model one tensor at a time, from any source (a checkpoint's
         files, the weight channel's buckets)."""

@@ -137,7 +137,7 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
         self.weights_version += 1
 
-    def receive(self, receiver, version: int) -> Received:
+    def receive(self, receiver, version: int) -> tuple[Received, int]:
         """Policy `version` over the weight channel: every worker joins the channel's group
         (ranks `receiver.rank` onwards, one per tensor-parallel rank) and loads what it
         receives through the model's `load_weights`; the prefix cache is then dropped. Any
@@ -163,10 +163,12 @@ class VLLMBackend:
             raise ChannelError(f"weight channel: version {version} not received ({e})") from None
         self.llm.reset_prefix_cache()
         self.weights_version += 1
-        return Received(self, results[0])
+        received = Received(self, results[0])
+        return received, received.nbytes
 
-    def set_adapter(self, adapter_dir: Path) -> None:
-        """Sample from now on with the LoRA adapter in `adapter_dir` (PEFT's format): every
+    def set_adapter(self, adapter_dir: Path, base_digest: str) -> None:
+        """Sample from now on with the LoRA adapter in `adapter_dir` (PEFT's format, made for
+        the base of `base_digest`, which the engine checked): every
         request carries a `LoRARequest` with a new id, so vLLM loads this adapter (megabytes)
         instead of serving the one it has cached; the base weights stay as they are."""
         from vllm.lora.request import LoRARequest

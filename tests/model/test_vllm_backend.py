@@ -68,7 +68,7 @@ def test_a_lora_adapter_serves_through_lora_requests(tiny_assets, tmp_path):
                 p.normal_(0, 0.05)
     save_adapter(peft_model, tmp_path / "adapter", base_digest(base))
     backend = VLLMBackend(str(base), gpu_memory_utilization=0.3, dtype="bfloat16", max_lora_rank=4)
-    backend.set_adapter(tmp_path / "adapter")
+    backend.set_adapter(tmp_path / "adapter", "")
     assert backend.lora_request.lora_int_id == 1
     ids = tok("12+34=", add_special_tokens=False)["input_ids"]
     spec = SamplingSpec(n=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=6)
@@ -81,7 +81,7 @@ def test_a_lora_adapter_serves_through_lora_requests(tiny_assets, tmp_path):
         sample.response_token_ids
         == expected[0, len(ids) :].tolist()[: len(sample.response_token_ids)]
     )
-    backend.set_adapter(tmp_path / "adapter")
+    backend.set_adapter(tmp_path / "adapter", "")
     assert backend.lora_request.lora_int_id == 2  # a new version: vLLM loads it again
     backend.close()
 
