@@ -51,7 +51,12 @@ from components.train.distributed import barrier, init_distributed
 from components.train.handoff import WeightPlan, dtype_name, write_handoff
 from components.train.inputs import IterationInputs
 from components.train.policy import adapter_state_dict, write_adapter_checkpoint
-from components.train.update import steps_per_iteration, train_iteration
+from components.train.update import (
+    IterationWork,
+    Trainer,
+    steps_per_iteration,
+    train_iteration,
+)
 
 log = logging.getLogger("rlvr.train")
 
@@ -377,26 +382,20 @@ class TrainStage(Stage):
                 )
         torch.manual_seed(cfg.run.seed + i)
         pad_id = b.tokenizer.pad_token_id if b.tokenizer.pad_token_id is not None else 0
+        trainer = Trainer(b.engine, b.device, pad_id, b.rank, b.world, b.ref_model)
+        work = IterationWork(
+            ro,
+            i,
+            inputs.temperature,
+            horizon=t.loss_agg_horizon or cfg.generate.max_new_tokens,
+            start_step=i * steps_per_iteration(t),
+            total_steps=cfg.run.iterations * steps_per_iteration(t),
+            seed=cfg.run.seed,
+            old_logprobs=inputs.old_logprobs,
+            compare_rollout=inputs.definition == LOGPROB_DEFINITION,
+        )
         with timeline.span("work"), device_turn.holding():
-            return train_iteration(
-                b.engine,
-                ro,
-                t,
-                temperature=inputs.temperature,
-                horizon=t.loss_agg_horizon or cfg.generate.max_new_tokens,
-                start_step=i * steps_per_iteration(t),
-                total_steps=cfg.run.iterations * steps_per_iteration(t),
-                seed=cfg.run.seed,
-                iteration=i,
-                pad_id=pad_id,
-                device=b.device,
-                rank=b.rank,
-                world=b.world,
-                ref_model=b.ref_model,
-                compare_rollout=inputs.definition == LOGPROB_DEFINITION,
-                old_from_rollout=inputs.old_from_rollout,
-                check_rollout=t.old_logprobs == "auto",
-            )
+            return train_iteration(trainer, work, t)
 
     def _commit(
         self, out: OutputDir, metrics: dict, inputs: dict, timeline: Timeline
