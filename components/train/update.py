@@ -3,7 +3,8 @@
 Read in this order: `train_iteration` (a `Trainer` on one `IterationWork`: old and reference
 logprobs once, before any update, then `ppo_epochs` x `mini_batches` optimizer steps; each step
 a method of `_Iteration`, in that order) -> `accumulate_mini_batch` (one mini-batch's
-forward/backward over its micro-batches) -> `sequence_logprobs` (teacher-forced logprobs, the same definition as generation).
+forward/backward over its micro-batches) -> `sequence_logprobs` (teacher-forced logprobs, the
+same definition as generation).
 
 Exactness: a mini-batch's loss is normalized by its GLOBAL token and sequence counts (summed over
 micro-batches and data-parallel ranks), never per micro-batch, so one update's gradient does not
