@@ -100,17 +100,11 @@ def saved_activation_bytes(model, ro: Rollouts, budget: int, pad_id: int) -> int
 def stage_round(engine, ro: Rollouts, t: TrainSection, pad_id: int) -> tuple[float, float]:
     t0 = time.perf_counter()
     _, m = update.train_iteration(
-        engine,
-        ro,
+        update.Trainer(engine, "cpu", pad_id),
+        update.IterationWork(
+            ro, 0, temperature=1.0, horizon=96, start_step=0, total_steps=10**6, seed=0
+        ),
         t,
-        temperature=1.0,
-        horizon=96,
-        start_step=0,
-        total_steps=10**6,
-        seed=0,
-        iteration=0,
-        pad_id=pad_id,
-        device="cpu",
     )
     return sum(ro.lengths()) * t.ppo_epochs / (time.perf_counter() - t0), m["train/padding_waste"]
 
@@ -168,8 +162,9 @@ train.init_distributed("cpu")
 engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
                                   config=train.deepspeed_config(t, 1, torch.float32))
 ro = synthetic_rollouts({n}, len(tok))
-update.train_iteration(engine, ro, t, temperature=1.0, horizon=96, start_step=0, total_steps=10,
-                      seed=0, iteration=0, pad_id=tok.pad_token_id, device="cpu")
+update.train_iteration(update.Trainer(engine, "cpu", tok.pad_token_id),
+                       update.IterationWork(ro, 0, temperature=1.0, horizon=96, start_step=0,
+                                            total_steps=10, seed=0), t)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """
     rendezvous = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}

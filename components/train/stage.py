@@ -3,21 +3,30 @@
     python -m components.train CONFIG --run-id ID --iteration I [--force]
     rlvr stage train CONFIG --run-id ID --iteration I
 
-Read in this order: hold (the DeepSpeed engine at the policy after i updates: kept warm from the
-previous step, or built from the newest full train state and brought forward by replaying the
-updates since, components/train/build.py) -> read (iteration i's inputs,
-components/train/inputs.py) -> one iteration's updates (components/train/update.py: old
-logprobs once, before any update, then `ppo_epochs` x `mini_batches` optimizer steps) -> the
-handoff (the new weights in the sampler's dtype, streamed into checkpoint i+1, whose
-`_SUCCESS` commits the iteration and lets generate start the next; components/train/handoff.py)
--> the full train state, every `train.state_every` iterations, in the background, and when the
-worker stops (components/train/state.py) -> retention (components/core/retention.py).
+A step reads decide -> work -> commit -> after the commit (`TrainStage.step`):
+- decide: iteration i's inputs (components/train/inputs.py, where the old logprobs' source is
+  decided too) and the engine at the policy after i updates: kept warm from the previous step,
+  or built from the newest full train state and brought forward by replaying the updates since
+  (components/train/build.py); where the engine stands is one record, `Position`;
+- work: one iteration's updates (components/train/update.py: old logprobs once, before any
+  update, then `ppo_epochs` x `mini_batches` optimizer steps), and the run's health after them
+  (components/train/health.py), judged before the commit: its stop record must precede the
+  checkpoint, and its figures go in the checkpoint's manifest;
+- commit: the handoff (the new weights in the sampler's dtype, streamed into checkpoint i+1,
+  whose `_SUCCESS` commits the iteration and lets generate start the next;
+  components/train/handoff.py), first over the weight channel where the run broadcasts;
+- after the commit: the engine holds checkpoint i+1; the full train state every
+  `train.state_every` iterations, in the background, and when the worker stops
+  (components/train/state.py); retention (components/core/retention.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +60,12 @@ from components.train.distributed import barrier, init_distributed
 from components.train.handoff import WeightPlan, dtype_name, write_handoff
 from components.train.inputs import IterationInputs
 from components.train.policy import adapter_state_dict, write_adapter_checkpoint
-from components.train.update import steps_per_iteration, train_iteration
+from components.train.update import (
+    IterationWork,
+    Trainer,
+    steps_per_iteration,
+    train_iteration,
+)
 
 log = logging.getLogger("rlvr.train")
 
@@ -74,6 +88,63 @@ def handoff_dtype(cfg: RunConfig) -> torch.dtype:
     if name == "auto":
         name = sampler_dtype_name(cfg.generate.backend, cfg.generate.dtype)
     return getattr(torch, name)
+
+
+class Arrival(Enum):
+    """How the engine came to hold the iteration a step trains (the metrics' `train/engine`)."""
+
+    REUSE = "reuse"
+    """It held it already: warm from the previous step."""
+    LOAD = "load"
+    """Built: the worker had no engine."""
+    RELOAD = "reload"
+    """Rebuilt: it held another position (an iteration redone out of band)."""
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How the engine came to hold its position, until a step reports it: built (load or
+    reload) from a full state and `updates` replayed from it, `mismatches` of which did not
+    reproduce the committed checkpoint bit for bit; or reused, with nothing replayed."""
+
+    arrival: Arrival = Arrival.REUSE
+    updates: int = 0
+    mismatches: int = 0
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where the engine stands, replaced whole at each move."""
+
+    hold: tuple[int, str] | None = None
+    """Hold: the committed position (iteration, checkpoint digest) the engine is at."""
+    clean: bool = False
+    """The engine is at `hold`, not inside an update: its state can be written."""
+    replay: Replay = field(default_factory=Replay)
+    """Replay: how it came to hold it (reported once, by the next step)."""
+    state_at: int = 0
+    """The newest full state covering the held position's past (0: the base)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The run's health after one iteration, as the step uses it (rank 0; judged nowhere
+    else)."""
+
+    figures: dict[str, Any] = field(default_factory=dict)
+    """For the checkpoint's manifest: the health record and its figures."""
+    runs_on: bool = True
+    """Run on: the run goes on past this iteration. False: its stop record is written, and
+    this iteration's policy is not broadcast."""
+
+
+class NoChannel(Enum):
+    """Rank 0's weight channel where it has no sending end (else a `Sender`)."""
+
+    UNOPENED = "unopened"
+    """No policy has gone over it yet: it opens on first use."""
+    REFUSED = "refused"
+    """Its port could not listen: every policy goes by the store."""
 
 
 class TrainStage(Stage):
@@ -101,24 +172,11 @@ class TrainStage(Stage):
         """The handoff's files and sources, for this engine (full fine-tuning)."""
         self._image_tables: dict[str, Any] = {}
         """The `images` columns of the run's datasets, read once per worker."""
-        self.holds: tuple | None = None
-        """(iteration, checkpoint digest): the committed position the engine is at."""
-        self.clean = False
-        """The engine is at `holds` (not inside an update): its state can be written."""
-        self.action = "reuse"
-        """How the engine came to hold the current iteration: reuse, load or reload."""
-        self.replayed = 0
-        """Updates replayed to reach the held position the last time the engine was built."""
-        self.mismatches = 0
-        """Replayed updates whose weights differed from the checkpoint the run committed."""
-        self.state_at = 0
-        """The newest full state covering the held position's past (0: the base)."""
+        self.position = Position()
+        """Where the engine stands: hold, replay, and the full state covering its past."""
         self.states = train_state.Background()
-        self.stopping = False
-        """Rank 0: this iteration's health stops the run (its policy is not broadcast)."""
-        self.channel: Sender | bool | None = None
-        """The weight channel's sending end, once used (rank 0, train.handoff.channel);
-        False where it could not listen."""
+        self.channel: Sender | NoChannel = NoChannel.UNOPENED
+        """The weight channel's sending end (rank 0, train.handoff.channel: broadcast)."""
 
     @property
     def engine(self):
@@ -149,7 +207,7 @@ class TrainStage(Stage):
         if not self.up_to_date(iteration):
             self.hold(iteration)
 
-    def _position(self, iteration: int) -> tuple:
+    def _position(self, iteration: int) -> tuple[int, str]:
         return (iteration, content_digest(self.store, self.layout.checkpoint(iteration)))
 
     # --- hold: the engine at the policy after `iteration` updates ---
@@ -158,22 +216,32 @@ class TrainStage(Stage):
         """Make the engine hold checkpoint `iteration`: as it is, or built from the newest full
         state at or before it and replayed forward."""
         position = self._position(iteration)
-        if self.engine is not None and self.holds == position:
+        if self.engine is not None and self.position.hold == position:
             return
-        self.action = "load" if self.engine is None else "reload"
-        for attempt in range(3):
+        arrival = Arrival.LOAD if self.engine is None else Arrival.RELOAD
+        s = self._build_newest(iteration)
+        mismatches = sum(not self._replay(j) for j in range(s, iteration))
+        self.position = Position(
+            hold=position,
+            clean=True,
+            replay=Replay(arrival, updates=iteration - s, mismatches=mismatches),
+            state_at=s,
+        )
+
+    def _build_newest(self, iteration: int) -> int:
+        """A fresh engine at the newest full state at or before `iteration` that every rank
+        agrees on, chosen again where it was retired since it was chosen (a previous worker's
+        sweep); returns that state."""
+        for _ in range(2):
             s = self._agreed_state(iteration)
             try:
                 self._build(s)
-                break
-            except RetiredError:  # retired since it was chosen (a previous worker's sweep)
-                if attempt == 2:
-                    raise
+                return s
+            except RetiredError:
                 log.info("train state %05d was retired meanwhile; choosing again", s)
-        self.replayed, self.mismatches = iteration - s, 0
-        for j in range(s, iteration):
-            self._replay(j)
-        self.holds, self.clean = position, True
+        s = self._agreed_state(iteration)
+        self._build(s)
+        return s
 
     def _agreed_state(self, iteration: int) -> int:
         """The state every rank builds from: rank 0's choice, broadcast (ranks looking at the
@@ -221,13 +289,14 @@ class TrainStage(Stage):
         self.weights = None
         if self.cfg.model.lora is None:
             self.weights = WeightPlan(self.engine, handoff_dtype(self.cfg))
-        self.state_at = state
+        self.position = replace(self.position, state_at=state)
 
-    def _replay(self, j: int) -> None:
+    def _replay(self, j: int) -> bool:
         """Update j again, from its committed inputs, and check the weights it gives against
         checkpoint j+1 as the run committed it: equal bit for bit where the update is
         deterministic (a CPU); elsewhere the difference is reported and training goes on
-        from the replayed weights, which differ from the lost ones by nondeterminism alone."""
+        from the replayed weights, which differ from the lost ones by nondeterminism alone.
+        False where they differ (rank 0; the other ranks do not compare)."""
         out, lineage_in = self._plan(j)
         if not out.up_to_date(lineage_in):
             raise StageError(
@@ -240,11 +309,10 @@ class TrainStage(Stage):
         self._update(inputs, Timeline(self.task, j))
         got = self._handoff_digests()
         if self.rank != 0:
-            return
+            return True
         files = read_manifest(self.store, self.layout.checkpoint(j + 1))["files"]
         expected = {f["path"]: f["sha256"] for f in files if f["path"] in got}
         if expected != got:
-            self.mismatches += 1
             log.warning(
                 "train: replayed update %d does not reproduce checkpoint %05d bit for bit "
                 "(a nondeterministic update, or another machine); training goes on from the "
@@ -252,6 +320,7 @@ class TrainStage(Stage):
                 j,
                 j + 1,
             )
+        return expected == got
 
     def _handoff_digests(self) -> dict[str, str]:
         """{file: sha256} of the handoff the engine would write now, written nowhere (rank 0;
@@ -259,16 +328,18 @@ class TrainStage(Stage):
         keep = self.rank == 0
         if self.weights is not None:
             return {k: v.sha256 for k, v in self.weights.write(None, keep=keep).items()}
+        return self._adapter_digests(keep)
+
+    def _adapter_digests(self, keep: bool) -> dict[str, str]:
+        """{adapter file: sha256} of a LoRA run's handoff, written to a scratch directory."""
         import tempfile
 
         from components.core.commit import sha256_file
-        from components.model.adapter import ADAPTER_WEIGHTS
+        from components.model.adapter import ADAPTER_WEIGHTS, write_adapter
 
         weights = adapter_state_dict(self.engine)  # gathered on every rank (ZeRO-3)
         if not keep:
             return {}
-        from components.model.adapter import write_adapter
-
         with tempfile.TemporaryDirectory(prefix="rlvr-replay-") as tmp:
             write_adapter(self.engine.module, weights, Path(tmp), self.built.base_digest, "")
             return {ADAPTER_WEIGHTS: sha256_file(Path(tmp) / ADAPTER_WEIGHTS)}
@@ -294,37 +365,23 @@ class TrainStage(Stage):
             log.info("checkpoint %05d already committed; skipping", iteration + 1)
             return {"skipped": True, "uri": ckpt_out.uri}
 
-        # --- read: every input is checked before anything is written ---
+        # --- decide: every input is checked before anything is written; the engine at i ---
         with timeline.span("read"):
             inputs = IterationInputs.read(self.cfg, self.store, self.layout, iteration)
             position = self._position(iteration)
+        replay = self._reach(iteration, position, timeline)
 
-        # --- hold: only when the engine is not exactly at iteration i's checkpoint ---
-        load, self.action = self.action, "reuse"  # what warm() did, if anything
-        replayed = (self.replayed, self.mismatches) if load != "reuse" else (0, 0)
-        if self.engine is None or self.holds != position:
-            with timeline.span("load"):
-                self.hold(iteration)
-            load, self.action, replayed = self.action, "reuse", (self.replayed, self.mismatches)
+        # --- work: the updates, then the run's health (before the commit: see the module) ---
+        metrics = self._work(inputs, replay, timeline)
+        verdict = self._health(iteration, metrics)
+        metrics.update(verdict.figures)
 
-        # --- train ---
-        self.clean = False
-        step, metrics = self._update(inputs, timeline)
-        metrics.update(inputs.staleness)
-        metrics["iteration"] = iteration
-        metrics["train/engine"] = load
-        metrics["train/replayed"] = float(replayed[0])
-        metrics["train/replay_mismatches"] = float(replayed[1])
-        metrics["train/seconds"] = timeline.seconds("work")
-        metrics.update(self._health(iteration, metrics))
+        # --- commit: checkpoint i+1, whose _SUCCESS lets generate start ---
+        broadcast = self._broadcasts(iteration + 1, verdict)
+        metrics.update(self._commit(ckpt_out, metrics, lineage_in, timeline, broadcast))
 
-        # --- the handoff: checkpoint i+1, whose _SUCCESS lets generate start ---
-        metrics.update(self._commit(ckpt_out, metrics, lineage_in, timeline))
-        barrier()  # every rank sees the commit before it records what it holds
-        self.holds, self.clean = self._position(iteration + 1), True
-        if (iteration + 1) % self.t.state_every == 0:
-            self._save_state(background=True)
-        self._sweep()
+        # --- after the commit: the engine holds i+1; the full state; retention ---
+        self._after_commit(iteration)
         log.info(
             "train %05d: loss %.4f reward %.3f grad_norm %.3f tokens/s %.0f (%s engine)",
             iteration,
@@ -332,11 +389,44 @@ class TrainStage(Stage):
             metrics["train/reward_mean"],
             metrics["train/grad_norm"],
             metrics["train/tokens_per_s"],
-            load,
+            replay.arrival.value,
         )
         return {"skipped": False, "uri": ckpt_out.uri, "stats": metrics}
 
-    def _health(self, iteration: int, metrics: dict) -> dict[str, Any]:
+    def _reach(self, iteration: int, position: tuple[int, str], timeline: Timeline) -> Replay:
+        """Make the engine hold iteration i's checkpoint (`position`), building it only where it
+        does not; returns how it came to (what warm() did, if anything), reported once."""
+        if self.engine is None or self.position.hold != position:
+            with timeline.span("load"):
+                self.hold(iteration)
+        replay = self.position.replay
+        self.position = replace(self.position, replay=Replay())
+        return replay
+
+    def _work(self, inputs: IterationInputs, replay: Replay, timeline: Timeline) -> dict[str, Any]:
+        """Iteration i's updates on the held engine; returns their metrics, with the inputs'
+        staleness and how the engine came to hold i."""
+        self.position = replace(self.position, clean=False)
+        _, metrics = self._update(inputs, timeline)
+        metrics.update(inputs.staleness)
+        metrics["iteration"] = inputs.iteration
+        metrics["train/engine"] = replay.arrival.value
+        metrics["train/replayed"] = float(replay.updates)
+        metrics["train/replay_mismatches"] = float(replay.mismatches)
+        metrics["train/seconds"] = timeline.seconds("work")
+        return metrics
+
+    def _after_commit(self, iteration: int) -> None:
+        """Once checkpoint i+1 is committed: the engine holds it; its full state every
+        `train.state_every` iterations (in the background: generate already has the new
+        weights); the retention policy."""
+        barrier()  # every rank sees the commit before it records what it holds
+        self.position = replace(self.position, hold=self._position(iteration + 1), clean=True)
+        if (iteration + 1) % self.t.state_every == 0:
+            self._save_state(background=True)
+        self._sweep()
+
+    def _health(self, iteration: int, metrics: dict) -> Verdict:
         """Run health after this iteration (components/train/health.py), for the checkpoint's
         manifest: the record, its figures, a warning per new symptom; and, when the run is to
         stop, the stop record, written before the checkpoint commits (rank 0). Judging never
@@ -344,18 +434,18 @@ class TrainStage(Stage):
         from components.core import run_control
         from components.train import health
 
-        self.stopping = False
         if self.rank != 0:
-            return {}
+            return Verdict()
         try:
             h = health.judge(self.cfg, self.store, self.layout, iteration, metrics)
         except Exception:  # noqa: BLE001 - see the docstring
             log.warning("train: could not judge the run's health", exc_info=True)
-            return {}
+            return Verdict()
+        runs_on = True
         if h.stop:
             try:
                 run_control.write_stop(self.cfg, h)
-                self.stopping = True
+                runs_on = False
             except (StoreError, OSError):
                 log.warning("train: could not record the run's stop", exc_info=True)
         for event in h.events:
@@ -364,7 +454,8 @@ class TrainStage(Stage):
                 log.log(level, "health: %s", event.message)
         if h.stop:
             log.warning("health: the run stops after iteration %d: %s", iteration, h.summary)
-        return {"health": h.model_dump(mode="json"), **run_control.figures(h)}
+        figures = {"health": h.model_dump(mode="json"), **run_control.figures(h)}
+        return Verdict(figures, runs_on)
 
     def _update(self, inputs: IterationInputs, timeline: Timeline) -> tuple[int, dict]:
         """Iteration `inputs.iteration`'s optimizer steps on the held engine."""
@@ -377,58 +468,73 @@ class TrainStage(Stage):
                 )
         torch.manual_seed(cfg.run.seed + i)
         pad_id = b.tokenizer.pad_token_id if b.tokenizer.pad_token_id is not None else 0
+        trainer = Trainer(b.engine, b.device, pad_id, b.rank, b.world, b.ref_model)
+        work = IterationWork(
+            ro,
+            i,
+            inputs.temperature,
+            horizon=t.loss_agg_horizon or cfg.generate.max_new_tokens,
+            start_step=i * steps_per_iteration(t),
+            total_steps=cfg.run.iterations * steps_per_iteration(t),
+            seed=cfg.run.seed,
+            old_logprobs=inputs.old_logprobs,
+            compare_rollout=inputs.definition == LOGPROB_DEFINITION,
+        )
         with timeline.span("work"), device_turn.holding():
-            return train_iteration(
-                b.engine,
-                ro,
-                t,
-                temperature=inputs.temperature,
-                horizon=t.loss_agg_horizon or cfg.generate.max_new_tokens,
-                start_step=i * steps_per_iteration(t),
-                total_steps=cfg.run.iterations * steps_per_iteration(t),
-                seed=cfg.run.seed,
-                iteration=i,
-                pad_id=pad_id,
-                device=b.device,
-                rank=b.rank,
-                world=b.world,
-                ref_model=b.ref_model,
-                compare_rollout=inputs.definition == LOGPROB_DEFINITION,
-                old_from_rollout=inputs.old_from_rollout,
-                check_rollout=t.old_logprobs == "auto",
-            )
+            return train_iteration(trainer, work, t)
 
     def _commit(
-        self, out: OutputDir, metrics: dict, inputs: dict, timeline: Timeline
-    ) -> dict[str, float]:
-        """Write and commit checkpoint i+1 (rank 0; the others take part in the gathers)."""
+        self, out: OutputDir, metrics: dict, inputs: dict, timeline: Timeline, broadcast: bool
+    ) -> dict[str, Any]:
+        """Write and commit checkpoint i+1 (rank 0; the others take part in the gathers): the
+        whole policy, first over the weight channel where `broadcast`; or a LoRA run's
+        adapter."""
         t0 = time.time()
-        writer = self.rank == 0
-        module = self.engine.module
 
         def finish(figures: dict[str, float]) -> dict[str, Any]:
             timeline.add("commit", t0, time.time())
             return {**metrics, **figures, "timeline": timeline.record()}
 
-        version = int(metrics["iteration"]) + 1
         if self.weights is not None:
-            figures = write_handoff(
-                self.weights,
-                module,
-                self.built.tokenizer_files,
-                out,
-                keep=writer,
-                finish=finish,
-                inputs=inputs,
-                channel=self._broadcasts(version),
-                sender=self._sender() if writer and self._broadcasts(version) else None,
-                version=version,
-                timeline=timeline,
-            )
-            return {**figures, "handoff_dtype": dtype_name(self.weights.dtype)} if writer else {}
-        weights = adapter_state_dict(self.engine)  # the adapter: kilobytes to megabytes, fp32
+            version = int(metrics["iteration"]) + 1
+            return self._commit_policy(out, inputs, timeline, finish, broadcast, version)
+        return self._commit_adapter(out, metrics, inputs, timeline, t0)
+
+    def _commit_policy(
+        self,
+        out: OutputDir,
+        inputs: dict,
+        timeline: Timeline,
+        finish: Callable[[dict[str, float]], dict[str, Any]],
+        broadcast: bool,
+        version: int,
+    ) -> dict[str, Any]:
+        """The whole policy's handoff, streamed into checkpoint i+1
+        (components/train/handoff.py)."""
+        writer = self.rank == 0
+        figures = write_handoff(
+            self.weights,
+            self.engine.module,
+            self.built.tokenizer_files,
+            out,
+            keep=writer,
+            finish=finish,
+            inputs=inputs,
+            channel=broadcast,
+            sender=self._sender() if writer and broadcast else None,
+            version=version,
+            timeline=timeline,
+        )
+        return {**figures, "handoff_dtype": dtype_name(self.weights.dtype)} if writer else {}
+
+    def _commit_adapter(
+        self, out: OutputDir, metrics: dict, inputs: dict, timeline: Timeline, t0: float
+    ) -> dict[str, Any]:
+        """A LoRA run's handoff: the adapter alone (kilobytes to megabytes, fp32)."""
+        module = self.engine.module
+        weights = adapter_state_dict(self.engine)
         barrier()  # every rank has taken part in the gathers
-        if not writer:
+        if self.rank != 0:
             return {}
         out.begin(force=True)
         module.config.use_cache = True
@@ -448,7 +554,7 @@ class TrainStage(Stage):
         finally:
             module.config.use_cache = False
 
-    def _broadcasts(self, version: int) -> bool:
+    def _broadcasts(self, version: int, verdict: Verdict) -> bool:
         """Whether policy `version` goes over the weight channel (train.handoff.channel:
         broadcast): while this worker serves a run, to the generate workers of its segment
         (on-policy, generate of iteration v samples with v; none samples with the segment's
@@ -459,36 +565,36 @@ class TrainStage(Stage):
             and self.serving
             and self.cfg.model.lora is None
             and version in self.served
-            and not self.stopping
+            and verdict.runs_on
         )
 
     def _sender(self) -> Sender | None:
-        """Rank 0's sending end of the weight channel. A port it cannot listen on leaves every
-        policy to the store path."""
+        """Rank 0's sending end of the weight channel, opened on first use. A port it cannot
+        listen on leaves every policy to the store path."""
+        if self.channel is NoChannel.UNOPENED:
+            self.channel = self._open_channel()
+        return self.channel if isinstance(self.channel, Sender) else None
+
+    def _open_channel(self) -> Sender | NoChannel:
         h, g = self.t.handoff, self.cfg.generate
-        if self.channel is False:
-            return None
-        if self.channel is None:
-            settings = Settings(
-                self.store,
-                self.layout.root,
-                receivers=g.num_shards * ranks_per_worker(g.backend, g.tensor_parallel_size),
-                port=h.port,
-                bucket_mb=h.bucket_mb,
-                timeout_s=h.timeout_s,
-                device=self.built.device,
+        settings = Settings(
+            self.store,
+            self.layout.root,
+            receivers=g.num_shards * ranks_per_worker(g.backend, g.tensor_parallel_size),
+            port=h.port,
+            bucket_mb=h.bucket_mb,
+            timeout_s=h.timeout_s,
+            device=self.built.device,
+        )
+        try:
+            return Sender(settings)
+        except (OSError, RuntimeError) as e:
+            log.warning(
+                "weight channel: cannot listen on port %d (%s); every policy goes by the store",
+                h.port,
+                e,
             )
-            try:
-                self.channel = Sender(settings)
-            except (OSError, RuntimeError) as e:
-                log.warning(
-                    "weight channel: cannot listen on port %d (%s); every policy goes by the store",
-                    h.port,
-                    e,
-                )
-                self.channel = False
-                return None
-        return self.channel
+            return NoChannel.REFUSED
 
     # --- the full train state ---
 
@@ -497,8 +603,8 @@ class TrainStage(Stage):
         generate already has the new weights), once the previous write is done (one snapshot
         in memory at a time)."""
         self._await_state()
-        s = self.holds[0]
-        self.state_at = s
+        s = self.position.hold[0]
+        self.position = replace(self.position, state_at=s)
         train_state.save(
             self.engine,
             self.store,
@@ -532,16 +638,17 @@ class TrainStage(Stage):
         engine. A state that cannot be written costs a longer replay at the next resume, not
         the run, so that is logged, not raised."""
         self._await_state()
-        if self.engine is not None and self.clean and self.holds[0] > self.state_at:
+        p = self.position
+        if self.engine is not None and p.clean and p.hold[0] > p.state_at:
             try:
                 self._save_state(background=False)
             except Exception:  # noqa: BLE001 - see the docstring
                 log.exception("train: writing the train state at close failed")
         if self.engine is not None:
             self._sweep()  # the state just committed retires the one before
-        if self.channel:
+        if isinstance(self.channel, Sender):
             self.channel.close()
-        self.channel = None
+        self.channel = NoChannel.UNOPENED
         self._release()
 
     def _await_state(self) -> None:
@@ -557,8 +664,7 @@ class TrainStage(Stage):
             release(self.built.engine)
             self.built = None
             self.weights = None
-            self.holds = None
-            self.clean = False
+            self.position = replace(self.position, hold=None, clean=False)
 
 
 #: `rlvr stage train` (one policy update, cold) and the worker task; components/train/launch.py

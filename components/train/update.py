@@ -1,9 +1,10 @@
 """One iteration's policy-gradient updates on a DeepSpeed engine (the math of the train stage).
 
-Read in this order: `train_iteration` (old and reference logprobs once, before any update, then
-`ppo_epochs` x `mini_batches` optimizer steps; each step a method of `_Iteration`, in that
-order) -> `accumulate_mini_batch` (one mini-batch's forward/backward over its micro-batches)
--> `sequence_logprobs` (teacher-forced logprobs, the same definition as generation).
+Read in this order: `train_iteration` (a `Trainer` on one `IterationWork`: old and reference
+logprobs once, before any update, then `ppo_epochs` x `mini_batches` optimizer steps; each step
+a method of `_Iteration`, in that order) -> `accumulate_mini_batch` (one mini-batch's
+forward/backward over its micro-batches) -> `sequence_logprobs` (teacher-forced logprobs, the
+same definition as generation).
 
 Exactness: a mini-batch's loss is normalized by its GLOBAL token and sequence counts (summed over
 micro-batches and data-parallel ranks), never per micro-batch, so one update's gradient does not
@@ -35,6 +36,7 @@ from components.train.batching import (
     shard_rows,
 )
 from components.train.distributed import all_reduce_max, all_reduce_sum_many, grad_norm
+from components.train.inputs import RECOMPUTE, OldLogprobs, OldLogprobsChoice
 from components.train.objective import (
     Targets,
     build_targets,
@@ -314,63 +316,76 @@ def accumulate_mini_batch(
     return sums, real_tokens, padded_tokens
 
 
+@dataclass(frozen=True)
+class Trainer:
+    """What trains: the DeepSpeed engine, where it runs, and the frozen reference model where a
+    KL term needs one."""
+
+    engine: Any
+    device: str
+    pad_id: int
+    rank: int = 0
+    world: int = 1
+    ref_model: Any = None
+
+
+@dataclass(frozen=True)
+class IterationWork:
+    """What one iteration trains on, and where it sits in the run's schedule."""
+
+    rollouts: Rollouts
+    iteration: int
+    temperature: float
+    """The sampler's temperature: logprobs are those of logits / temperature."""
+    horizon: int
+    """The loss aggregation's horizon (train.loss_agg_horizon, else generate.max_new_tokens)."""
+    start_step: int
+    """The global optimizer step the iteration starts at."""
+    total_steps: int
+    """The run's optimizer steps in all (the LR schedule spans them)."""
+    seed: int
+    """The run's seed: with the iteration, it draws each epoch's permutation of the rollouts."""
+    old_logprobs: OldLogprobsChoice = RECOMPUTE
+    """Where PPO's old logprobs come from (components/train/inputs.py)."""
+    compare_rollout: bool = False
+    """The rollouts' logprobs are defined as the trainer's: the metrics measure the mismatch."""
+
+
+@dataclass(frozen=True)
+class OldPass:
+    """PPO's old logprobs for one iteration, and where they came from in the end."""
+
+    logprobs: torch.Tensor  # [B, L]
+    entropy: torch.Tensor | None  # [B, L]: where forking tokens need it
+    source: OldLogprobs
+    checked: dict[str, float] = field(default_factory=dict)
+    """The sampler check's mismatch metrics (auto's check on one micro-batch); else empty."""
+
+
 def train_iteration(
-    engine,
-    ro: Rollouts,
-    t: TrainSection,
-    *,
-    temperature: float,
-    horizon: int,
-    start_step: int,
-    total_steps: int,
-    seed: int,
-    iteration: int,
-    pad_id: int,
-    device: str,
-    rank: int = 0,
-    world: int = 1,
-    ref_model=None,
-    compare_rollout: bool = False,
-    old_from_rollout: bool = False,
-    check_rollout: bool = False,
+    trainer: Trainer, work: IterationWork, t: TrainSection
 ) -> tuple[int, dict[str, float]]:
     """One iteration's updates. Returns the new global step and the metrics. With
-    `compare_rollout` (the rollouts' logprobs are defined as the trainer's), the metrics include
-    the sampler-trainer mismatch before any update (objective.rollout_mismatch). With
-    `old_from_rollout` the old logprobs are the sampler's (train.old_logprobs), not a no-grad
-    pass; with `check_rollout` too, the trainer's own pass on one micro-batch checks them
-    first (its mismatch in the metrics), and the whole pass is made after all when they are
-    more than ROLLOUT_LOGPROB_TOLERANCE from it."""
-    it = _Iteration(
-        engine,
-        ro,
-        t,
-        temperature=temperature,
-        horizon=horizon,
-        total_steps=total_steps,
-        iteration=iteration,
-        pad_id=pad_id,
-        device=device,
-        rank=rank,
-        world=world,
-    )
+    `work.compare_rollout` (the rollouts' logprobs are defined as the trainer's), the metrics
+    include the sampler-trainer mismatch before any update (objective.rollout_mismatch). The
+    old logprobs come from `work.old_logprobs` (`_Iteration.old_logprobs`)."""
+    it = _Iteration(trainer, work, t)
+    ro = work.rollouts
     resp_mask = response_mask_of([len(r) for r in ro.response_tokens], ro.sampled)
     rollout_lp = pad_rows(ro.rollout_logprobs, resp_mask.shape[1])
 
     # No-grad passes, once, with the weights before any update.
-    old_lp, old_ent, checked, old_from_rollout = it.old_logprobs(
-        resp_mask, rollout_lp, from_rollout=old_from_rollout, check=check_rollout
-    )
-    ref_lp = it.reference_logprobs(ref_model)
-    targets = it.targets(resp_mask, old_lp, rollout_lp, ref_lp, old_ent)
-    if compare_rollout and not old_from_rollout:
-        targets.metrics.update(rollout_mismatch(old_lp, rollout_lp, resp_mask))
+    old = it.old_logprobs(resp_mask, rollout_lp)
+    ref_lp = it.reference_logprobs(trainer.ref_model)
+    targets = it.targets(resp_mask, old.logprobs, rollout_lp, ref_lp, old.entropy)
+    if work.compare_rollout and old.source is OldLogprobs.RECOMPUTE:
+        targets.metrics.update(rollout_mismatch(old.logprobs, rollout_lp, resp_mask))
     else:
-        targets.metrics.update(checked)
-    targets.metrics["train/old_logprobs_from_rollout"] = float(old_from_rollout)
+        targets.metrics.update(old.checked)
+    targets.metrics["train/old_logprobs_from_rollout"] = float(old.source is OldLogprobs.ROLLOUT)
 
     t0 = time.perf_counter()
-    tally = it.updates(targets, old_lp, ref_lp, start_step=start_step, seed=seed)
+    tally = it.updates(targets, old.logprobs, ref_lp)
     elapsed = time.perf_counter() - t0
     return tally.step, it.metrics(tally, targets, elapsed)
 
@@ -395,87 +410,76 @@ class _Iteration:
     """The steps of `train_iteration`, in its order, over what they all read: the engine, the
     rollouts, the train section and the iteration's settings."""
 
-    engine: Any
-    ro: Rollouts
+    trainer: Trainer
+    work: IterationWork
     t: TrainSection
-    temperature: float
-    horizon: int
-    total_steps: int
-    iteration: int
-    pad_id: int
-    device: str
-    rank: int
-    world: int
     lengths: list[int] = field(init=False)  # prompt + response tokens of each rollout
 
     def __post_init__(self) -> None:
-        self.lengths = self.ro.lengths()
+        self.lengths = self.work.rollouts.lengths()
 
     def no_grad(
         self, model, entropy: bool, only: list[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return no_grad_pass(
             model,
-            self.ro,
+            self.work.rollouts,
             self.t.micro_batch_tokens,
-            self.temperature,
-            self.pad_id,
-            self.device,
+            self.work.temperature,
+            self.trainer.pad_id,
+            self.trainer.device,
             entropy,
             only,
         )
 
-    def old_logprobs(
-        self, resp_mask: torch.Tensor, rollout_lp: torch.Tensor, *, from_rollout: bool, check: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float], bool]:
-        """(old logprobs, their entropy or None, the sampler check's metrics, whether the old
-        logprobs are the sampler's). The trainer's own no-grad pass unless `from_rollout`; with
-        `check` too, `checked_rollout` decides."""
-        need_entropy = self.t.forking_top_rho is not None
-        checked: dict[str, float] = {}
-        old_lp: torch.Tensor | None = None
-        if from_rollout:
-            if need_entropy:
-                raise StageError("train.forking_top_rho needs the trainer's own no-grad pass")
-            old_lp = rollout_lp
-            if check:
-                old_lp, from_rollout, checked = self.checked_rollout(resp_mask, rollout_lp)
-        if old_lp is not None:
-            return old_lp, None, checked, from_rollout
-        old_lp, old_ent = self.no_grad(self.engine.module, need_entropy)
-        return old_lp, old_ent, checked, from_rollout
+    def old_logprobs(self, resp_mask: torch.Tensor, rollout_lp: torch.Tensor) -> OldPass:
+        """The iteration's old logprobs, from the source decided for it: the trainer's own
+        no-grad pass, the sampler's as recorded, or the sampler's checked first (auto)."""
+        choice = self.work.old_logprobs
+        if choice.source is OldLogprobs.RECOMPUTE:
+            return self.recomputed()
+        if self.t.forking_top_rho is not None:
+            raise StageError("train.forking_top_rho needs the trainer's own no-grad pass")
+        if choice.check:
+            return self.checked_rollout(resp_mask, rollout_lp)
+        return OldPass(rollout_lp, None, OldLogprobs.ROLLOUT)
 
-    def checked_rollout(
-        self, resp_mask: torch.Tensor, rollout_lp: torch.Tensor
-    ) -> tuple[torch.Tensor | None, bool, dict[str, float]]:
-        """The sampler's logprobs against the trainer's own pass on one micro-batch: (old
-        logprobs, whether they are the sampler's, the mismatch metrics). Old logprobs None: the
-        sampler's are too far off (or nothing could be compared), so the whole pass is made."""
-        n = len(self.ro)
+    def recomputed(self, checked: dict[str, float] | None = None) -> OldPass:
+        """The trainer's own no-grad pass over every rollout (with entropy where forking tokens
+        need it); `checked`: what the sampler check measured before it gave up on them."""
+        lp, ent = self.no_grad(self.trainer.engine.module, self.t.forking_top_rho is not None)
+        return OldPass(lp, ent, OldLogprobs.RECOMPUTE, checked or {})
+
+    def checked_rollout(self, resp_mask: torch.Tensor, rollout_lp: torch.Tensor) -> OldPass:
+        """The sampler's logprobs, checked against the trainer's own pass on one micro-batch:
+        taken within ROLLOUT_LOGPROB_TOLERANCE; recomputed over every rollout past it, or when
+        the micro-batch had no sampled token to compare; the pass itself where the micro-batch
+        was every rollout."""
+        n = len(self.work.rollouts)
         plan = (
             plan_micro_batches(self.lengths, list(range(n)), self.t.micro_batch_tokens) if n else []
         )
         if not plan:
-            return rollout_lp, True, {}
+            return OldPass(rollout_lp, None, OldLogprobs.ROLLOUT)
         sample = plan[0]
-        own, _ = self.no_grad(self.engine.module, False, sample)
+        own, _ = self.no_grad(self.trainer.engine.module, False, sample)
         checked = rollout_mismatch(own[sample], rollout_lp[sample], resp_mask[sample])
         worst = all_reduce_max(checked["train/rollout_lp_diff_max"])  # every rank alike
         # every rank holds every row: whether the sample had a sampled token is shared
         unchecked = not bool(resp_mask[sample].any())
         if len(plan) == 1 and not unchecked:  # the sample was every row: the pass itself
-            return own, False, checked
+            return OldPass(own, None, OldLogprobs.RECOMPUTE, checked)
         if unchecked or not worst <= ROLLOUT_LOGPROB_TOLERANCE:  # NaN included
             log.warning(
                 "train %05d: the sampler's logprobs are %s the trainer's on one "
                 "micro-batch (tolerance %.0e): recomputing the old logprobs "
                 "(train.old_logprobs)",
-                self.iteration,
+                self.work.iteration,
                 "unchecked against (no sampled token)" if unchecked else f"{worst:.2g} from",
                 ROLLOUT_LOGPROB_TOLERANCE,
             )
-            return None, False, checked
-        return rollout_lp, True, checked
+            return self.recomputed(checked)
+        return OldPass(rollout_lp, None, OldLogprobs.ROLLOUT, checked)
 
     def reference_logprobs(self, ref_model) -> torch.Tensor | None:
         """The reference model's logprobs, where a KL penalty or metric needs them."""
@@ -494,7 +498,7 @@ class _Iteration:
         ref_lp: torch.Tensor | None,
         old_ent: torch.Tensor | None,
     ) -> Targets:
-        ro, t = self.ro, self.t
+        ro, t = self.work.rollouts, self.t
         return build_targets(
             t,
             rewards=torch.tensor(ro.rewards, dtype=torch.float32),
@@ -513,24 +517,21 @@ class _Iteration:
         targets: Targets,
         old_lp: torch.Tensor,
         ref_lp: torch.Tensor | None,
-        *,
-        start_step: int,
-        seed: int,
     ) -> _Tally:
         """`ppo_epochs` x `mini_batches` optimizer steps, each epoch over a fresh permutation of
         the rollouts (seeded by run seed and iteration, so every rank draws the same)."""
         t = self.t
         usable = (targets.keep & targets.loss_mask.any(dim=1)).tolist()
-        rng = np.random.default_rng([seed, self.iteration])
-        tally = _Tally(step=start_step, lr=t.lr)
+        rng = np.random.default_rng([self.work.seed, self.work.iteration])
+        tally = _Tally(step=self.work.start_step, lr=t.lr)
         bar = tqdm(
             total=steps_per_iteration(t),
-            desc=f"train {self.iteration:05d}",
+            desc=f"train {self.work.iteration:05d}",
             unit="step",
-            disable=self.rank != 0,
+            disable=self.trainer.rank != 0,
         )
         for _epoch in range(t.ppo_epochs):
-            perm = rng.permutation(len(self.ro)).tolist()
+            perm = rng.permutation(len(self.work.rollouts)).tolist()
             for mini in np.array_split(np.asarray(perm, dtype=np.int64), t.mini_batches):
                 mini_rows = [int(r) for r in mini if usable[int(r)]]
                 self.update(tally, mini_rows, targets, old_lp, ref_lp)
@@ -541,7 +542,7 @@ class _Iteration:
     def micro_batches(self, mini_rows: list[int]) -> list[list[int]]:
         """This rank's share of a mini-batch, planned into micro-batches, padded with empty ones
         so that every rank takes as many as the busiest (at least one)."""
-        my_rows = shard_rows(mini_rows, self.rank, self.world)
+        my_rows = shard_rows(mini_rows, self.trainer.rank, self.trainer.world)
         plan: list[list[int]] = (
             plan_micro_batches(self.lengths, my_rows, self.t.micro_batch_tokens) if my_rows else []
         )
@@ -557,14 +558,14 @@ class _Iteration:
         ref_lp: torch.Tensor | None,
     ) -> None:
         """One optimizer step on the mini-batch `mini_rows` (global row indices), into `tally`."""
-        t, engine = self.t, self.engine
+        t, engine = self.t, self.trainer.engine
         num_tokens = int(targets.loss_mask[mini_rows].sum()) if mini_rows else 0
         plan = self.micro_batches(mini_rows)
         tally.lr = learning_rate(
             tally.step,
             base_lr=t.lr,
             warmup_steps=t.warmup_steps,
-            total_steps=self.total_steps,
+            total_steps=self.work.total_steps,
             schedule=t.lr_schedule,
             min_lr_ratio=t.min_lr_ratio,
         )
@@ -574,7 +575,7 @@ class _Iteration:
             group["lr"] = 0.0 if silent else tally.lr
         part, real, padded = accumulate_mini_batch(
             engine,
-            self.ro,
+            self.work.rollouts,
             plan,
             targets,
             old_lp,
@@ -582,11 +583,11 @@ class _Iteration:
             t,
             num_tokens=num_tokens,
             num_seqs=len(mini_rows),
-            horizon=self.horizon,
-            temperature=self.temperature,
-            pad_id=self.pad_id,
-            device=self.device,
-            world=self.world,
+            horizon=self.work.horizon,
+            temperature=self.work.temperature,
+            pad_id=self.trainer.pad_id,
+            device=self.trainer.device,
+            world=self.trainer.world,
         )
         for key, val in part.items():
             tally.sums[key] = tally.sums.get(key, 0.0) + val
@@ -626,7 +627,7 @@ class _Iteration:
                 "train/grad_norm": float(np.nanmean(tally.grad_norms)) if tally.grad_norms else 0.0,
                 "train/lr": tally.lr,
                 "train/tokens_per_s": real_tokens / elapsed if elapsed > 0 else 0.0,
-                "train/world_size": float(self.world),
+                "train/world_size": float(self.trainer.world),
                 "train/padding_waste": 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0,
                 "train/steps": float(n_updates),
                 "train/global_step": float(tally.step),

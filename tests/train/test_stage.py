@@ -65,20 +65,20 @@ def reference_engine(cfg, *, iterations: int, total_steps: int):
     step = 0
     for i in range(iterations):
         torch.manual_seed(cfg.run.seed + i)
+        choice = train_inputs.decide_old_logprobs(cfg, sampled_stats(cfg, i), 0)
         step, _ = update.train_iteration(
-            engine,
-            rollouts_of(cfg, i),
+            update.Trainer(engine, "cpu", tok.pad_token_id),
+            update.IterationWork(
+                rollouts_of(cfg, i),
+                i,
+                temperature=1.0,
+                horizon=6,
+                start_step=step,
+                total_steps=total_steps,
+                seed=cfg.run.seed,
+                old_logprobs=choice,
+            ),
             cfg.train,
-            temperature=1.0,
-            horizon=6,
-            start_step=step,
-            total_steps=total_steps,
-            seed=cfg.run.seed,
-            iteration=i,
-            pad_id=tok.pad_token_id,
-            device="cpu",
-            old_from_rollout=train_inputs.old_logprobs_from_rollout(cfg, sampled_stats(cfg, i), 0),
-            check_rollout=True,
         )
     return engine, tok
 
@@ -127,7 +127,7 @@ def test_stage_continuity_and_micro_batch_invariance(train_cfg):
 
     # Reference: one process, one engine, the same rollouts, the iterations back to back.
     engine, tok = reference_engine(cfg, iterations=3, total_steps=6)
-    assert train_inputs.old_logprobs_from_rollout(cfg, sampled_stats(cfg, 0), 0)
+    assert from_rollout(cfg, sampled_stats(cfg, 0), 0)
     got = weights(cfg, 3)
     base = weights(cfg, 0)
     for name, ref in engine.module.state_dict().items():
@@ -636,7 +636,7 @@ def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_trainers(tra
     from components.train.checks import check_train
 
     cfg = train_cfg
-    decide = train_inputs.old_logprobs_from_rollout
+    decide = from_rollout
     fp32 = {
         "logprob_definition": LOGPROB_DEFINITION,
         "backend": "transformers",
@@ -645,6 +645,9 @@ def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_trainers(tra
     }
     assert decide(cfg, fp32, 0)
     assert not decide(cfg, fp32, 1)  # stale rollouts: another policy sampled them
+    why = train_inputs.Why
+    assert train_inputs.decide_old_logprobs(cfg, fp32, 0).why is why.EQUAL
+    assert train_inputs.decide_old_logprobs(cfg, fp32, 1).why is why.STALE
     for key, value in [
         ("logprob_definition", "vllm-processed"),
         ("dtype", "bfloat16"),  # a bf16 sampler, whatever this config says now
@@ -677,6 +680,12 @@ def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_trainers(tra
     assert any(
         "train.old_logprobs" in str(e) and "rollout_correction" in str(e) for e in problems.errors
     ), problems.errors
+
+
+def from_rollout(cfg, sampled: dict, staleness_max: float) -> bool:
+    """Whether the iteration's old logprobs are decided to be the sampler's."""
+    choice = train_inputs.decide_old_logprobs(cfg, sampled, staleness_max)
+    return choice.source is train_inputs.OldLogprobs.ROLLOUT
 
 
 def sampled_stats(cfg, iteration: int) -> dict:
