@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from components.core.config_base import ConfigError, Strict, apply_overrides, format_error
 from components.core.config_cluster import ClusterSection
-from components.core.config_fields import ALWAYS, NEVER, setting, when
+from components.core.config_fields import ALWAYS, NEVER, USER, setting, when
 from components.core.config_stages import (  # noqa: F401 - re-exported
     EnvironmentSection,
     EvaluateSection,
@@ -36,11 +36,11 @@ from components.core.config_stages import (  # noqa: F401 - re-exported
 
 
 class RunSection(Strict):
-    store: str = "./rlvr-runs"
+    store: str = setting("./rlvr-runs", tier=USER)
     """Where runs live: a local path, file:// URI, or s3://bucket/prefix."""
-    run_id: str | None = None
+    run_id: str | None = setting(None, tier=USER)
     """Run id; defaults to the config file's parent directory name."""
-    iterations: int = Field(2, ge=1)
+    iterations: int = setting(2, ge=1, tier=USER)
     """RL iterations (generate -> verify -> train). Any number: the pipeline runs them in
     segments of `segment_iterations`, so its size does not grow with them."""
     segment_iterations: int = Field(50, ge=1)
@@ -111,19 +111,19 @@ class LoraSection(Strict):
 
 
 class ModelSection(Strict):
-    base: str
+    base: str = setting(tier=USER)
     """The base policy: an HF checkpoint directory (path or URI) or a Hugging Face Hub id
     (``Qwen/Qwen2.5-0.5B-Instruct``, ``hf://OWNER/NAME@REVISION``), copied into the run."""
-    lora: LoraSection | None = None
+    lora: LoraSection | None = setting(None, tier=USER)
     """Train a LoRA adapter instead of the full weights (null: full fine-tuning)."""
 
 
 class EvalSetConfig(Strict):
-    name: str = setting("heldout", lineage=ALWAYS)
+    name: str = setting("heldout", lineage=ALWAYS, tier=USER)
     """The set's name: its results go to `evals/<c>/<name>/` and `eval/<name>/...` figures."""
-    path: str = setting(lineage=NEVER)
+    path: str = setting(lineage=NEVER, tier=USER)
     """Eval dataset (verl format Parquet), path or URI."""
-    n: int = setting(4, ge=1, lineage=ALWAYS)
+    n: int = setting(4, ge=1, lineage=ALWAYS, tier=USER)
     """Samples per prompt."""
     max_prompts: int | None = setting(None, ge=1, lineage=ALWAYS)
     """Evaluate only the first max_prompts prompts (None: all)."""
@@ -222,13 +222,13 @@ class CurriculumSection(Strict):
 
 
 class DataSection(Strict):
-    train: str
+    train: str = setting(tier=USER)
     """Train dataset (verl format Parquet), path or URI."""
-    eval: list[EvalSetConfig] = Field(default_factory=list)
+    eval: list[EvalSetConfig] = setting(default_factory=list, tier=USER)
     """Held-out sets in verl's format, scored with pass@k on every evaluated checkpoint."""
     lm_eval: list[LmEvalSetConfig] = Field(default_factory=list)
     """Standard-benchmark suites; written in `eval` as entries with an `lm_eval` key."""
-    prompts_per_iteration: int = Field(64, ge=1)
+    prompts_per_iteration: int = setting(64, ge=1, tier=USER)
     """Prompts drawn per iteration, walking a seeded permutation of the train set epoch by epoch."""
     sampler: Literal["uniform", "curriculum"] = "uniform"
     """`uniform`: the seeded permutation above; `curriculum`: by estimated pass rate."""
@@ -282,7 +282,7 @@ class RetentionSection(Strict):
 
     enabled: bool = True
     """false: keep every checkpoint and train state."""
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = setting(2, ge=1, tier=USER)
     """The newest checkpoints kept (the policy generate samples next is always among them)."""
     milestone_every: int = Field(50, ge=0)
     """Also keep every checkpoint whose number is a multiple of this (0: none)."""
@@ -299,7 +299,7 @@ class HealthSection(Strict):
     as a symptom appears and stops the run when no group has carried a learning signal for
     `stop_after` iterations in a row. None of it changes what any stage computes."""
 
-    stop_after: int = Field(3, ge=0)
+    stop_after: int = setting(3, ge=0, tier=USER)
     """End the run cleanly after this many iterations in a row in which (nearly) every group
     had equal rewards: GRPO-family advantages are then zero, so the update has no evidence to
     learn from (0: never stop; the verdict is still given)."""

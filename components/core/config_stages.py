@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from components.core.config_base import Strict
-from components.core.config_fields import ALWAYS, NEVER, OWN, setting, when
+from components.core.config_fields import ALWAYS, NEVER, OWN, USER, setting, when
 
 
 class EnvironmentSection(Strict):
@@ -24,17 +24,17 @@ class EnvironmentSection(Strict):
 
 
 class GenerateSection(Strict):
-    backend: Literal["transformers", "vllm"] = setting("transformers", lineage=ALWAYS)
+    backend: Literal["transformers", "vllm"] = setting("transformers", lineage=ALWAYS, tier=USER)
     """`transformers` (any machine) or `vllm` (CUDA GPUs, the `vllm` extra)."""
-    n: int = setting(8, ge=1, lineage=ALWAYS)
+    n: int = setting(8, ge=1, lineage=ALWAYS, tier=USER)
     """Samples per prompt (the GRPO group size)."""
-    temperature: float = setting(1.0, ge=0.0, lineage=ALWAYS)
+    temperature: float = setting(1.0, ge=0.0, lineage=ALWAYS, tier=USER)
     """0 means greedy."""
     top_p: float = setting(1.0, gt=0.0, le=1.0, lineage=ALWAYS)
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     top_k: int = setting(0, ge=0, lineage=ALWAYS)
     """0 disables top-k."""
-    max_new_tokens: int = setting(32, ge=1, lineage=ALWAYS)
+    max_new_tokens: int = setting(32, ge=1, lineage=ALWAYS, tier=USER)
     """The longest response, in tokens (a longer one is cut and marked truncated)."""
     max_prompt_tokens: int = setting(512, ge=1, lineage=ALWAYS)
     """Prompts longer than this are refused by `rlvr check`, naming the row."""
@@ -52,7 +52,7 @@ class GenerateSection(Strict):
     cuda_graphs: bool = setting(True, lineage=NEVER)
     """Transformers backend on a GPU: decode steps on a static KV cache, each replayed as a CUDA
     graph (one per row bucket); a small model's step is launch-bound there. No effect on a CPU."""
-    tools: list[str] = setting(default_factory=list, lineage=when("multi_turn"))
+    tools: list[str] = setting(default_factory=list, lineage=when("multi_turn"), tier=USER)
     """Tools the policy may call (multi-turn rollouts): `python` (built in:
     the code runs in the code verifier's sandbox) or `module:function` / `file.py:function` (a
     typed, documented callable). Empty: single-turn sampling."""
@@ -134,7 +134,7 @@ class OverlongPenalty(Strict):
 
 
 class VerifySection(Strict):
-    rewards: dict[str, str | RewardSpec] = setting(default_factory=dict, lineage=ALWAYS)
+    rewards: dict[str, str | RewardSpec] = setting(default_factory=dict, lineage=ALWAYS, tier=USER)
     """data_source -> a verifier spec (built-in name or plugin 'package.module:function' /
     'path/to/file.py:function', verl or TRL signature), or {components: [{verifier, weight,
     name}, ...]} for a weighted sum."""
@@ -179,7 +179,7 @@ class HandoffSection(Strict):
 class TrainSection(Strict):
     zero_stage: int = setting(0, ge=0, le=3, lineage=ALWAYS)
     """DeepSpeed ZeRO stage 0-3: how optimizer state, gradients and weights are partitioned over the ranks."""
-    lr: float = setting(1e-5, gt=0, lineage=ALWAYS)
+    lr: float = setting(1e-5, gt=0, lineage=ALWAYS, tier=USER)
     """Adam's learning rate (its peak, under a schedule)."""
     betas: tuple[float, float] = setting((0.9, 0.999), lineage=ALWAYS)
     """Adam's beta1 and beta2."""
@@ -195,11 +195,11 @@ class TrainSection(Strict):
     """`constant`, or `cosine` decay to `min_lr_ratio` over the run's optimizer steps."""
     min_lr_ratio: float = setting(0.0, ge=0.0, le=1.0, lineage=ALWAYS)
     """Cosine floor as a fraction of lr."""
-    advantage: str = setting("grpo", lineage=ALWAYS)
+    advantage: str = setting("grpo", lineage=ALWAYS, tier=USER)
     """Advantage estimator, by registry name (components.train.algorithms)."""
     advantage_options: dict[str, Any] = setting(default_factory=dict, lineage=ALWAYS)
     """Keyword arguments of the advantage estimator."""
-    policy_loss: str = setting("ppo_clip", lineage=ALWAYS)
+    policy_loss: str = setting("ppo_clip", lineage=ALWAYS, tier=USER)
     """Policy loss, by registry name (ppo_clip, gspo, cispo, ...)."""
     policy_loss_options: dict[str, Any] = setting(default_factory=dict, lineage=ALWAYS)
     """Keyword arguments of the policy loss (clip ranges, ...)."""
@@ -229,7 +229,7 @@ class TrainSection(Strict):
     """Bounded staleness k: generate of iteration i samples with checkpoint max(0, i - k), so
     it overlaps train of the k iterations before. 0 is on-policy. Train refuses rollouts staler
     than k; set rollout_correction (tis) to correct for the lag (docs/algorithms.md)."""
-    kl_coef: float = setting(0.0, ge=0.0, lineage=ALWAYS)
+    kl_coef: float = setting(0.0, ge=0.0, lineage=ALWAYS, tier=USER)
     """KL penalty against the frozen base policy (checkpoint 00000); 0 disables it and the
     reference model is not loaded."""
     kl_estimator: str = setting("low_var_kl", lineage=ALWAYS)
@@ -314,7 +314,7 @@ class EvaluateSection(Strict):
     """Resamples of the bootstrap behind pass@1's 95% CI."""
     seed: int = setting(1234, lineage=ALWAYS)
     """The evaluation's sampling seed: the same for every checkpoint."""
-    every: int = setting(1, ge=1, lineage=NEVER)
+    every: int = setting(1, ge=1, lineage=NEVER, tier=USER)
     """Evaluate every `every`-th checkpoint (the base and the last are always evaluated)."""
     num_shards: int = setting(1, ge=1, lineage=OWN)
     """The pipeline fans evaluation sampling out over this many shards, then gathers metrics."""
