@@ -101,12 +101,7 @@ class OutputDir:
         if not self.is_committed():
             return False
         stored = read_manifest(self.store, self.uri).get("inputs") or {}
-        changed = stale_inputs(
-            stored,
-            inputs,
-            getattr(inputs, "alternatives", None),
-            getattr(inputs, "dropped", ()),
-        )
+        changed = stale_inputs(stored, inputs)
         if changed:
             log.warning("%s: recomputing, %s", self.uri, "; ".join(changed))
         return not changed
@@ -305,20 +300,8 @@ def _relative(uri: str, root: str | None) -> str:
     return uri[len(root) + 1 :] if root and uri.startswith(root + "/") else uri
 
 
-class Lineage(dict):
-    """Input digests (what a manifest records), plus ``alternatives``: digests an older rlvr
-    recorded for the same inputs (``{"config": old digest}``), accepted as equal by
-    ``up_to_date`` so that an upgrade does not recompute a finished run. Not stored."""
-
-    alternatives: dict[str, str]
-    dropped: tuple[str, ...]
-    """Prefixes of inputs an older rlvr recorded that are inputs no longer: their absence
-    from the current inputs does not make an output stale."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.alternatives = {}
-        self.dropped = ()
+Lineage = dict[str, str]
+"""Input digests, what a manifest records: input key (run-relative path) -> digest."""
 
 
 def config_digest(config: Any) -> str:
@@ -332,58 +315,33 @@ def lineage(
     uris: list[str],
     config: Any = None,
     root: str | None = None,
-    legacy_config: Any = None,
 ) -> Lineage:
     """Input digests recorded in a manifest: one per input directory, plus the config section.
     Inputs inside the run are keyed by their path relative to the run's ``root``
     (``iterations/00003/rollouts``), so a run copied to another directory, prefix or bucket
     finds its outputs up to date; the digests are of content, not of locations."""
-    out = Lineage({_relative(uri, root): content_digest(store, uri) for uri in uris})
+    out = {_relative(uri, root): content_digest(store, uri) for uri in uris}
     if config is not None:
         out["config"] = config_digest(config)
-    if legacy_config is not None:
-        out.alternatives["config"] = config_digest(legacy_config)
     return out
 
 
 def with_input(inputs: Lineage, key: str, digest: str) -> Lineage:
-    """`inputs` plus one more input digest, keeping the older rlvr's alternatives."""
-    out = Lineage({**inputs, key: digest})
-    out.alternatives = dict(getattr(inputs, "alternatives", {}))
-    out.dropped = tuple(getattr(inputs, "dropped", ()))
-    return out
+    """`inputs` plus one more input digest."""
+    return {**inputs, key: digest}
 
 
-def stale_inputs(
-    stored: dict[str, str],
-    inputs: dict[str, str],
-    alternatives: dict[str, str] | None = None,
-    dropped: tuple[str, ...] = (),
-) -> list[str]:
-    """Why a committed output no longer matches ``inputs`` (empty: it does). A key recorded
-    by an older rlvr as an absolute URI matches its run-relative successor by suffix, a
-    digest in ``alternatives`` (what an older rlvr computed) counts as equal, and a stored key
-    under a ``dropped`` prefix (an input no longer) is not missed."""
-
-    def find(key: str) -> str | None:
-        if key in stored:
-            return key
-        suffix = [k for k in stored if k.endswith("/" + key)]
-        return suffix[0] if len(suffix) == 1 else None
-
-    changed, seen = [], set()
+def stale_inputs(stored: dict[str, str], inputs: dict[str, str]) -> list[str]:
+    """Why a committed output no longer matches ``inputs`` (empty: it does): each input that
+    is new, changed or gone."""
+    changed = []
     for key, digest in inputs.items():
-        old = find(key)
-        if old is None:
+        if key not in stored:
             changed.append(f"input {key} is new")
-            continue
-        seen.add(old)
-        if stored[old] != digest and stored[old] != (alternatives or {}).get(key):
+        elif stored[key] != digest:
             what = "the stage's config" if key == "config" else f"input {key}"
-            changed.append(f"{what} changed ({stored[old]} -> {digest})")
-    changed += [
-        f"input {k} is gone" for k in stored if k not in seen and not any(p in k for p in dropped)
-    ]
+            changed.append(f"{what} changed ({stored[key]} -> {digest})")
+    changed += [f"input {k} is gone" for k in stored if k not in inputs]
     return changed
 
 

@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from components.core.config_base import ConfigError, Strict, apply_overrides, format_error
 from components.core.config_cluster import ClusterSection
+from components.core.config_fields import ALWAYS, NEVER, USER, setting, when
 from components.core.config_stages import (  # noqa: F401 - re-exported
     EnvironmentSection,
     EvaluateSection,
@@ -35,11 +36,11 @@ from components.core.config_stages import (  # noqa: F401 - re-exported
 
 
 class RunSection(Strict):
-    store: str = "./rlvr-runs"
+    store: str = setting("./rlvr-runs", tier=USER)
     """Where runs live: a local path, file:// URI, or s3://bucket/prefix."""
-    run_id: str | None = None
+    run_id: str | None = setting(None, tier=USER)
     """Run id; defaults to the config file's parent directory name."""
-    iterations: int = Field(2, ge=1)
+    iterations: int = setting(2, ge=1, tier=USER)
     """RL iterations (generate -> verify -> train). Any number: the pipeline runs them in
     segments of `segment_iterations`, so its size does not grow with them."""
     segment_iterations: int = Field(50, ge=1)
@@ -77,21 +78,21 @@ class LoraSection(Strict):
     """`model.lora`: train a LoRA adapter on the frozen base instead of every weight
     (components/model/adapter.py; docs/algorithms.md, "LoRA")."""
 
-    rank: int = Field(8, ge=1)
+    rank: int = setting(8, ge=1, lineage=ALWAYS)
     """The adapter's rank r (its matrices are d x r and r x d)."""
-    alpha: float = Field(16.0, gt=0)
+    alpha: float = setting(16.0, gt=0, lineage=ALWAYS)
     """Scale alpha / rank on the adapter's update."""
-    dropout: float = Field(0.0, ge=0, lt=1)
+    dropout: float = setting(0.0, ge=0, lt=1, lineage=ALWAYS)
     """Dropout on the adapter's input in the gradient passes only (the no-grad passes that give
     the old and reference logprobs run without it); the base's own dropout stays off."""
-    target_modules: str | list[str] = "all-linear"
+    target_modules: str | list[str] = setting("all-linear", lineage=ALWAYS)
     """`all-linear` (every linear layer but the output head, MLP included, as "LoRA Without
     Regret" recommends) or a list of module names (`q_proj`, `v_proj`, ...)."""
-    output_head: bool = False
+    output_head: bool = setting(False, lineage=ALWAYS)
     """Adapt the output head (`lm_head`) too. Worth it on small models, whose head is a large
     share of what RL changes (the demo: pass@1 0.58 with it against 0.48 without); the merge
     unties a head tied to the input embeddings first, so only the head changes."""
-    vision_tower: bool = False
+    vision_tower: bool = setting(False, lineage=when("lora_vision_tower"))
     """Vision-language policies: adapt the vision tower's linear layers too. By default only
     the language model gets adapters (the tower stays as the base has it)."""
 
@@ -110,35 +111,35 @@ class LoraSection(Strict):
 
 
 class ModelSection(Strict):
-    base: str
+    base: str = setting(tier=USER)
     """The base policy: an HF checkpoint directory (path or URI) or a Hugging Face Hub id
     (``Qwen/Qwen2.5-0.5B-Instruct``, ``hf://OWNER/NAME@REVISION``), copied into the run."""
-    lora: LoraSection | None = None
+    lora: LoraSection | None = setting(None, tier=USER)
     """Train a LoRA adapter instead of the full weights (null: full fine-tuning)."""
 
 
 class EvalSetConfig(Strict):
-    name: str = "heldout"
+    name: str = setting("heldout", lineage=ALWAYS, tier=USER)
     """The set's name: its results go to `evals/<c>/<name>/` and `eval/<name>/...` figures."""
-    path: str
+    path: str = setting(lineage=NEVER, tier=USER)
     """Eval dataset (verl format Parquet), path or URI."""
-    n: int = Field(4, ge=1)
+    n: int = setting(4, ge=1, lineage=ALWAYS, tier=USER)
     """Samples per prompt."""
-    max_prompts: int | None = Field(None, ge=1)
+    max_prompts: int | None = setting(None, ge=1, lineage=ALWAYS)
     """Evaluate only the first max_prompts prompts (None: all)."""
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = setting(1.0, ge=0.0, lineage=ALWAYS)
     """Sampling temperature of the evaluation (0: greedy)."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_p: float = setting(1.0, gt=0.0, le=1.0, lineage=ALWAYS)
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
-    top_k: int = Field(0, ge=0)
+    top_k: int = setting(0, ge=0, lineage=ALWAYS)
     """Keep the k most likely tokens (0: all)."""
-    max_new_tokens: int | None = Field(None, ge=1)
+    max_new_tokens: int | None = setting(None, ge=1, lineage=ALWAYS)
     """None: the generate section's max_new_tokens."""
-    greedy: bool = False
+    greedy: bool = setting(False, lineage=ALWAYS)
     """Also decode one greedy response per prompt and report greedy_pass@1."""
-    ks: list[int] = Field(default_factory=list)
+    ks: list[int] = setting(default_factory=list, lineage=ALWAYS)
     """Extra k values for this set's pass@k / maj@k (besides powers of two and evaluate.ks)."""
-    data_sources: list[str] | None = None
+    data_sources: list[str] | None = setting(None, lineage=ALWAYS)
     """Evaluate only prompts of these data sources (None: all)."""
 
 
@@ -203,31 +204,31 @@ class CurriculumSection(Strict):
     """`data.sampler: curriculum`: draw prompts by their estimated pass rate (docs/algorithms.md,
     "Curriculum from pass rates")."""
 
-    group_by: str | None = "data_source"
+    group_by: str | None = setting("data_source", lineage=ALWAYS)
     """Column (or `extra_info.<field>`) whose pooled pass rate is the prior of a prompt not yet
     seen; null: a flat Beta(1, 1) prior."""
-    prior_strength: float = Field(4.0, gt=0)
+    prior_strength: float = setting(4.0, gt=0, lineage=ALWAYS)
     """Pseudo-samples the group's pass rate counts for in a prompt's Beta prior."""
-    success_threshold: float = 0.5
+    success_threshold: float = setting(0.5, lineage=ALWAYS)
     """A sample succeeds when its reward is above this (evaluate's correctness rule)."""
-    explore_share: float = Field(0.25, ge=0, le=1)
+    explore_share: float = setting(0.25, ge=0, le=1, lineage=ALWAYS)
     """Share of each iteration's prompts drawn uniformly from prompts never sampled (while any)."""
-    sharpness: float = Field(2.0, gt=0)
+    sharpness: float = setting(2.0, gt=0, lineage=ALWAYS)
     """Weights are E[p(1-p)] ** sharpness under the prompt's Beta posterior."""
-    retire_after: int = Field(2, ge=1)
+    retire_after: int = setting(2, ge=1, lineage=ALWAYS)
     """Retire a prompt after this many consecutive draws of it in which every sample succeeded."""
-    return_after: int = Field(10, ge=1)
+    return_after: int = setting(10, ge=1, lineage=ALWAYS)
     """A retired prompt may be drawn again this many iterations after it was retired."""
 
 
 class DataSection(Strict):
-    train: str
+    train: str = setting(tier=USER)
     """Train dataset (verl format Parquet), path or URI."""
-    eval: list[EvalSetConfig] = Field(default_factory=list)
+    eval: list[EvalSetConfig] = setting(default_factory=list, tier=USER)
     """Held-out sets in verl's format, scored with pass@k on every evaluated checkpoint."""
     lm_eval: list[LmEvalSetConfig] = Field(default_factory=list)
     """Standard-benchmark suites; written in `eval` as entries with an `lm_eval` key."""
-    prompts_per_iteration: int = Field(64, ge=1)
+    prompts_per_iteration: int = setting(64, ge=1, tier=USER)
     """Prompts drawn per iteration, walking a seeded permutation of the train set epoch by epoch."""
     sampler: Literal["uniform", "curriculum"] = "uniform"
     """`uniform`: the seeded permutation above; `curriculum`: by estimated pass rate."""
@@ -281,7 +282,7 @@ class RetentionSection(Strict):
 
     enabled: bool = True
     """false: keep every checkpoint and train state."""
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = setting(2, ge=1, tier=USER)
     """The newest checkpoints kept (the policy generate samples next is always among them)."""
     milestone_every: int = Field(50, ge=0)
     """Also keep every checkpoint whose number is a multiple of this (0: none)."""
@@ -298,7 +299,7 @@ class HealthSection(Strict):
     as a symptom appears and stops the run when no group has carried a learning signal for
     `stop_after` iterations in a row. None of it changes what any stage computes."""
 
-    stop_after: int = Field(3, ge=0)
+    stop_after: int = setting(3, ge=0, tier=USER)
     """End the run cleanly after this many iterations in a row in which (nearly) every group
     had equal rewards: GRPO-family advantages are then zero, so the update has no evidence to
     learn from (0: never stop; the verdict is still given)."""
@@ -433,29 +434,6 @@ def code_stages(cfg: RunConfig) -> tuple[str, ...]:
     the sandbox's seccomp profile: verify and evaluate always (the code verifier), generate too
     when the policy has tools (the python tool runs its code in the same sandbox)."""
     return ("verify", "evaluate") + (("generate",) if cfg.generate.tools else ())
-
-
-def unused_keys(cfg: RunConfig) -> dict[str, set[str]]:
-    """Per section, the keys of features this run does not use. Stages leave them out of their
-    lineage, so a run that does not use a feature keeps the lineage (and its committed outputs
-    stay up to date) it had before the feature existed."""
-    multi = bool(cfg.generate.tools or cfg.generate.environment)
-    return {
-        # max_images_per_prompt refuses input, it never changes a sample; cuda_graphs changes how
-        # a decode step is launched, and its samples only to rounding (like a shard layout)
-        "generate": {"max_images_per_prompt", "cuda_graphs"}
-        | (set() if multi else {"tools", "max_turns", "max_response_tokens", "environment"}),
-        "train": (set() if cfg.train.void_turn_filter else {"void_turn_filter", "answer_pattern"})
-        | (set() if cfg.train.nodes > 1 else {"nodes"})
-        # auto and recompute train alike to float precision (auto takes the sampler's
-        # logprobs only where they are the trainer's): a run keeps the lineage it had before
-        # the key existed; `rollout` (off-policy too) changes the update, so it enters
-        | (set() if cfg.train.old_logprobs == "rollout" else {"old_logprobs"})
-        # a vision tower trains only when asked; text models have none
-        | (set() if not cfg.train.freeze_vision else {"freeze_vision"})
-        | (set() if cfg.train.skip_no_signal_steps else {"skip_no_signal_steps"}),
-        "verify": set() if cfg.generate.environment else {"env_reward_weight"},
-    }
 
 
 def _is_uri(s: str) -> bool:

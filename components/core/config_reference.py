@@ -18,13 +18,16 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from components.core.config import RunConfig
+from components.core.config_fields import ADVANCED, USER, tier
 
 HEADER = """# Config reference
 
-Every key of a run's config (`rlvr run CONFIG`, `--set key=value`), section by section, with its
-type, default and meaning. Generated from the pydantic models in `components/core/config*.py`
-by `python -m components.core.config_reference > docs/config.md`; a test fails when this file
-is stale. Unknown keys are errors. Relative paths in `model`, `data` and `prepare` resolve
+Every key of a run's config (`rlvr run CONFIG`, `--set key=value`), with its type, default and
+meaning: first the keys most runs set, then every other key (what tunes the machinery, and
+rarer choices), section by section. A key's tier is declared on its field
+(`components/core/config_fields.py`). Generated from the pydantic models in
+`components/core/config*.py` by `python -m components.core.config_reference > docs/config.md`;
+a test fails when this file is stale. Unknown keys are errors. Relative paths in `model`, `data` and `prepare` resolve
 against the config file's directory; `run.store` and reward plugin files (`file.py:fn`) against
 the directory `rlvr` runs in. See
 `examples/arithmetic/config.yaml` for a whole config, and [index.md](index.md) for the rest of
@@ -81,27 +84,56 @@ def meaning(field) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+Row = tuple[str, str, str, str]
+"""(key, type, default, meaning) of one key."""
+
+
 def sections(
-    path: str = "", model: type[BaseModel] = RunConfig
-) -> typing.Iterator[tuple[str, type[BaseModel], list[tuple[str, str, str, str]]]]:
-    """(dotted path, model, [(key, type, default, meaning)]) of every section of the config,
-    each before the sections nested in it."""
+    path: str = "", model: type[BaseModel] = RunConfig, *, only: str | None = None
+) -> typing.Iterator[tuple[str, type[BaseModel], list[Row]]]:
+    """(dotted path, model, rows) of every section of the config, each before the sections
+    nested in it; `only`: the rows of keys of that tier alone."""
     rows, nested = [], []
     for name, field in model.model_fields.items():
-        rows.append((name, type_name(field.annotation), default_text(field), meaning(field)))
+        if only is None or tier(field) == only:
+            rows.append((name, type_name(field.annotation), default_text(field), meaning(field)))
         origin = typing.get_origin(field.annotation)
         for sub in _models(field.annotation):
             suffix = "[]" if origin is list else ".<name>" if origin is dict else ""
             nested.append((f"{path}.{name}{suffix}".lstrip("."), sub))
     yield path, model, rows
     for sub_path, sub in nested:
-        yield from sections(sub_path, sub)
+        yield from sections(sub_path, sub, only=only)
+
+
+def user_keys() -> list[Row]:
+    """The keys most runs set (tier user), each by its dotted path."""
+    return [
+        (f"{path}.{k}".lstrip("."), t, d, m)
+        for path, _, rows in sections(only=USER)
+        for k, t, d, m in rows
+    ]
+
+
+TIERS = """## The keys most runs set
+
+A run names its base policy, its data and its reward; these keys are the choices most runs
+make. A newcomer's config needs no other (the README's `my_run.yaml`). Two defaults change a
+run's course: `health.stop_after` ends a run whose groups have carried no learning signal for
+3 iterations in a row (`health.stop_after: 0` never stops), and `retention.keep_last` deletes the files of all but
+the 2 newest checkpoints once nothing reads them (`retention.enabled: false` keeps every one).
+"""
 
 
 def render() -> str:
-    out = [HEADER.rstrip()]
-    for path, model, rows in sections():
-        out += ["", f"## `{path}`" if path else "## Top level", ""]
+    out = [HEADER.rstrip(), "", TIERS.rstrip(), ""]
+    out += ["| key | type | default | meaning |", "|---|---|---|---|"]
+    out += [f"| `{k}` | {t} | {d} | {m} |" for k, t, d, m in user_keys()]
+    out += ["", "## Every other key", "", "What tunes the machinery, and rarer choices."]
+    for path, model, rows in sections(only=ADVANCED):
+        if not rows:
+            continue
+        out += ["", f"### `{path}`" if path else "### Top level", ""]
         doc = _first_paragraph(model.__doc__)
         if doc and model is not RunConfig:
             out += [doc, ""]

@@ -7,8 +7,9 @@ function of the config and the run's layout alone; reading the digests takes the
 manifests, never a model, a tokenizer or a stage. So the planner decides what is current
 without building generate, verify or train, and the stages and the planner cannot disagree.
 
-The configs digested are the ones earlier rlvr versions recorded (insertion order included):
-a change here recomputes finished runs, and tests/core/test_lineages.py pins them.
+Which keys of a section enter is declared on each config field (its lineage role,
+components/core/config_fields.py) and read by `lineage_dump` alone. The digests are pinned
+(tests/core/test_lineages.py): a change to them recomputes finished runs.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from components.core.commit import (
     shard_dir,
     with_input,
 )
-from components.core.config import CurriculumSection, RunConfig, unused_keys
+from components.core.config import CurriculumSection, RunConfig
+from components.core.config_fields import lineage_dump
 from components.core.layout import RunLayout
 from components.core.store import Store, StoreError, join
 
 __all__ = [
-    "NOT_IN_LINEAGE",
     "Output",
     "current",
     "evaluate_current",
@@ -46,10 +47,6 @@ __all__ = [
     "verify",
     "verify_current",
 ]
-
-#: Train settings that change how the policy is stored and moved, never what is trained: kept
-#: out of train's lineage (with kl_metric, a figure, and gradient checkpointing, memory).
-NOT_IN_LINEAGE = {"kl_metric", "gradient_checkpointing", "state_every", "handoff"}
 
 
 def policy_version(cfg: RunConfig, iteration: int) -> int:
@@ -65,19 +62,13 @@ class Output:
     uri: str
     inputs: tuple[str, ...]
     config: Any
-    legacy_config: Any = None
-    """The config as an older rlvr digested it: its outputs stay current."""
-    dropped: tuple[str, ...] = ()
-    """Prefixes of inputs an older rlvr recorded that are inputs no longer."""
 
     def dir(self, store: Store) -> OutputDir:
         return OutputDir(store, self.uri, self.stage)
 
     def lineage(self, store: Store, root: str) -> Lineage:
         """The input digests (reads the inputs' manifests; StoreError when one is missing)."""
-        out = lineage(store, list(self.inputs), self.config, root, self.legacy_config)
-        out.dropped = self.dropped
-        return out
+        return lineage(store, list(self.inputs), self.config, root)
 
 
 # --- generate ---
@@ -99,13 +90,13 @@ def sampler_inputs(cfg: RunConfig, layout: RunLayout, iteration: int) -> list[st
 
 
 def sampler_config(cfg: RunConfig) -> dict[str, Any]:
-    """What of the config the draw depends on beyond the uniform sampler's (empty for it, so
-    uniform runs keep their recorded lineage)."""
+    """What of the config the draw depends on beyond the uniform sampler's (empty for it: the
+    uniform draw depends on the seed and prompts_per_iteration alone)."""
     if cfg.data.sampler != "curriculum":
         return {}
     return {
         "sampler": "curriculum",
-        "curriculum": cfg.data.curriculum.model_dump(mode="json"),
+        "curriculum": lineage_dump(cfg.data.curriculum, cfg),
         "max_staleness": cfg.train.max_staleness,
     }
 
@@ -116,7 +107,7 @@ def generate(
     """Iteration i's rollouts (one shard's): the policy, the train set, the sampler's inputs."""
     version = policy_version(cfg, iteration)
     config: dict[str, Any] = {
-        "generate": cfg.generate.model_dump(mode="json", exclude=unused_keys(cfg)["generate"]),
+        "generate": lineage_dump(cfg.generate, cfg),
         "prompts_per_iteration": cfg.data.prompts_per_iteration,
         "seed": cfg.run.seed,
         "policy_version": version,
@@ -138,15 +129,13 @@ def generate(
 def verify(
     cfg: RunConfig, layout: RunLayout, iteration: int, shard: int = 0, num_shards: int = 1
 ) -> Output:
-    """Iteration i's scored rollouts (one shard's). The success threshold of the prompt stats
-    joins the config only where it is not the default (the digest runs recorded before it)."""
+    """Iteration i's scored rollouts (one shard's). At the default success threshold of the
+    prompt stats the config is the verify section itself, every key (its digest is of
+    pydantic's JSON of the section); another threshold joins the section's lineage dump."""
     threshold = cfg.data.curriculum.success_threshold
     config: Any = cfg.verify
     if threshold != CurriculumSection().success_threshold:
-        config = {
-            "verify": cfg.verify.model_dump(mode="json", exclude=unused_keys(cfg)["verify"]),
-            "success": threshold,
-        }
+        config = {"verify": lineage_dump(cfg.verify, cfg), "success": threshold}
     uri = shard_dir(layout.scored(iteration), shard, num_shards)
     return Output("verify", uri, (layout.rollouts(iteration),), config)
 
@@ -182,24 +171,16 @@ def verify_current(
 
 def train(cfg: RunConfig, layout: RunLayout, iteration: int) -> Output:
     """Checkpoint i + 1: iteration i's scored rollouts, checkpoint i and the train settings
-    that change the update (not NOT_IN_LINEAGE)."""
-    t = cfg.train
+    that change the update (LoRA's where it trains an adapter)."""
     settings: dict[str, Any] = {
-        "train": t.model_dump(mode="json", exclude=NOT_IN_LINEAGE | unused_keys(cfg)["train"]),
+        "train": lineage_dump(cfg.train, cfg),
         "iterations": cfg.run.iterations,
         "seed": cfg.run.seed,
     }
-    if cfg.model.lora is not None:  # absent for full fine-tuning: its lineage is unchanged
-        # vision_tower only where set: LoRA runs keep the lineage they had before it
-        lora = cfg.model.lora
-        settings["lora"] = lora.model_dump(
-            mode="json", exclude=set() if lora.vision_tower else {"vision_tower"}
-        )
+    if cfg.model.lora is not None:
+        settings["lora"] = lineage_dump(cfg.model.lora, cfg)
     inputs = (layout.scored(iteration), layout.checkpoint(iteration))
-    # an older rlvr recorded the train state of every iteration as an input as well
-    return Output(
-        "train", layout.checkpoint(iteration + 1), inputs, settings, None, ("train_state/",)
-    )
+    return Output("train", layout.checkpoint(iteration + 1), inputs, settings)
 
 
 # --- evaluate ---
@@ -213,21 +194,16 @@ def suites_due(cfg: RunConfig, c: int) -> list[Any]:
 def evaluate(cfg: RunConfig, layout: RunLayout, c: int) -> Output:
     """Checkpoint c's evaluation on the eval sets (the output of the unsharded evaluation; a
     shard's part has the same lineage)."""
-    settings = {
-        "evaluate": cfg.evaluate.model_dump(mode="json", exclude={"every"}),
-        "generate": cfg.generate.model_dump(
-            mode="json", exclude={"num_shards", "batch_size"} | unused_keys(cfg)["generate"]
-        ),
-        "verify": cfg.verify.model_dump(
-            mode="json", exclude={"num_shards", "num_workers"} | unused_keys(cfg)["verify"]
-        ),
+    config = {
+        # not the source path: the run's copy of each set is an input by content
+        "eval": [lineage_dump(e, cfg) for e in cfg.data.eval],
+        "evaluate": lineage_dump(cfg.evaluate, cfg),
+        # sampled and scored with evaluate's own layout: not generate's or verify's
+        "generate": lineage_dump(cfg.generate, cfg, own=False),
+        "verify": lineage_dump(cfg.verify, cfg, own=False),
     }
     inputs = (layout.checkpoint(c), *(layout.eval_data(e.name) for e in cfg.data.eval))
-    # not the source path: the run's copy of each set is an input by content
-    config = {"eval": [e.model_dump(mode="json", exclude={"path"}) for e in cfg.data.eval]}
-    # what schema-version-2 rlvr digested (with the paths): its evaluations stay current
-    legacy = {"eval": [e.model_dump(mode="json") for e in cfg.data.eval], **settings}
-    return Output("evaluate", layout.evals(c), inputs, {**config, **settings}, legacy)
+    return Output("evaluate", layout.evals(c), inputs, config)
 
 
 def with_suites(cfg: RunConfig, c: int, inputs: Lineage) -> Lineage:

@@ -216,30 +216,36 @@ def test_the_void_turn_filter_needs_tools_and_a_valid_pattern(tmp_path):
 
 
 def test_features_a_run_does_not_use_stay_out_of_its_lineage():
-    """A single-turn run records the lineage it had before tools existed: the multi-turn keys,
-    the void-turn filter and the environment's reward weight enter only when used."""
-    from components.core.config import RunConfig, unused_keys
+    """A single-turn run's lineage leaves out the multi-turn keys, the void-turn filter and
+    the environment's reward weight: they enter only when used (their declared roles)."""
+    from components.core.config import RunConfig
+    from components.core.config_fields import lineage_dump
 
     base = {"model": {"base": "b"}, "data": {"train": "t.parquet"}}
     plain = RunConfig.model_validate(base)
-    unused = unused_keys(plain)
-    dumped = plain.generate.model_dump(mode="json", exclude=unused["generate"])
+    dumped = lineage_dump(plain.generate, plain)
     assert not {"tools", "max_turns", "max_response_tokens", "environment"} & set(dumped)
-    assert "void_turn_filter" not in plain.train.model_dump(exclude=unused["train"])
-    assert "env_reward_weight" not in plain.verify.model_dump(exclude=unused["verify"])
+    assert "void_turn_filter" not in lineage_dump(plain.train, plain)
+    assert "env_reward_weight" not in lineage_dump(plain.verify, plain)
     tools = RunConfig.model_validate(
         {**base, "generate": {"tools": ["python"]}, "train": {"void_turn_filter": True}}
     )
-    used = unused_keys(tools)
     # max_images_per_prompt only refuses input, cuda_graphs only launches steps: never in it
-    assert used["generate"] == {"max_images_per_prompt", "cuda_graphs"}
-    assert used["train"] == {"nodes", "old_logprobs", "freeze_vision", "skip_no_signal_steps"}
+    left_out = set(type(tools.generate).model_fields) - set(lineage_dump(tools.generate, tools))
+    assert left_out == {"max_images_per_prompt", "cuda_graphs"}
+    left_out = set(type(tools.train).model_fields) - set(lineage_dump(tools.train, tools))
+    machinery = {"kl_metric", "gradient_checkpointing", "state_every", "handoff"}
+    assert left_out == machinery | {
+        "nodes",
+        "old_logprobs",
+        "freeze_vision",
+        "skip_no_signal_steps",
+    }
     skipping = RunConfig.model_validate({**base, "train": {"skip_no_signal_steps": True}})
-    assert "skip_no_signal_steps" not in unused_keys(skipping)["train"]  # it changes updates
-    assert used["verify"] == {"env_reward_weight"}  # no environment: its weight changes nothing
+    assert "skip_no_signal_steps" in lineage_dump(skipping.train, skipping)  # it changes updates
     # old_logprobs: auto and recompute train alike (within float precision), rollout does not
-    assert "old_logprobs" not in plain.train.model_dump(exclude=unused["train"])
+    assert "old_logprobs" not in lineage_dump(plain.train, plain)
     bypass = RunConfig.model_validate({**base, "train": {"old_logprobs": "rollout"}})
-    assert "old_logprobs" not in unused_keys(bypass)["train"]
+    assert "old_logprobs" in lineage_dump(bypass.train, bypass)
     env = RunConfig.model_validate({**base, "generate": {"environment": {"url": "http://e:1"}}})
-    assert unused_keys(env)["verify"] == set()
+    assert "env_reward_weight" in lineage_dump(env.verify, env)

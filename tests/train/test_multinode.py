@@ -150,14 +150,15 @@ def test_node_runs_torchrun_with_a_static_rendezvous_at_node_0():
 
 
 def test_nodes_enter_the_lineage_only_when_more_than_one():
-    """A one-node run keeps the lineage it had before train.nodes existed (its committed
-    outputs stay up to date); a multi-node one records its node count."""
-    from components.core.config import unused_keys
+    """A one-node run's lineage leaves the node count out (its declared role); a multi-node
+    one records it."""
+    from components.core.config_fields import lineage_dump
 
     base = {"model": {"base": "b"}, "data": {"train": "t.parquet"}}
-    assert "nodes" in unused_keys(RunConfig.model_validate(base))["train"]
+    one = RunConfig.model_validate(base)
+    assert "nodes" not in lineage_dump(one.train, one)
     multi = RunConfig.model_validate({**base, "train": {"nodes": 2}})
-    assert "nodes" not in unused_keys(multi)["train"]
+    assert lineage_dump(multi.train, multi)["nodes"] == 2
 
 
 def test_check_flags_a_multi_node_config_that_cannot_be_placed():
