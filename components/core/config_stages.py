@@ -52,6 +52,11 @@ class GenerateSection(Strict):
     cuda_graphs: bool = setting(True, lineage=NEVER)
     """Transformers backend on a GPU: decode steps on a static KV cache, each replayed as a CUDA
     graph (one per row bucket); a small model's step is launch-bound there. No effect on a CPU."""
+    continuous_batching: bool = setting(False, lineage=NEVER)
+    """Transformers backend: a finished row's room goes to the next prompt at once (whole prompts
+    join the rows decoding), so a long sample holds only its own row, not its batch. Samples equal
+    static batching's up to rounding; a prompt's samples arrive as they complete, so rollouts are
+    written in another row order. Takes the growing KV cache (no CUDA graphs)."""
     tools: list[str] = setting(default_factory=list, lineage=when("multi_turn"), tier=USER)
     """Tools the policy may call (multi-turn rollouts): `python` (built in:
     the code runs in the code verifier's sandbox) or `module:function` / `file.py:function` (a

@@ -83,6 +83,7 @@ def make_backend(
         device=device,
         vision=VisionProcessor.of_checkpoint(ckpt_dir, tokenizer, model.config),
         graphs=gen.cuda_graphs and str(device).startswith("cuda"),
+        continuous=gen.continuous_batching,
     )
     backend.warm_up()
     return backend, tokenizer

@@ -113,3 +113,12 @@ def test_admit_right_aligns_rows_and_trims_unused_columns(policy):
         alone = model(input_ids=torch.tensor([ids])).logits[0, -1]
         # the same positions and keys over extra zero-weight columns: float32 rounding only
         torch.testing.assert_close(logits[row], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_the_config_key_reaches_the_backend(tiny_assets):
+    from components.core.config import GenerateSection
+    from components.model.engine import make_backend
+
+    on, _ = make_backend(GenerateSection(continuous_batching=True), tiny_assets / "base", 0)
+    off, _ = make_backend(GenerateSection(), tiny_assets / "base", 0)
+    assert on.continuous and not off.continuous
