@@ -29,8 +29,8 @@ from components.core.commit import (
     with_input,
 )
 from components.core.config import CurriculumSection, RunConfig, unused_keys
-from components.core.layout import RunLayout
-from components.core.store import Store, StoreError, join
+from components.core.layout import TRAIN_STATE, RunLayout
+from components.core.store import Store, StoreError
 
 __all__ = [
     "NOT_IN_LINEAGE",
@@ -198,7 +198,7 @@ def train(cfg: RunConfig, layout: RunLayout, iteration: int) -> Output:
     inputs = (layout.scored(iteration), layout.checkpoint(iteration))
     # an older rlvr recorded the train state of every iteration as an input as well
     return Output(
-        "train", layout.checkpoint(iteration + 1), inputs, settings, None, ("train_state/",)
+        "train", layout.checkpoint(iteration + 1), inputs, settings, None, (f"{TRAIN_STATE}/",)
     )
 
 
@@ -250,10 +250,6 @@ def retired(store: Store, layout: RunLayout, c: int) -> bool:
         return False
 
 
-def eval_shards(layout: RunLayout, c: int) -> str:
-    return join(layout.root, "eval_shards", f"{c:05d}")
-
-
 def evaluate_current(
     cfg: RunConfig, store: Store, layout: RunLayout, c: int, shard: int = 0, num_shards: int = 1
 ) -> bool:
@@ -264,11 +260,11 @@ def evaluate_current(
         return True
     inputs = evaluate(cfg, layout, c).lineage(store, layout.root)
     if num_shards > 1:
-        uri = shard_dir(eval_shards(layout, c), shard, num_shards)
+        uri = shard_dir(layout.eval_shards(c), shard, num_shards)
         return OutputDir(store, uri, "evaluate").up_to_date(inputs)
     if cfg.evaluate.num_shards > 1:
         try:
-            inputs = with_input(inputs, "shards", content_digest(store, eval_shards(layout, c)))
+            inputs = with_input(inputs, "shards", content_digest(store, layout.eval_shards(c)))
         except StoreError:
             return False
     inputs = with_suites(cfg, c, inputs)

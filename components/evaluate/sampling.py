@@ -87,7 +87,7 @@ def sample_and_score(
     caller has loaded into `engine`: {set: {kind: scored table, kind_verify: verify stats}}."""
     sets = _eval_sets(cfg, store, layout, shard, num_shards)
     backend, tokenizer, _ = engine.ensure(store, layout.checkpoint(c))  # a reuse
-    scratch_root = join(layout.root, "eval_scratch", f"{c:05d}-{shard}-of-{num_shards}")
+    scratch_root = layout.eval_scratch(c, shard, num_shards)
     tools = None
     if cfg.generate.tools or cfg.generate.environment:  # evaluated as trained
         from components.generate.tools import load_tools
