@@ -79,7 +79,6 @@ def chain_next_segment(
     # Started beside the workers: wait, like them, for the segment's training to be committed.
     from components.core.layout import RunLayout, store_for
     from components.core.run_control import StopWatch
-    from components.core.store import join
     from components.core.warm import RunStatus, RunStopped, wait_committed
     from components.core.warm import segment as segment_of
 
@@ -101,7 +100,7 @@ def chain_next_segment(
     if watch(force=True) is not None:
         return ""
     # Exactly once: a retried task (its pod lost after the submission) finds the claim.
-    claim = join(layout.root, "status", "segments", f"{segment + 1:05d}.json")
+    claim = layout.segment_claim(segment + 1)
     if store.exists(claim):
         record = json.loads(store.read_text(claim))
         logging.getLogger("rlvr.chain").info(

@@ -31,9 +31,10 @@ from rich.table import Table
 
 from components.core.config import RunConfig, load_config
 from components.core.errors import UserError
+from components.core.layout import RunLayout
 from components.core.stage_cli import run_stage, setup_logging
 from components.core.stages import STEPS
-from components.core.store import get_store, join
+from components.core.store import get_store
 from pipelines.local import console, eval_tables, prepare_inputs, print_health
 
 SET_OPTION = click.option(
@@ -443,7 +444,7 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
         name = checkpoint.rstrip("/").rsplit("/", 1)[-1] or checkpoint
         Console().print(*eval_tables(result["root"], label=name))
         console.print(f"evaluated {checkpoint}")
-        console.print(f"metrics, samples and plots: {result['root']}/evals/00000/")
+        console.print(f"metrics, samples and plots: {RunLayout(result['root']).evals(0)}/")
         return
     if watch:
         run_stage(watch_run, cfg, poll_s=poll_s, timeout_s=timeout_s, force=force)
@@ -459,7 +460,7 @@ def eval_cmd(config, checkpoint, run_id, watch, poll_s, timeout_s, force, overri
 def _run_dir(run_dir: str) -> tuple[Any, str]:
     """The store and root of the run at `run_dir`; a UserError (exit 2) where it is not one."""
     store, root = get_store(run_dir), run_dir.rstrip("/")
-    if not store.exists(join(root, "run.yaml")):
+    if not store.exists(RunLayout(root).run_yaml):
         raise UserError(
             f"{run_dir} is not a run: it has no run.yaml (give the run's directory or URI, "
             "<run.store>/<run_id>, e.g. rlvr-runs/arithmetic)"
@@ -496,7 +497,7 @@ def prune(run_dir: str, dry_run: bool, overrides: tuple[str, ...]) -> None:
     from components.core.retention import planned, sweep
 
     store, root = _run_dir(run_dir)
-    raw = yaml.safe_load(store.read_text(join(root, "run.yaml")))
+    raw = yaml.safe_load(store.read_text(RunLayout(root).run_yaml))
     if "://" in root and not root.startswith("file://"):  # s3://bucket/prefix/RUN
         parent, run_id = root.rsplit("/", 1)
     else:

@@ -130,9 +130,10 @@ def eval_tables(cfg_or_root: RunConfig | str, label: str | None = None) -> list[
         store, root = store_for(cfg_or_root), RunLayout.of(cfg_or_root).root
     else:
         store, root = get_store(cfg_or_root), cfg_or_root.rstrip("/")
+    layout = RunLayout(root)
     tops = {
-        c: json.loads(store.read_text(join(root, "evals", f"{c:05d}", "metrics.json")))
-        for c in committed_indices(store, join(root, "evals"))
+        c: json.loads(store.read_text(layout.eval_metrics(c)))
+        for c in committed_indices(store, layout.evals_dir)
     }
     tables = [_heldout_table(root, tops, label)] if any(t["sets"] for t in tops.values()) else []
     if any(t.get("lm_eval") for t in tops.values()):
@@ -311,7 +312,7 @@ class _LocalRun:
 
         attempt = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         status = RunStatus.of(self.cfg, attempt)
-        log_dir = self.local_root / "logs" / f"segment-{seg.index:05d}"
+        log_dir = Path(RunLayout(str(self.local_root)).segment_logs(seg.index))
 
         def record_crash(task: str) -> None:
             if task not in status.failures():  # a worker that died without recording why
@@ -329,7 +330,7 @@ class _LocalRun:
                 run_pipeline(
                     pipeline,
                     arguments,
-                    pipeline_root=str(self.local_root / "kfp"),
+                    pipeline_root=RunLayout(str(self.local_root)).local_kfp,
                     log_dir=log_dir,
                     on_failure=record_crash,
                     failure_message=lambda task: (status.failures().get(task) or {}).get("error"),
@@ -346,7 +347,7 @@ class _LocalRun:
             return
         from pipelines.local_docker import hand_over
 
-        (self.local_root / "kfp").mkdir(parents=True, exist_ok=True)
+        Path(RunLayout(str(self.local_root)).local_kfp).mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
         if "://" not in self.layout.root:  # failure markers: written by tasks and this process
             Path(status.dir).mkdir(parents=True, exist_ok=True)
@@ -395,7 +396,7 @@ def _finish(cfg: RunConfig, elapsed: float) -> None:
     if "index.html" in paths:
         console.print(f"dashboard (training dynamics): {paths['index.html']}")
     if "tensorboard" in cfg.tracking.backends:
-        print_tensorboard_hint(join(layout.root, "tensorboard"))
+        print_tensorboard_hint(layout.tensorboard_dir)
 
 
 def print_health(store: Any, root: str) -> None:
@@ -433,18 +434,16 @@ def store_runs_table(store_uri: str) -> Table:
             column, justify="right" if column in ("updates", "last pass@1") else "left"
         )
     for name in sorted(store.list_dirs(root)):
-        run = join(root, name)
-        if not store.exists(join(run, "run.yaml")):
+        run = RunLayout(join(root, name))
+        if not store.exists(run.run_yaml):
             continue
-        updates = [c for c in committed_indices(store, join(run, "checkpoints")) if c > 0]
-        evals = committed_indices(store, join(run, "evals"))
+        updates = [c for c in committed_indices(store, run.checkpoints_dir) if c > 0]
+        evals = committed_indices(store, run.evals_dir)
         pass1 = "-"
         with contextlib.suppress(StoreError, ValueError, KeyError, TypeError, IndexError):
-            top = json.loads(
-                store.read_text(join(run, "evals", f"{evals[-1]:05d}", "metrics.json"))
-            )
+            top = json.loads(store.read_text(run.eval_metrics(evals[-1])))
             pass1 = f"{top['overall']['pass@1']:.3f} ({evals[-1]:05d})"  # held-out sets only
-        h = latest(store, run)
+        h = latest(store, run.root)
         verdict = "-"
         if h is not None:
             verdict = h.summary.split(":")[0] if h.verdict != "warning" else "warnings"

@@ -96,21 +96,21 @@ def uncommit_downstream(cfg: RunConfig, iteration: int, stage: str, *, own: bool
         targets.append(layout.prompt_stats(i))  # the curriculum of later iterations reads it
     if stage == "generate":
         targets.append(layout.scored(i))
-    for c in committed_indices(store, join(layout.root, "checkpoints")):
+    for c in committed_indices(store, layout.checkpoints_dir):
         if c > i + (0 if stage != "train" or own else 1):
             targets.append(layout.checkpoint(c))
-    for c in sorted(_indices(store, join(layout.root, "train_state"))):
+    for c in sorted(_indices(store, layout.train_state_dir)):
         if c > i:
             targets.append(layout.train_state(c))
-    for c in sorted(_indices(store, join(layout.root, "iterations"))):
+    for c in sorted(_indices(store, layout.iterations_dir)):
         if c > i:
             targets += [layout.rollouts(c), layout.scored(c), layout.prompt_stats(c)]
     # Evaluation shards are read by the gather, which must not combine old shards with a new
     # checkpoint. The evaluations themselves are read by no stage: their worker waits for the
     # (uncommitted) checkpoint and then checks their lineage against it, so they stay.
-    for c in sorted(_indices(store, join(layout.root, "eval_shards"))):
+    for c in sorted(_indices(store, layout.eval_shards_dir)):
         if c > i:
-            targets.append(join(layout.root, "eval_shards", f"{c:05d}"))
+            targets.append(layout.eval_shards(c))
     return [t for t in dict.fromkeys(targets) if _uncommit(store, t)]
 
 

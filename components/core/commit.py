@@ -55,11 +55,13 @@ class RetiredError(UserError):
     """A stage needs the files of a checkpoint or train state the retention policy deleted."""
 
     def __init__(self, uri: str) -> None:
-        kind, number = uri.rstrip("/").rsplit("/", 2)[-2:]
-        if kind == "checkpoints" and number.isdigit():
+        from components.core.layout import RunLayout
+
+        number = RunLayout.checkpoint_number(uri)
+        if number is not None:
             fix = (
                 f"rebuild it with `rlvr stage train CONFIG --run-id ID --iteration "
-                f"{int(number) - 1} --force` (it replays from the newest kept train state: the "
+                f"{number - 1} --force` (it replays from the newest kept train state: the "
                 "same bytes where the update is deterministic, as on a CPU), or keep more "
                 "(retention.keep_last, retention.milestone_every; retention.enabled: false keeps "
                 "everything)"

@@ -32,7 +32,7 @@ from components.core.commit import (
 from components.core.config import CurriculumSection, RunConfig
 from components.core.config_fields import lineage_dump
 from components.core.layout import RunLayout
-from components.core.store import Store, StoreError, join
+from components.core.store import Store, StoreError
 
 __all__ = [
     "Output",
@@ -226,10 +226,6 @@ def retired(store: Store, layout: RunLayout, c: int) -> bool:
         return False
 
 
-def eval_shards(layout: RunLayout, c: int) -> str:
-    return join(layout.root, "eval_shards", f"{c:05d}")
-
-
 def evaluate_current(
     cfg: RunConfig, store: Store, layout: RunLayout, c: int, shard: int = 0, num_shards: int = 1
 ) -> bool:
@@ -240,11 +236,11 @@ def evaluate_current(
         return True
     inputs = evaluate(cfg, layout, c).lineage(store, layout.root)
     if num_shards > 1:
-        uri = shard_dir(eval_shards(layout, c), shard, num_shards)
+        uri = shard_dir(layout.eval_shards(c), shard, num_shards)
         return OutputDir(store, uri, "evaluate").up_to_date(inputs)
     if cfg.evaluate.num_shards > 1:
         try:
-            inputs = with_input(inputs, "shards", content_digest(store, eval_shards(layout, c)))
+            inputs = with_input(inputs, "shards", content_digest(store, layout.eval_shards(c)))
         except StoreError:
             return False
     inputs = with_suites(cfg, c, inputs)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from components.core.commit import RETIRED, SUCCESS, RetiredError, is_retired, read_manifest
+from components.core.layout import RunLayout
 from components.core.store import Store, StoreError, join
 
 if TYPE_CHECKING:
@@ -60,17 +61,6 @@ def _key(root: str, uri: str) -> str:
     """`checkpoints/00004` -> `checkpoints-00004`: the marker name of an artifact of the run."""
     rel = uri.rstrip("/")[len(root.rstrip("/")) + 1 :] if uri.startswith(root) else uri
     return rel.strip("/").replace("/", "-")
-
-
-def _root_of(uri: str) -> str:
-    """The run directory of `<run>/checkpoints/<n>` or `<run>/train_state/<n>`."""
-    return uri.rstrip("/").rsplit("/", 2)[0]
-
-
-def _in_run(uri: str) -> bool:
-    """`<run>/checkpoints/<n>` or `<run>/train_state/<n>`: what retention may delete."""
-    parts = uri.rstrip("/").rsplit("/", 2)
-    return len(parts) == 3 and parts[1] in ("checkpoints", "train_state") and parts[2].isdigit()
 
 
 def _alive(record: dict[str, Any], ttl_s: float, now: float) -> bool:
@@ -110,18 +100,18 @@ def reading(
     files; yields its manifest. Raises RetiredError when its files are gone. A directory
     that is not a run's checkpoint or state (`rlvr eval --checkpoint DIR`) is never retired:
     nothing is written beside it."""
-    if not _in_run(uri):
+    if not RunLayout.retainable(uri):
         manifest = read_manifest(store, uri)
         if is_retired(manifest):
             raise RetiredError(uri)
         yield manifest
         return
-    root = _root_of(uri)
-    key = _key(root, uri)
-    lease = join(root, "status", "retention", "leases", f"{key}.{uuid.uuid4().hex}.json")
+    run = RunLayout.above(uri)
+    key = _key(run.root, uri)
+    lease = join(run.retention_leases, f"{key}.{uuid.uuid4().hex}.json")
     store.write_text(lease, json.dumps(_marker(who)))
     try:
-        intents = join(root, "status", "retention", "retiring")
+        intents = run.retention_intents
         t0 = time.monotonic()
         delay = 0.02
         while time.monotonic() - t0 < wait_s:
@@ -144,15 +134,15 @@ def reading(
 def retire(store: Store, uri: str, who: str, *, lease_ttl_s: float, reason: str = "") -> bool:
     """Delete a committed artifact's files and mark its manifest retired, unless a live reader
     holds a lease on it; True when it is (now) retired."""
-    root = _root_of(uri)
-    key = _key(root, uri)
-    intent = join(root, "status", "retention", "retiring", f"{key}.{uuid.uuid4().hex}.json")
+    run = RunLayout.above(uri)
+    key = _key(run.root, uri)
+    intent = join(run.retention_intents, f"{key}.{uuid.uuid4().hex}.json")
     store.write_text(intent, json.dumps(_marker(who)))
     try:
         now = time.time()
         readers = [
             r
-            for _, r in _records(store, join(root, "status", "retention", "leases"), key + ".")
+            for _, r in _records(store, run.retention_leases, key + ".")
             if _alive(r, lease_ttl_s, now)
         ]
         if readers:
@@ -184,20 +174,20 @@ class Inventory:
 
     @classmethod
     def of(cls, store: Store, root: str) -> Inventory:
-        inv = cls()
-        for sub, live, retired in (
-            ("checkpoints", inv.checkpoints, inv.retired_checkpoints),
-            ("train_state", inv.states, inv.retired_states),
+        inv, layout = cls(), RunLayout(root)
+        for uri, live, retired in (
+            (layout.checkpoints_dir, inv.checkpoints, inv.retired_checkpoints),
+            (layout.train_state_dir, inv.states, inv.retired_states),
         ):
             files: dict[int, set[str]] = {}
-            for f in store.list_files(join(root, sub)):
+            for f in store.list_files(uri):
                 head, _, rest = f.partition("/")
                 if head.isdigit() and rest:
                     files.setdefault(int(head), set()).add(rest)
             for n, names in files.items():
                 if SUCCESS in names:
                     (live if names - {SUCCESS} else retired).add(n)
-        for f in store.list_files(join(root, "evals")):
+        for f in store.list_files(layout.evals_dir):
             head, _, rest = f.partition("/")
             if head.isdigit() and rest == SUCCESS:
                 inv.evaluated.add(int(head))
@@ -243,7 +233,7 @@ def to_retire(
 
 def planned(cfg: RunConfig) -> tuple[list[int], list[int]]:
     """(checkpoints, train states) the policy would retire in the run's store now."""
-    from components.core.layout import RunLayout, store_for
+    from components.core.layout import store_for
     from components.core.warm import is_committed
 
     store, layout = store_for(cfg), RunLayout.of(cfg)
@@ -274,7 +264,7 @@ def _orphans(store: Store, layout, states: set[int]) -> set[int]:
 def sweep(cfg: RunConfig, who: str) -> list[str]:
     """Apply the policy to the run now: retire what it does not keep (skipping anything a
     reader holds). Returns the URIs retired. Safe to run from several workers at once."""
-    from components.core.layout import RunLayout, store_for
+    from components.core.layout import store_for
 
     if not cfg.retention.enabled:
         return []

@@ -118,9 +118,9 @@ class StopRecord(BaseModel):
 
 
 def stop_uri(root: str) -> str:
-    from components.core.store import join
+    from components.core.layout import RunLayout
 
-    return join(root, "status", "stopped.json")
+    return RunLayout(root).stop_record
 
 
 def write_stop(cfg: RunConfig, health: Health) -> StopRecord:
@@ -226,10 +226,10 @@ def latest(store, root: str) -> Health | None:
     existed."""
     from components.core.commit import read_manifest
     from components.core.layout import RunLayout, committed_indices
-    from components.core.store import StoreError, join
+    from components.core.store import StoreError
 
     layout = RunLayout(root.rstrip("/"))
-    for c in reversed(committed_indices(store, join(layout.root, "checkpoints"))):
+    for c in reversed(committed_indices(store, layout.checkpoints_dir)):
         if c == 0:
             return None
         try:

@@ -178,15 +178,12 @@ def segment_train_figures(params: dict[str, str], segment: int) -> dict[str, flo
     from components.core.commit import read_manifest
     from components.core.config import effective_config
     from components.core.layout import RunLayout, committed_indices, store_for
-    from components.core.store import join
     from components.core.warm import segment as segment_of
 
     cfg = effective_config(**params)
     store, layout, seg = store_for(cfg), RunLayout.of(cfg), segment_of(cfg, segment)
     done = [
-        c
-        for c in committed_indices(store, join(layout.root, "checkpoints"))
-        if seg.start < c <= seg.stop
+        c for c in committed_indices(store, layout.checkpoints_dir) if seg.start < c <= seg.stop
     ]
     if not done:
         return {}

@@ -273,8 +273,10 @@ class TensorBoardTracker:
     file per step (components/core/tfevents.py), put into the store in one write."""
 
     def __init__(self, store: Store, run_root: str, task: str) -> None:
+        from components.core.layout import RunLayout
+
         self.store, self.task = store, task
-        self.dir = join(run_root, "tensorboard", task)
+        self.dir = RunLayout(run_root).tensorboard(task)
 
     def log(self, figures: Mapping[str, float], step: int) -> None:
         if not figures:

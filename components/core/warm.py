@@ -204,7 +204,7 @@ class RunStatus:
 
     def __init__(self, store: Store, root: str, attempt: str = "local") -> None:
         self.store, self.attempt = store, attempt
-        self.root = join(root, "status", attempt)
+        self.root = RunLayout(root).status(attempt)
         self.dir = join(self.root, "failed")
 
     @classmethod

@@ -12,7 +12,6 @@ from typing import Any
 from components.core.commit import RetiredError
 from components.core.config import RunConfig
 from components.core.layout import RunLayout, committed_indices, store_for
-from components.core.store import join
 from components.core.warm import Timeline, run_once
 from components.evaluate.stage import EvaluateStage
 from components.model import run_setup
@@ -55,7 +54,7 @@ def watch_run(
     tracking = StageTracking(stage)  # each evaluation to the trackers, as a worker's
     try:
         while True:
-            for c in committed_indices(store, join(layout.root, "checkpoints")):
+            for c in committed_indices(store, layout.checkpoints_dir):
                 if c not in done:
                     timeline = Timeline(stage.task, c)
                     try:

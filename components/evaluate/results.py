@@ -17,7 +17,7 @@ from components.core.commit import (
 from components.core.config import EvalSetConfig, RunConfig
 from components.core.layout import RunLayout, committed_indices
 from components.core.schemas import stamp
-from components.core.store import Store, join
+from components.core.store import Store
 from components.evaluate.metrics import (
     CORRECT_THRESHOLD,
     ProblemSamples,
@@ -215,11 +215,11 @@ def _plots(
         }
 
     curves = {f"this ({c:05d})": curve(top)}
-    previous = [i for i in committed_indices(store, join(layout.root, "evals")) if i < c]
+    previous = [i for i in committed_indices(store, layout.evals_dir) if i < c]
     for label, idx in (("base", 0), ("previous", previous[-1] if previous else None)):
         if idx is None or idx == c or idx not in previous:
             continue
-        m = json.loads(store.read_text(join(layout.evals(idx), "metrics.json")))
+        m = json.loads(store.read_text(layout.eval_metrics(idx)))
         curves.setdefault(f"{label} ({idx:05d})", curve(m))
     images = {}
     png = plot_pass_at_k(curves, tmp / "pass_at_k.png", f"pass@k, checkpoint {c:05d}")

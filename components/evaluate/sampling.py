@@ -17,7 +17,9 @@ from components.core.layout import RunLayout
 from components.core.schemas import read_records
 from components.core.store import Store, join
 from components.generate.rollouts import (
+    LoadedPolicy,
     PromptRow,
+    RolloutSettings,
     dataset_uri,
     generate_rollouts,
     load_prompts,
@@ -87,7 +89,7 @@ def sample_and_score(
     caller has loaded into `engine`: {set: {kind: scored table, kind_verify: verify stats}}."""
     sets = _eval_sets(cfg, store, layout, shard, num_shards)
     backend, tokenizer, _ = engine.ensure(store, layout.checkpoint(c))  # a reuse
-    scratch_root = join(layout.root, "eval_scratch", f"{c:05d}-{shard}-of-{num_shards}")
+    scratch_root = layout.eval_scratch(c, shard, num_shards)
     tools = None
     if cfg.generate.tools or cfg.generate.environment:  # evaluated as trained
         from components.generate.tools import load_tools
@@ -137,24 +139,15 @@ def _sample(
     """One kind of samples of one set, through the generate code into a scratch directory;
     returns them as a rollouts table."""
     backend, tokenizer = policy
-    g = cfg.generate
     generate_rollouts(
         scratch,
-        backend,
-        tokenizer,
+        LoadedPolicy(backend, tokenizer, layout.checkpoint(c), c),
         s.prompts,
         spec,
+        RolloutSettings.of(cfg.generate, tools),
         iteration=EVAL_SEED_ITERATION,
-        checkpoint_uri=layout.checkpoint(c),
-        max_prompt_tokens=g.max_prompt_tokens,
-        rows_per_part=g.rows_per_part,
-        policy_version=c,
         desc=f"evaluate {c:05d} {s.ev.name}" + (" (greedy)" if kind != "samples" else ""),
         allow_empty=num_shards > 1,
-        tools=tools,
-        max_turns=g.max_turns,
-        max_response_tokens=g.max_response_tokens,
-        environment=g.environment,
         run_root=layout.root,
     )
     scratch.commit({})

@@ -37,7 +37,7 @@ from components.core.commit import (
 from components.core.config import RunConfig
 from components.core.errors import StageError
 from components.core.layout import RunLayout, committed_indices, store_for
-from components.core.store import StoreError, join
+from components.core.store import StoreError
 from components.core.warm import (
     Stage,
     Timeline,
@@ -75,7 +75,7 @@ def validate_eval_sets(cfg: RunConfig) -> None:
 def resolve_checkpoint(cfg: RunConfig, spec: str | int) -> int:
     """A checkpoint index from "latest" (the newest committed checkpoint of the run) or a number."""
     store, layout = store_for(cfg), RunLayout.of(cfg)
-    committed = committed_indices(store, join(layout.root, "checkpoints"))
+    committed = committed_indices(store, layout.checkpoints_dir)
     if str(spec) == "latest":
         if not committed:
             raise StageError(f"run {layout.root} has no committed checkpoint yet")
@@ -144,7 +144,7 @@ class EvaluateStage(Stage):
     def needs(self, c: int) -> list[str]:
         layout = self.layout
         if self.num_shards == 1 and self.cfg.evaluate.num_shards > 1:
-            return [lineages.eval_shards(layout, c), layout.checkpoint(c)]
+            return [layout.eval_shards(c), layout.checkpoint(c)]
         return [layout.checkpoint(c), *(layout.eval_data(e.name) for e in self.cfg.data.eval)]
 
     def up_to_date(self, c: int) -> bool:
@@ -185,7 +185,7 @@ class EvaluateStage(Stage):
             self.shard,
             self.num_shards,
         )
-        shards_uri = lineages.eval_shards(layout, c)
+        shards_uri = layout.eval_shards(c)
         out = OutputDir(store, shard_dir(shards_uri, shard, num_shards), "evaluate")
         if out.up_to_date(inputs) and not force:
             return {"skipped": True, "uri": out.uri}
@@ -211,7 +211,7 @@ class EvaluateStage(Stage):
         """The whole evaluation of checkpoint c: sampled here, or gathered from the shards."""
         cfg, store, layout = self.cfg, self.store, self.layout
         out = OutputDir(store, layout.evals(c), "evaluate")
-        shards_uri = lineages.eval_shards(layout, c)
+        shards_uri = layout.eval_shards(c)
         sharded = cfg.evaluate.num_shards > 1
         if sharded:
             inputs = with_input(inputs, "shards", content_digest(store, shards_uri))

@@ -149,40 +149,71 @@ def spec_from(gen: GenerateSection, seed: int, **override: Any) -> SamplingSpec:
     return SamplingSpec(**values)
 
 
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """The policy that samples: its engine and tokenizer, and the checkpoint (its URI and
+    number) every rollout row records as its origin."""
+
+    backend: Backend
+    tokenizer: Any
+    checkpoint_uri: str
+    version: int
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How rollouts are rendered, sampled and written, beyond the sampling spec: the prompt
+    budget, the part size, and the multi-turn loop (tools, an environment)."""
+
+    max_prompt_tokens: int
+    rows_per_part: int
+    tools: Any = None
+    max_turns: int = 1
+    max_response_tokens: int | None = None
+    environment: Any = None
+
+    @classmethod
+    def of(cls, gen: GenerateSection, tools: Any) -> RolloutSettings:
+        return cls(
+            max_prompt_tokens=gen.max_prompt_tokens,
+            rows_per_part=gen.rows_per_part,
+            tools=tools,
+            max_turns=gen.max_turns,
+            max_response_tokens=gen.max_response_tokens,
+            environment=gen.environment,
+        )
+
+
 def generate_rollouts(
     out: OutputDir,
-    backend: Backend,
-    tokenizer,
+    policy: LoadedPolicy,
     prompts: list[PromptRow],
     spec: SamplingSpec,
+    settings: RolloutSettings,
     *,
     iteration: int,
-    checkpoint_uri: str,
-    max_prompt_tokens: int,
-    rows_per_part: int,
-    policy_version: int,
     desc: str = "generate",
     allow_empty: bool = False,
-    tools: Any = None,
-    max_turns: int = 1,
-    max_response_tokens: int | None = None,
-    environment: Any = None,
     run_root: str = "",
 ) -> dict[str, Any]:
     """Sample, stream Parquet parts into `out` and return the stats (does not commit).
 
     `out` is cleared only once the prompts are rendered and checked."""
+    backend, tokenizer, tools = policy.backend, policy.tokenizer, settings.tools
+    max_turns, environment = settings.max_turns, settings.environment
     if not prompts and not allow_empty:
         raise StageError("the prompt set is empty; check data.train / data.eval and the filters")
-    rendered = _render_all(backend, tokenizer, prompts, spec, iteration, max_prompt_tokens, tools)
+    rendered = _render_all(
+        backend, tokenizer, prompts, spec, iteration, settings.max_prompt_tokens, tools
+    )
     # image prompts: each row points at its images in the run's copy of the dataset (relative
     # to the run, so a store seen at another path, as in a container, writes the same bytes)
     refs = {p.prompt_id: relative_ref(p.images_ref, run_root) for p in prompts if p.images_ref}
     out.begin(force=True)  # inputs are good: clear any partial output, then stream
     multi = tools is not None  # multi-turn: trajectories with tool observations
-    parts = _PartStream(out, _optional_columns(multi, environment, refs), rows_per_part)
+    parts = _PartStream(out, _optional_columns(multi, environment, refs), settings.rows_per_part)
     tally = _Tally()
-    row = _RowMaker(rendered, refs, checkpoint_uri, policy_version, multi, environment)
+    row = _RowMaker(rendered, refs, policy.checkpoint_uri, policy.version, multi, environment)
     clock = getattr(backend, "clock", None)  # the transformers backend's phases
     if clock is not None:
         clock.take()  # from this call only
@@ -192,7 +223,9 @@ def generate_rollouts(
         with tqdm(
             total=len(rendered.requests), desc=desc, unit="prompt", dynamic_ncols=True, disable=None
         ) as bar:
-            max_tokens = (max_response_tokens or spec.max_new_tokens * max_turns) if multi else 0
+            max_tokens = (
+                (settings.max_response_tokens or spec.max_new_tokens * max_turns) if multi else 0
+            )
             requests = rendered.requests
             source = (
                 _trajectory_batches(

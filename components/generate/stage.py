@@ -33,6 +33,8 @@ from components.core.timing import Timeline
 from components.core.warm import Stage, is_committed
 from components.generate.prompt_sampler import PromptSampler
 from components.generate.rollouts import (
+    LoadedPolicy,
+    RolloutSettings,
     dataset_uri,
     generate_rollouts,
     prompts_from,
@@ -157,21 +159,13 @@ class GenerateStage(Stage):
         with timeline.span("work"), device_turn.holding(), profiled(self.task, iteration) as prof:
             stats = generate_rollouts(
                 out,
-                backend,
-                tokenizer,
+                LoadedPolicy(backend, tokenizer, ckpt_uri, version),
                 prompts,
                 spec,
+                RolloutSettings.of(cfg.generate, self.tools),
                 iteration=iteration,
-                checkpoint_uri=ckpt_uri,
-                max_prompt_tokens=cfg.generate.max_prompt_tokens,
-                rows_per_part=cfg.generate.rows_per_part,
-                policy_version=version,
                 desc=f"generate {iteration:05d}{shard_desc}",
                 allow_empty=self.num_shards > 1,
-                tools=self.tools,
-                max_turns=cfg.generate.max_turns,
-                max_response_tokens=cfg.generate.max_response_tokens,
-                environment=cfg.generate.environment,
                 run_root=layout.root,
             )
             prof.steps = stats.get("phases", {}).get("decode_steps", 0)

@@ -53,13 +53,12 @@ from typing import Any, Protocol
 import torch
 
 from components.core.errors import UserError
-from components.core.store import Store, StoreError, join
+from components.core.layout import RunLayout
+from components.core.store import Store, StoreError
 from components.model.weights import DTYPE_CODES, Entry, FileWriter, HashSink, raw_bytes
 
 log = logging.getLogger("rlvr.channel")
 
-ADDRESS = "status/channel/train.json"
-"""Where the sender publishes its address, relative to the run."""
 MAX_FAILURES = 3
 """Versions in a row the sender may fail to deliver before it stops offering any."""
 CONNECT_S = 5.0
@@ -186,7 +185,7 @@ class Sender:
             "hostname": socket.gethostname(),
             "at": time.time(),
         }
-        s.store.write_text(join(s.root, ADDRESS), json.dumps(address))
+        s.store.write_text(RunLayout(s.root).channel_address, json.dumps(address))
 
     def begin(
         self,
@@ -280,7 +279,7 @@ class Sender:
         if self.group is not None:
             _drop(self.group)
             self.group = None
-        uri = join(self.s.root, ADDRESS)
+        uri = RunLayout(self.s.root).channel_address
         with contextlib.suppress(StoreError, ValueError):
             if json.loads(self.s.store.read_text(uri)).get("nonce") == self.nonce:
                 self.s.store.delete(uri)
@@ -368,7 +367,7 @@ class Receiver:
         """The sender's TCPStore, connected once (None: no sender of this run has published an
         address, it cannot be reached, or it is not the sender that published it)."""
         try:
-            address = json.loads(self.s.store.read_text(join(self.s.root, ADDRESS)))
+            address = json.loads(self.s.store.read_text(RunLayout(self.s.root).channel_address))
         except (StoreError, ValueError):
             return None
         if self.tcp is not None and address == self.address:

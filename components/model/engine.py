@@ -21,6 +21,7 @@ from typing import Any
 
 from components.core.commit import content_digest, read_manifest
 from components.core.config import GenerateSection
+from components.core.layout import RunLayout
 from components.core.retention import reading
 from components.core.store import Store
 from components.model.adapter import (
@@ -208,7 +209,7 @@ class PolicyEngine:
         ckpt_dir = local_checkpoint(store, checkpoint_uri)
         signature = _signature(manifest, Path(ckpt_dir))
         if is_adapter_dir(ckpt_dir):  # model.lora: the run's base with this adapter
-            base_uri = checkpoint_uri.rstrip("/").rsplit("/", 1)[0] + "/00000"
+            base_uri = RunLayout.base_beside(checkpoint_uri)
             signature["base"], base_dir, digest_of_base = self._base(store, base_uri)
             check_base(ckpt_dir, digest_of_base)
             if self.backend is None or signature != self.signature:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from components.core.layout import RunLayout
 from components.report.dashboard_style import CSS as _CSS
 from components.report.dynamics import Dynamics, family_of
 from components.report.dynamics_plots import (
@@ -335,7 +336,7 @@ def render_html(
             "last",
             "last figures",
         )
-    tb = root.rstrip("/") + "/tensorboard"
+    tb = RunLayout(root).tensorboard_dir
     page.add(
         '<section id="tensorboard"><h2>TensorBoard</h2><p class="note">The stages log the same '
         "figures, under the same names, to TensorBoard event files in the run (when "

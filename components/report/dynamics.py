@@ -27,7 +27,7 @@ from typing import Any
 
 from components.core.commit import SUCCESS, committed_layout
 from components.core.figures import FAMILIES, combine_shards, eval_figures, stage_figures
-from components.core.layout import RunLayout, committed_indices
+from components.core.layout import ROLLOUTS, SCORED, RunLayout, committed_indices
 from components.core.run_control import Health
 from components.core.store import Store, StoreError, join
 
@@ -111,26 +111,24 @@ class Dynamics:
             )
 
 
-def _iteration_outputs(files: Iterable[str]) -> dict[tuple[int, str], list[str]]:
-    """``{(iteration, "rollouts" | "scored"): [manifest paths relative to iterations/]}`` from
-    one listing of ``iterations/``: each committed output's parts, by the rule every stage reads
-    them with (:func:`~components.core.commit.committed_layout`); an output that is not
-    committed whole (a shard still running, mixed shard counts) is left out."""
+def _iteration_outputs(layout: RunLayout, files: Iterable[str]) -> dict[tuple[int, str], list[str]]:
+    """``{(iteration, "rollouts" | "scored"): [manifest uris]}`` from one listing of the run's
+    iterations: each committed output's parts, by the rule every stage reads them with
+    (:func:`~components.core.commit.committed_layout`); an output that is not committed whole
+    (a shard still running, mixed shard counts) is left out."""
     listed: dict[tuple[int, str], list[str]] = {}
     for f in files:
         parts = f.split("/", 2)
-        if len(parts) == 3 and parts[0].isdigit() and parts[1] in ("rollouts", "scored"):
+        if len(parts) == 3 and parts[0].isdigit() and parts[1] in (ROLLOUTS, SCORED):
             listed.setdefault((int(parts[0]), parts[1]), []).append(parts[2])
     out: dict[tuple[int, str], list[str]] = {}
     for (i, kind), rel in listed.items():
+        uri = layout.iteration_output(i, kind)
         try:
-            layout = committed_layout(f"{i:05d}/{kind}", rel)
+            parts = committed_layout(uri, rel)
         except StoreError:  # NotCommittedError included
             continue
-        out[(i, kind)] = [
-            join(f"{i:05d}", kind, d, SUCCESS) if d else join(f"{i:05d}", kind, SUCCESS)
-            for d in layout
-        ]
+        out[(i, kind)] = [join(uri, d, SUCCESS) for d in parts]
     return out
 
 
@@ -148,15 +146,14 @@ def collect(store: Store, root: str) -> Dynamics:
     iterations costs a few listings and one small read per committed output.
     """
     layout = RunLayout(root.rstrip("/"))
-    iterations = join(layout.root, "iterations")
-    outputs = _iteration_outputs(store.list_files(iterations))
-    checkpoints = [c for c in committed_indices(store, join(layout.root, "checkpoints")) if c >= 1]
-    evals = committed_indices(store, join(layout.root, "evals"))
+    outputs = _iteration_outputs(layout, store.list_files(layout.iterations_dir))
+    checkpoints = [c for c in committed_indices(store, layout.checkpoints_dir) if c >= 1]
+    evals = committed_indices(store, layout.evals_dir)
 
     jobs: list[tuple[str, Callable[[], Any]]] = []
     for (i, kind), paths in sorted(outputs.items()):
         for p in paths:
-            jobs.append((f"{kind}:{i}", lambda p=p: _read_json(store, join(iterations, p))))
+            jobs.append((f"{kind}:{i}", lambda p=p: _read_json(store, p)))
     for c in checkpoints:
         uri = join(layout.checkpoint(c), SUCCESS)
         jobs.append((f"train:{c - 1}", lambda uri=uri: _read_json(store, uri)))

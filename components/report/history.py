@@ -17,10 +17,10 @@ def history(store: Store, layout: RunLayout, current: int, current_metrics: dict
     reward of the iteration that produced it; `current`'s row from `current_metrics` (an
     evaluation not yet committed)."""
     rows = []
-    for c in committed_indices(store, join(layout.root, "evals")):
+    for c in committed_indices(store, layout.evals_dir):
         if c == current:
             continue
-        m = json.loads(store.read_text(join(layout.evals(c), "metrics.json")))
+        m = json.loads(store.read_text(layout.eval_metrics(c)))
         if "overall" in m:  # a checkpoint evaluated on lm-eval suites alone has no pass@1
             rows.append(_history_row(store, layout, c, m))
     rows.append(_history_row(store, layout, current, current_metrics))

@@ -35,19 +35,19 @@ def write_run_report(store: Store, root: str) -> dict[str, str]:
     from components.report.timeline import format_summary, load_timeline, plot_timeline, summary
 
     layout = RunLayout(root.rstrip("/"))
-    done = committed_indices(store, join(layout.root, "evals"))
+    done = committed_indices(store, layout.evals_dir)
     timeline = load_timeline(store, layout.root)
     dynamics = collect(store, layout.root)
     if not done and not timeline.steps and not dynamics.rows:
         raise StageError(f"{root} has no committed evaluation or stage output yet")
-    out = OutputDir(store, join(layout.root, "report"), "report")
+    out = OutputDir(store, layout.report, "report")
     out.begin(force=True)
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-report-"))
     names = []
     try:
         md = "# Run report\n\n_No evaluation yet._\n"
         best = None
-        tops = {c: json.loads(store.read_text(join(layout.evals(c), "metrics.json"))) for c in done}
+        tops = {c: json.loads(store.read_text(layout.eval_metrics(c))) for c in done}
         done = [c for c in done if "overall" in tops[c]]  # held-out sets (not lm-eval alone)
         if done:
             last = done[-1]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.commit import SUCCESS
+from components.core.layout import RunLayout
 from components.core.stages import ITERATION_STAGES, STAGES
 from components.core.store import Store, StoreError, get_store, join
 
@@ -144,8 +145,7 @@ def _stage_of(task: str) -> str:
 
 def _manifest_uris(store: Store, root: str) -> Iterable[str]:
     """Every `_SUCCESS` under the run's stage outputs."""
-    for sub in ("iterations", "checkpoints", "train_state", "evals", "eval_shards"):
-        base = join(root, sub)
+    for base in RunLayout(root).stage_outputs:
         for f in store.list_files(base):
             if f.endswith(SUCCESS):
                 yield join(base, f)

@@ -45,7 +45,7 @@ from components.core.commit import (
 from components.core.config import RunConfig, TrainSection
 from components.core.errors import StageError, UserError
 from components.core.layout import RunLayout, committed_indices, store_for
-from components.core.store import StoreError, join
+from components.core.store import StoreError
 from components.core.timing import Timeline
 from components.core.warm import Stage
 from components.model import device_turn
@@ -260,7 +260,7 @@ class TrainStage(Stage):
         checkpoint the run has committed at its index (a checkpoint redone since makes its
         state another run's); 0, the base, when there is none."""
         store, layout = self.store, self.layout
-        for s in reversed(committed_indices(store, join(layout.root, "train_state"))):
+        for s in reversed(committed_indices(store, layout.train_state_dir)):
             if s > iteration or s == 0:
                 continue
             try:

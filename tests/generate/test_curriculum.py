@@ -1,6 +1,6 @@
-"""The curriculum prompt sampler: per-prompt stats, the Beta weights, retirement, determinism,
-and the stages that commit and read them (components/core/prompt_stats.py, components/generate/curriculum.py,
-components/generate/prompt_sampler.py)."""
+"""The curriculum prompt sampler: the Beta weights, retirement, determinism, and the stages
+that commit per-prompt stats and read them (components/generate/curriculum.py,
+components/generate/prompt_sampler.py; the stats themselves: tests/core/test_prompt_stats.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from components.core.config import CurriculumSection, load_config
 from components.core.layout import RunLayout, store_for
-from components.core.prompt_stats import group_shares, prompt_stats_table, row_of
+from components.core.prompt_stats import prompt_stats_table
 from components.generate.curriculum import (
     History,
     _weights,
@@ -24,57 +24,6 @@ from components.generate.curriculum import (
     group_keys,
 )
 from tests.support.runs import write_config
-
-
-def test_prompt_stats_by_hand():
-    t = prompt_stats_table(
-        ["train-0000003", "train-0000003", "train-0000001", "train-0000001", "train-0000001"],
-        ["a", "a", "b", "b", "b"],
-        [1.0, 0.0, 0.5, 0.75, 0.25],
-        iteration=4,
-        success_threshold=0.5,
-    )
-    assert t.to_pylist() == [
-        {
-            "prompt_id": "train-0000003",
-            "data_source": "a",
-            "iteration": 4,
-            "attempts": 2,
-            "successes": 1,
-            "reward_mean": 0.5,
-            "reward_min": 0.0,
-            "reward_max": 1.0,
-        },
-        {
-            "prompt_id": "train-0000001",
-            "data_source": "b",
-            "iteration": 4,
-            "attempts": 3,
-            "successes": 1,
-            "reward_mean": 0.5,
-            "reward_min": 0.25,
-            "reward_max": 0.75,
-        },
-    ]  # 0.5 is not above the threshold: evaluate's rule
-    # Shares: no group has equal rewards, none all-correct (2 of 5 samples pass), none all-wrong.
-    assert group_shares(t) == {
-        "groups": 2,
-        "zero_signal_share": 0.0,
-        "all_correct_share": 0.0,
-        "all_wrong_share": 0.0,
-        "pass_rate": 2 / 5,
-    }
-    same = prompt_stats_table(
-        ["train-0000000"] * 2 + ["train-0000002"] * 2, ["a"] * 4, [1.0, 1.0, 0.0, 0.0], 0, 0.5
-    )
-    assert group_shares(same) == {
-        "groups": 2,
-        "zero_signal_share": 1.0,
-        "all_correct_share": 0.5,
-        "all_wrong_share": 0.5,
-        "pass_rate": 0.5,
-    }
-    assert group_shares(prompt_stats_table([], [], [], 0, 0.5)) == {"groups": 0}
 
 
 def test_beta_signal_is_the_expected_bernoulli_variance():
@@ -221,7 +170,7 @@ def test_rows_generate_skipped_are_not_drawn_again():
     assert len(set(rows)) == 8 and len({1, 2, 3} & set(rows)) == 1
 
 
-def test_group_keys_and_row_ids():
+def test_group_keys():
     t = pa.table(
         {
             "data_source": ["a", "b", "a"],
@@ -235,9 +184,6 @@ def test_group_keys_and_row_ids():
         group_keys(t, "level")
     with pytest.raises(ValueError, match="has no field 'difficulty'"):
         group_keys(t, "extra_info.difficulty")
-    assert row_of("train-0001234") == 1234
-    with pytest.raises(ValueError, match="not of the form train-<row>"):
-        row_of("eval-0000001")
 
 
 PLUGIN = """

@@ -114,7 +114,12 @@ def _stage_rollouts(tmp_path, tiny_assets, server, name):
     from components.core.commit import OutputDir
     from components.core.config import EnvironmentSection
     from components.core.store import LocalStore
-    from components.generate.rollouts import PromptRow, generate_rollouts
+    from components.generate.rollouts import (
+        LoadedPolicy,
+        PromptRow,
+        RolloutSettings,
+        generate_rollouts,
+    )
     from components.generate.tools import ToolBox
     from components.model.backends import SamplingSpec
     from components.model.checkpoint import load_policy
@@ -128,21 +133,21 @@ def _stage_rollouts(tmp_path, tiny_assets, server, name):
     spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=100, seed=7)
     box = ToolBox({})
     try:
-        stats = generate_rollouts(
-            out,
-            BisectingPolicy(tok),
-            tok,
-            prompts,
-            spec,
-            iteration=0,
-            checkpoint_uri="base",
+        settings = RolloutSettings(
             max_prompt_tokens=64,
             rows_per_part=100,
-            policy_version=0,
             tools=box,
             max_turns=10,
             max_response_tokens=4000,
             environment=EnvironmentSection(url=server.url, timeout_s=5),
+        )
+        stats = generate_rollouts(
+            out,
+            LoadedPolicy(BisectingPolicy(tok), tok, "base", 0),
+            prompts,
+            spec,
+            settings,
+            iteration=0,
         )
     finally:
         box.close()

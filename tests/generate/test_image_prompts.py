@@ -212,7 +212,12 @@ def test_rollouts_point_at_the_dataset_row_not_copies(tmp_path, loaded):
     model, tok, vision = loaded
     from components.core.commit import OutputDir, committed_files
     from components.core.store import get_store
-    from components.generate.rollouts import generate_rollouts, prompts_from
+    from components.generate.rollouts import (
+        LoadedPolicy,
+        RolloutSettings,
+        generate_rollouts,
+        prompts_from,
+    )
     from components.model.backends import SamplingSpec
     from components.model.hf_backend import TransformersBackend
     from components.model.vision import resolve_images
@@ -237,15 +242,11 @@ def test_rollouts_point_at_the_dataset_row_not_copies(tmp_path, loaded):
     spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=4)
     generate_rollouts(
         out,
-        backend,
-        tok,
+        LoadedPolicy(backend, tok, "c", 0),
         prompts,
         spec,
+        RolloutSettings(max_prompt_tokens=64, rows_per_part=100),
         iteration=0,
-        checkpoint_uri="c",
-        max_prompt_tokens=64,
-        rows_per_part=100,
-        policy_version=0,
         run_root=str(root),
     )
     out.commit({})

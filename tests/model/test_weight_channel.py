@@ -147,15 +147,17 @@ def load_rows(d: Path) -> list:
 def test_a_receiver_never_joins_a_foreign_or_withdrawn_sender(tmp_path):
     """An address whose nonce is not its TCPStore's (another run's sender, a restarted one on
     the same port) is not joined, nor tried twice; a withdrawn address offers nothing."""
+    from components.core.layout import RunLayout
     from components.core.store import LocalStore
-    from components.model.channel import ADDRESS, Receiver, Sender, Settings
+    from components.model.channel import Receiver, Sender, Settings
 
     store = LocalStore()
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    at_a, at_b = Path(RunLayout(a).channel_address), Path(RunLayout(b).channel_address)
     sender = Sender(Settings(store, a, receivers=1, timeout_s=2))
-    address = json.loads((tmp_path / "a" / ADDRESS).read_text())
-    (tmp_path / "b" / ADDRESS).parent.mkdir(parents=True)
-    (tmp_path / "b" / ADDRESS).write_text(json.dumps({**address, "root": b, "nonce": "other"}))
+    address = json.loads(at_a.read_text())
+    at_b.parent.mkdir(parents=True)
+    at_b.write_text(json.dumps({**address, "root": b, "nonce": "other"}))
     receiver = Receiver(Settings(store, b, receivers=1, timeout_s=2), rank=1)
     assert not receiver.offered(1) and receiver.unreachable is not None
     assert not receiver.offered(1)  # not retried until the address changes
@@ -163,7 +165,7 @@ def test_a_receiver_never_joins_a_foreign_or_withdrawn_sender(tmp_path):
     assert not mine.offered(1)  # reachable, nothing offered yet
     assert mine.tcp is not None
     sender.close()
-    assert not (tmp_path / "a" / ADDRESS).exists()
+    assert not at_a.exists()
 
 
 def test_a_sender_that_keeps_failing_stops_offering():
