@@ -310,7 +310,8 @@ def main() -> None:
         (work / "config.yaml").write_text(
             f"run: {{store: {work}/runs}}\nmodel: {{base: base}}\n"
             f"data: {{train: train.parquet}}\n"
-            f"generate: {{n: {args.n}, max_new_tokens: {args.max_new_tokens}, batch_size: {args.batch}}}\n"
+            f"generate: {{n: {args.n}, max_new_tokens: {args.max_new_tokens}, "
+            f"transformers: {{batch_size: {args.batch}}}}}\n"
         )
         small = peak_rss_mb(work, args.memory_prompts)
         large = peak_rss_mb(work, 10 * args.memory_prompts)

@@ -13,7 +13,7 @@ evaluated ones, the last few), on the same device and dtype the run sampled in:
   settings, max_new_tokens and stop tokens; response tokens counted up to and including the
   first stop token, as the stage counts them. The median of --rounds after one warm-up;
 - the stage's backend alone (TransformersBackend on the same requests, no pipeline around
-  it, with the run's `generate.cuda_graphs`), and the same backend with eager decode steps on
+  it, with the run's `generate.transformers.cuda_graphs`), and the same backend with eager decode steps on
   the growing cache (`eager`: what the graphs are measured against), alternating with bare so
   machine noise hits all alike.
 
@@ -96,9 +96,11 @@ def measure(ckpt_dir: str, reqs: list[PromptRequest], cfg: RunConfig, rounds: in
     device, dtype = device_and_dtype(cfg.generate.dtype)
     model, tok = load_policy(Path(ckpt_dir), dtype=dtype, device=device)
     spec = spec_from(cfg.generate, cfg.run.seed)
-    graphs = cfg.generate.cuda_graphs and device.startswith("cuda")
+    graphs = cfg.generate.transformers.cuda_graphs and device.startswith("cuda")
     backend, eager_backend = (
-        TransformersBackend(model, tok, batch_size=cfg.generate.batch_size, device=device, graphs=g)
+        TransformersBackend(
+            model, tok, batch_size=cfg.generate.transformers.batch_size, device=device, graphs=g
+        )
         for g in (graphs, False)
     )
     backend.before_forward = eager_backend.before_forward = None  # alone: no turns to wait for

@@ -27,6 +27,9 @@ OWN = "own"
 """How the section's own stage lays out its work (shards, batches, workers): in that stage's
 lineage, not in the lineage of another stage that reads the section (evaluate samples and
 scores with its own layout)."""
+INLINE = "inline"
+"""A sub-section that groups keys of one backend (`generate.transformers`): its keys enter in its
+place, flat, each by its own role, as if the section held them itself."""
 WHEN = "when:"
 """Prefix of a role `when:<name>`: the key enters only when the run uses its feature, the
 predicate `USED[name]`, so a run that does not use a feature is not invalidated by it."""
@@ -97,16 +100,21 @@ def enters(role: str | None, cfg: RunConfig, *, own: bool) -> bool:
         return True
     if role == NEVER:
         return False
-    if role == OWN:
-        return own
+    if role in (OWN, INLINE):
+        return own if role == OWN else True
     if role is not None and role.startswith(WHEN) and role[len(WHEN) :] in USED:
         return USED[role[len(WHEN) :]](cfg)
-    raise ValueError(f"lineage role {role!r} is none of always, never, own, when:<feature>")
+    raise ValueError(f"lineage role {role!r} is none of always, never, own, inline, when:<feature>")
 
 
 def lineage_dump(section: BaseModel, cfg: RunConfig, *, own: bool = True) -> dict[str, Any]:
     """The section as a stage's lineage digests it: the keys whose declared role enters for
     this run, in the section's field order (a nested section whole)."""
-    fields = type(section).model_fields
-    keep = {name for name, info in fields.items() if enters(lineage_role(info), cfg, own=own)}
-    return section.model_dump(mode="json", include=keep)
+    out: dict[str, Any] = {}
+    for name, info in type(section).model_fields.items():
+        role = lineage_role(info)
+        if role == INLINE:
+            out.update(lineage_dump(getattr(section, name), cfg, own=own))
+        elif enters(role, cfg, own=own):
+            out[name] = section.model_dump(mode="json", include={name})[name]
+    return out

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from components.core.config_base import Strict
-from components.core.config_fields import ALWAYS, NEVER, OWN, USER, setting, when
+from components.core.config_fields import ALWAYS, INLINE, NEVER, OWN, USER, setting, when
 
 
 class EnvironmentSection(Strict):
@@ -21,6 +21,52 @@ class EnvironmentSection(Strict):
     """The tool name the policy calls it by; the call's arguments are the action's fields."""
     timeout_s: float = Field(60.0, gt=0)
     """Longest wait for one answer of the environment server."""
+
+
+class TransformersGenerate(Strict):
+    """`generate.transformers`: keys of the transformers backend only."""
+
+    batch_size: int = setting(64, ge=1, lineage=OWN)
+    """Most sequences decoded together."""
+    batch_tokens: int | None = setting(None, ge=1, lineage=ALWAYS)
+    """Token budget of one transformers batch: sequences x (longest prompt + max_new_tokens), so
+    long prompts get smaller batches (None: batch_size alone). While decode steps run on CUDA
+    graphs' static cache, the second factor is its width: that sum rounded up to a power of two
+    (at least 64)."""
+    cuda_graphs: bool = setting(True, lineage=NEVER)
+    """Transformers backend on a GPU: decode steps on a static KV cache, each replayed as a CUDA
+    graph (one per row bucket); a small model's step is launch-bound there. No effect on a CPU."""
+    continuous_batching: bool = setting(False, lineage=NEVER)
+    """Transformers backend: a finished row's room goes to the next prompt at once (whole prompts
+    join the rows decoding), so a long sample holds only its own row, not its batch. Samples equal
+    static batching's up to rounding; a prompt's samples arrive as they complete, so rollouts are
+    written in another row order. Takes the growing KV cache (no CUDA graphs)."""
+
+
+class VLLMGenerate(Strict):
+    """`generate.vllm`: keys of the vLLM backend only."""
+
+    tensor_parallel_size: int = setting(1, ge=1, lineage=ALWAYS)
+    """vLLM: GPUs one generate worker shards the model over."""
+    gpu_memory_utilization: float = setting(0.85, gt=0.0, le=1.0, lineage=ALWAYS)
+    """vLLM: the share of GPU memory its engine may take."""
+    max_model_len: int | None = setting(None, lineage=ALWAYS)
+    """vLLM: the longest sequence (prompt + response); None: the model's own."""
+    enable_prefix_caching: bool = setting(True, lineage=ALWAYS)
+    """vLLM: reuse the KV cache of shared prompt prefixes (the n samples of a prompt)."""
+
+
+#: Keys that moved from `generate` into its backend's sub-section, and where to.
+MOVED_GENERATE_KEYS = {
+    "batch_size": "transformers",
+    "batch_tokens": "transformers",
+    "cuda_graphs": "transformers",
+    "continuous_batching": "transformers",
+    "tensor_parallel_size": "vllm",
+    "gpu_memory_utilization": "vllm",
+    "max_model_len": "vllm",
+    "enable_prefix_caching": "vllm",
+}
 
 
 class GenerateSection(Strict):
@@ -42,21 +88,10 @@ class GenerateSection(Strict):
     """Stop strings; the response ends with the stop string included (one rule for all backends)."""
     stop_token_ids: list[int] = setting(default_factory=list, lineage=ALWAYS)
     """Token ids that end a response like EOS (e.g. <|im_end|>)."""
-    batch_size: int = setting(64, ge=1, lineage=OWN)
-    """Most sequences decoded together by the transformers backend."""
-    batch_tokens: int | None = setting(None, ge=1, lineage=ALWAYS)
-    """Token budget of one transformers batch: sequences x (longest prompt + max_new_tokens), so
-    long prompts get smaller batches (None: batch_size alone). While decode steps run on CUDA
-    graphs' static cache, the second factor is its width: that sum rounded up to a power of two
-    (at least 64)."""
-    cuda_graphs: bool = setting(True, lineage=NEVER)
-    """Transformers backend on a GPU: decode steps on a static KV cache, each replayed as a CUDA
-    graph (one per row bucket); a small model's step is launch-bound there. No effect on a CPU."""
-    continuous_batching: bool = setting(False, lineage=NEVER)
-    """Transformers backend: a finished row's room goes to the next prompt at once (whole prompts
-    join the rows decoding), so a long sample holds only its own row, not its batch. Samples equal
-    static batching's up to rounding; a prompt's samples arrive as they complete, so rollouts are
-    written in another row order. Takes the growing KV cache (no CUDA graphs)."""
+    transformers: TransformersGenerate = setting(
+        default_factory=lambda: TransformersGenerate(), lineage=INLINE
+    )
+    """Keys of the transformers backend only."""
     tools: list[str] = setting(default_factory=list, lineage=when("multi_turn"), tier=USER)
     """Tools the policy may call (multi-turn rollouts): `python` (built in:
     the code runs in the code verifier's sandbox) or `module:function` / `file.py:function` (a
@@ -76,17 +111,26 @@ class GenerateSection(Strict):
     num_shards: int = setting(1, ge=1, lineage=OWN)
     """The pipeline fans generation out over this many shards (dsl.ParallelFor)."""
     # vLLM-only knobs (ignored by the transformers backend).
-    tensor_parallel_size: int = setting(1, ge=1, lineage=ALWAYS)
-    """vLLM: GPUs one generate worker shards the model over."""
-    gpu_memory_utilization: float = setting(0.85, gt=0.0, le=1.0, lineage=ALWAYS)
-    """vLLM: the share of GPU memory its engine may take."""
-    max_model_len: int | None = setting(None, lineage=ALWAYS)
-    """vLLM: the longest sequence (prompt + response); None: the model's own."""
-    enable_prefix_caching: bool = setting(True, lineage=ALWAYS)
-    """vLLM: reuse the KV cache of shared prompt prefixes (the n samples of a prompt)."""
+    vllm: VLLMGenerate = setting(default_factory=lambda: VLLMGenerate(), lineage=INLINE)
+    """Keys of the vLLM backend only."""
     max_images_per_prompt: int = setting(4, ge=1, lineage=NEVER)
     """Image prompts: the most images one prompt may carry (`rlvr check` refuses rows with more;
     vLLM reserves memory for this many, its `limit_mm_per_prompt`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """A key of one backend at the top of `generate` (where it was before) names its new
+        place."""
+        if isinstance(data, dict):
+            for key in data:
+                if key in MOVED_GENERATE_KEYS:
+                    new = f"generate.{MOVED_GENERATE_KEYS[key]}.{key}"
+                    raise ValueError(
+                        f"generate.{key} is now {new}: move it under "
+                        f"generate.{MOVED_GENERATE_KEYS[key]}: (`{new}=...` on the command line)"
+                    )
+        return data
 
 
 class RewardComponent(Strict):

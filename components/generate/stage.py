@@ -102,7 +102,7 @@ class GenerateStage(Stage):
             from components.model.checkpoint import device_and_dtype
 
             h, g = self.cfg.train.handoff, self.cfg.generate
-            per = ranks_per_worker(g.backend, g.tensor_parallel_size)
+            per = ranks_per_worker(g.backend, g.vllm.tensor_parallel_size)
             settings = Settings(
                 self.store,
                 self.layout.root,

@@ -6,7 +6,7 @@ decode a whole prompt at a time, by one of two admissions:
 
 - `Planned` (static batching): the next planned batch joins once every row of the last one has
   finished, so each batch waits for its longest sample;
-- `Continuous` (continuous batching, `generate.continuous_batching`): prompts join as soon as the
+- `Continuous` (continuous batching, `generate.transformers.continuous_batching`): prompts join as soon as the
   rows that finished leave room for them, so a long sample holds only its own row.
 
 Every row draws its tokens from its own uniform stream (token_sampling.py), so which rows share a

@@ -57,10 +57,10 @@ def make_backend(
         vision = is_vision_config(config)
         b = VLLMBackend(
             str(ckpt_dir),
-            tensor_parallel_size=gen.tensor_parallel_size,
-            gpu_memory_utilization=gen.gpu_memory_utilization,
-            max_model_len=gen.max_model_len,
-            enable_prefix_caching=gen.enable_prefix_caching,
+            tensor_parallel_size=gen.vllm.tensor_parallel_size,
+            gpu_memory_utilization=gen.vllm.gpu_memory_utilization,
+            max_model_len=gen.vllm.max_model_len,
+            enable_prefix_caching=gen.vllm.enable_prefix_caching,
             dtype=sampler_dtype_name("vllm", gen.dtype),
             seed=seed,
             max_lora_rank=max_lora_rank,
@@ -79,12 +79,12 @@ def make_backend(
     backend = TransformersBackend(
         model,
         tokenizer,
-        batch_size=gen.batch_size,
-        batch_tokens=gen.batch_tokens,
+        batch_size=gen.transformers.batch_size,
+        batch_tokens=gen.transformers.batch_tokens,
         device=device,
         vision=VisionProcessor.of_checkpoint(ckpt_dir, tokenizer, model.config),
-        graphs=gen.cuda_graphs and str(device).startswith("cuda"),
-        continuous=gen.continuous_batching,
+        graphs=gen.transformers.cuda_graphs and str(device).startswith("cuda"),
+        continuous=gen.transformers.continuous_batching,
     )
     backend.warm_up()
     return backend, tokenizer

@@ -180,7 +180,7 @@ class GraphDecoder:
         self.cache_kwarg = cache_kwarg
         self.capture = capture
         self.budget = budget
-        """`generate.batch_tokens`: a slab grown to hold two batch shapes stays within it (the
+        """`generate.transformers.batch_tokens`: a slab grown to hold two batch shapes stays within it (the
         backend plans each batch's own slab within it)."""
         self.slab: Slab | None = None
         self.pool = None  # the graphs' shared memory pool

@@ -6,7 +6,7 @@ DynamicLayer of a prefilled cache for a `ReservedLayer` that holds buffers sized
 come and writes each new key and value into them; attention reads a view of the filled positions, so
 what the model computes is unchanged (same values, same mask sizes, same positions). Layers of any
 other kind (sliding windows, quantized, linear attention) are left as they are. The room is taken at
-the first step: rows x (longest prompt + max_new_tokens) per layer, the size `generate.batch_tokens`
+the first step: rows x (longest prompt + max_new_tokens) per layer, the size `generate.transformers.batch_tokens`
 plans a batch by, so a batch's cache needs no more memory than its plan says.
 """
 

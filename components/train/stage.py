@@ -580,7 +580,7 @@ class TrainStage(Stage):
         settings = Settings(
             self.store,
             self.layout.root,
-            receivers=g.num_shards * ranks_per_worker(g.backend, g.tensor_parallel_size),
+            receivers=g.num_shards * ranks_per_worker(g.backend, g.vllm.tensor_parallel_size),
             port=h.port,
             bucket_mb=h.bucket_mb,
             timeout_s=h.timeout_s,

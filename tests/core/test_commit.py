@@ -81,7 +81,7 @@ def test_killed_stage_leaves_nothing_trusted(workspace, cfg):
         "--set",
         "generate.rows_per_part=4",
         "--set",
-        "generate.batch_size=4",
+        "generate.transformers.batch_size=4",
         "--set",
         "generate.max_new_tokens=64",
     ]

@@ -45,7 +45,7 @@ def test_the_demos_lineage_digests_are_the_ones_recorded_by_earlier_runs():
         # how the policy is kept and moved is not what is trained
         ({"train": {"state_every": 3, "handoff": {"dtype": "float32"}}}, set()),
         # nor how a decode step is launched (CUDA graphs: the same samples up to rounding)
-        ({"generate": {"cuda_graphs": False}}, set()),
+        ({"generate": {"transformers": {"cuda_graphs": False}}}, set()),
         ({"generate": {"temperature": 0.5}}, {"generate", "evaluate"}),
     ],
 )

@@ -80,7 +80,7 @@ def smol_cfg(tmp_path, smol_assets):
             "eval": [{"name": "heldout", "path": str(smol_assets / "eval.parquet"), "n": 2}],
             "prompts_per_iteration": 4,
         },
-        generate={"n": 4, "max_new_tokens": 12, "batch_size": 16},
+        generate={"n": 4, "max_new_tokens": 12, "transformers": {"batch_size": 16}},
         verify={"rewards": {"smollm2_arith": "math"}},
         train={"lr": 1e-3, "micro_batch_tokens": 512, "kl_metric": True},
     )

@@ -119,6 +119,8 @@ def test_the_config_key_reaches_the_backend(tiny_assets):
     from components.core.config import GenerateSection
     from components.model.engine import make_backend
 
-    on, _ = make_backend(GenerateSection(continuous_batching=True), tiny_assets / "base", 0)
+    on, _ = make_backend(
+        GenerateSection(transformers={"continuous_batching": True}), tiny_assets / "base", 0
+    )
     off, _ = make_backend(GenerateSection(), tiny_assets / "base", 0)
     assert on.continuous and not off.continuous

@@ -212,7 +212,9 @@ def test_shards_union_equals_unsharded_up_to_rounding(cfg, threads):
     whole, whole_scored = rows(cfg, "rollouts"), rows(cfg, "scored")
     sharded = cfg.model_copy(deep=True)
     sharded.run.run_id = "sharded"
-    sharded.generate.batch_size = 8  # another batch layout as well as another shard layout
+    sharded.generate.transformers.batch_size = (
+        8  # another batch layout as well as another shard layout
+    )
     run_setup.run(sharded)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

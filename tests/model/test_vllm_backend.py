@@ -115,7 +115,7 @@ def test_image_prompts_keep_the_logprob_contract_on_vllm(tmp_path):
 
     tok = build_tokenizer()
     ckpt = save_checkpoint(build_model(tok, seed=5), tok, build_image_processor(), tmp_path / "b")
-    gen = GenerateSection(backend="vllm", dtype="float32", gpu_memory_utilization=0.3)
+    gen = GenerateSection(backend="vllm", dtype="float32", vllm={"gpu_memory_utilization": 0.3})
     backend, tokenizer = make_backend(gen, ckpt, seed=0)
     buf = io.BytesIO()
     Image.new("RGB", (56, 56), (200, 30, 30)).save(buf, "PNG")

@@ -26,7 +26,7 @@ def write_config(root: Path, assets: Path, **sections) -> Path:
             "eval": [{"name": "heldout", "path": str(assets / "eval.parquet"), "n": 4}],
             "prompts_per_iteration": 6,
         },
-        "generate": {"n": 4, "max_new_tokens": 6, "batch_size": 32},
+        "generate": {"n": 4, "max_new_tokens": 6, "transformers": {"batch_size": 32}},
         "verify": {"rewards": {"arithmetic": "math"}, "num_workers": 1, "timeout_s": 10},
         "train": {"lr": 1e-3, "micro_batch_tokens": 256},
         "evaluate": {"bootstrap_resamples": 50},
