@@ -103,6 +103,7 @@ class OutputDir:
         if not self.is_committed():
             return False
         stored = read_manifest(self.store, self.uri).get("inputs") or {}
+        refuse_older_lineage(self.uri, stored, inputs)
         changed = stale_inputs(stored, inputs)
         if changed:
             log.warning("%s: recomputing, %s", self.uri, "; ".join(changed))
@@ -331,6 +332,22 @@ def lineage(
 def with_input(inputs: Lineage, key: str, digest: str) -> Lineage:
     """`inputs` plus one more input digest."""
     return {**inputs, key: digest}
+
+
+def refuse_older_lineage(uri: str, stored: dict[str, str], inputs: dict[str, str]) -> None:
+    """UserError where a manifest records its inputs as an rlvr before this lineage did: an
+    input of the run keyed by its absolute URI (now by its path in the run), or the train state
+    as an input. This rlvr no longer reads those digests, and recomputing would silently redo a
+    finished run."""
+    moved = [k for k in stored if any(k.endswith("/" + key) for key in inputs if key not in stored)]
+    old = moved + [k for k in stored if k.startswith("train_state/")]
+    if old:
+        raise UserError(
+            f"{uri} was committed by an rlvr older than this one's lineage (its manifest "
+            f"records inputs {old[:2]}), which this version does not read. Finish or read "
+            "the run with the rlvr that wrote it, or start it afresh under a new run.run_id "
+            "(or delete the run's directory)."
+        )
 
 
 def stale_inputs(stored: dict[str, str], inputs: dict[str, str]) -> list[str]:

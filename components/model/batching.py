@@ -17,7 +17,7 @@ prompts together, in order; with `Continuous`, as they complete.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,6 +47,9 @@ class Planned:
         """Whether to yield the finished prompts now: at a batch's end."""
         return active == 0
 
+    streams = False
+    """Whether a decode stretch ends as soon as rows leave, so their prompts are yielded then."""
+
     def _joined(self, k: int) -> int:
         self.next += k
         return k
@@ -73,13 +76,16 @@ class Continuous(Planned):
     def flush(self, active: int) -> bool:
         return True
 
+    streams = True
+
 
 @dataclass
 class DecodeState:
-    """One call's decode. `tokens`, `logps` [N, T] and `lengths`, `finished`, `stopped` [N] cover
-    every row of the call; the per-step tensors (`act`, the rows decoding, with their `steps`
-    drawn so far, `uniforms` [A, T], `logits`, `next_pos` and the KV `cache`) hold the active
-    rows only."""
+    """One call's decode. Rows decode in slots: `tokens`, `logps` [S, T] and `lengths`,
+    `finished`, `stopped` [S] hold the rows in the S slots (as many as decode at once); the
+    per-step tensors (`act`, the active rows' slots, with their `steps` drawn so far, `uniforms`
+    [A, T], `logits`, `next_pos` and the KV `cache`) hold the active rows only. A row that
+    leaves is copied to the host (`left`, by row) and its slot is free for the next."""
 
     T: int  # max_new_tokens
     pad: int
@@ -94,36 +100,48 @@ class DecodeState:
     next_pos: torch.Tensor
     logits: torch.Tensor | None = None
     cache: object = None  # a kv_cache.DecodeCache while rows are active
+    row_of: dict[int, int] = field(default_factory=dict)
+    """{slot: the call's row in it}"""
+    free: list[int] = field(default_factory=list)
+    left: dict[int, tuple[list[int], list[float], bool]] = field(default_factory=dict)
+    """{row: (token ids, logprobs, whether it stopped)} of the rows that left."""
 
     @classmethod
-    def empty(cls, rows: int, T: int, pad: int, device) -> DecodeState:
+    def empty(cls, slots: int, T: int, pad: int, device) -> DecodeState:
         def zeros(*shape, dtype=torch.long):
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return cls(
             T=T,
             pad=pad,
-            tokens=torch.full((rows, T), pad, dtype=torch.long, device=device),
-            logps=zeros(rows, T, dtype=torch.float32),
-            lengths=zeros(rows),
-            finished=zeros(rows, dtype=torch.bool),
-            stopped=zeros(rows, dtype=torch.bool),
+            tokens=torch.full((slots, T), pad, dtype=torch.long, device=device),
+            logps=zeros(slots, T, dtype=torch.float32),
+            lengths=zeros(slots),
+            finished=zeros(slots, dtype=torch.bool),
+            stopped=zeros(slots, dtype=torch.bool),
             act=zeros(0),
             steps=zeros(0),
-            uniforms=zeros(0, T, dtype=torch.float32),
+            uniforms=zeros(0, T, dtype=torch.float64),
             next_pos=zeros(0),
+            free=list(range(slots)),
         )
 
     def join(
         self,
-        rows: torch.Tensor,
+        rows: list[int],
         uniforms: torch.Tensor,
         logits: torch.Tensor,
         next_pos: torch.Tensor,
     ) -> None:
-        """Rows `rows` join after the active ones, with their first step's logits."""
-        self.act = torch.cat([self.act, rows])
-        self.steps = torch.cat([self.steps, torch.zeros_like(rows)])
+        """Rows `rows` join after the active ones, in free slots, with their first step's
+        logits."""
+        slots, self.free = self.free[: len(rows)], self.free[len(rows) :]
+        self.row_of.update(zip(slots, rows, strict=True))
+        at = torch.tensor(slots, dtype=torch.long, device=self.act.device)
+        self.tokens[at], self.logps[at], self.lengths[at] = self.pad, 0.0, 0
+        self.finished[at], self.stopped[at] = False, False
+        self.act = torch.cat([self.act, at])
+        self.steps = torch.cat([self.steps, torch.zeros_like(at)])
         self.uniforms = torch.cat([self.uniforms, uniforms])
         self.logits = logits if self.logits is None else torch.cat([self.logits, logits])
         self.next_pos = torch.cat([self.next_pos, next_pos])
@@ -168,7 +186,7 @@ class DecodeState:
         """Keep only the active rows not done, in the per-step tensors and the KV cache; returns
         this step's `tok` of the kept rows and the rows that left."""
         keep = torch.nonzero(~done).flatten()
-        gone = self.act[done].tolist()
+        gone = self._leave(self.act[done])
         self.cache.select(keep)
         self.act, tok, self.steps = self.act[keep], tok[keep], self.steps[keep]
         self.next_pos, self.uniforms = self.next_pos[keep], self.uniforms[keep]
@@ -176,10 +194,24 @@ class DecodeState:
 
     def retire_all(self) -> list:
         """Every active row has finished: they all leave (with the cache). Returns them."""
-        gone = self.act.tolist()
+        gone = self._leave(self.act)
         self.act, self.steps = self.act[:0], self.steps[:0]
         self.next_pos, self.uniforms = self.next_pos[:0], self.uniforms[:0]
         self.logits = self.cache = None
+        return gone
+
+    def _leave(self, slots: torch.Tensor) -> list[int]:
+        """The rows in `slots` leave: their tokens to the host, their slots free."""
+        tokens, logps = self.tokens[slots].cpu(), self.logps[slots].cpu()
+        lengths, stopped = self.lengths[slots].tolist(), self.stopped[slots].tolist()
+        gone = []
+        for k, slot in enumerate(slots.tolist()):
+            row = self.row_of.pop(slot)
+            n = lengths[k]
+            self.left[row] = (tokens[k, :n].tolist(), logps[k, :n].tolist(), stopped[k])
+            self.free.append(slot)
+            gone.append(row)
+        self.free.sort()
         return gone
 
 

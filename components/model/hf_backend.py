@@ -84,11 +84,9 @@ class TransformersBackend:
         """Decode steps on a static cache, replayed as CUDA graphs on a GPU (graph_decode.py;
         eager on a CPU, where tests check it), else None: the growing cache (kv_cache.py)."""
         self.graphs_unfit = unfit
+        """Why graphs were asked for and not taken (the model), for `stats.phases`."""
         self.continuous = continuous
         """Continuous batching (batching.py): a finished row's room goes to the next prompt."""
-        self.off_slab: str | None = None
-        """Why the last batch took the growing cache though the static step is on."""
-        """Why graphs were asked for and not taken (the model), for `stats.phases`."""
         self.clock = PhaseClock(device)
         """Seconds per phase of the calls so far (`clock.take()`: the stage's `stats.phases`)."""
         self.before_forward = device_turn.waiter()
@@ -163,12 +161,12 @@ class TransformersBackend:
         # prompt's n samples are yielded together (batching.py).
         ordered = sorted(requests, key=lambda r: len(r.prompt_token_ids))
         if self.continuous:
-            admission: Planned = Continuous(
-                len(ordered), spec.n, self._continuous_rows(ordered, spec)
-            )
+            rows = self._continuous_rows(ordered, spec)
+            admission: Planned = Continuous(len(ordered), spec.n, rows)
         else:
             admission = Planned([len(b) for b in self.plan_batches(ordered, spec)])
-        yield from self._sample(ordered, spec, admission)
+            rows = spec.n * max(admission.sizes, default=0)
+        yield from self._sample(ordered, spec, admission, rows)
 
     def plan_batches(
         self, ordered: list[PromptRequest], spec: SamplingSpec
@@ -253,22 +251,24 @@ class TransformersBackend:
         return pos3, pos3.amax(dim=(0, 2)) + 1, vision
 
     def _continuous_rows(self, ordered: list[PromptRequest], spec: SamplingSpec) -> int:
-        """The rows continuous batching decodes at once: batch_size, and within batch_tokens
-        with every row as wide as the longest prompt's (a join right-aligns the rows)."""
+        """The rows continuous batching decodes at once: batch_size, and within batch_tokens.
+        A join right-aligns every row at the newest column and gives each room for
+        max_new_tokens more, and the oldest row may have drawn almost max_new_tokens already, so
+        a row may take the longest prompt + twice max_new_tokens columns."""
         rows = max(self.batch_size, spec.n)
         if self.batch_tokens is not None and ordered:
-            width = len(ordered[-1].prompt_token_ids) + spec.max_new_tokens
+            width = len(ordered[-1].prompt_token_ids) + 2 * spec.max_new_tokens
             rows = min(rows, self.batch_tokens // width)
         return max(spec.n, rows - rows % spec.n)
 
     @torch.inference_mode()
     def _sample(
-        self, ordered: list[PromptRequest], spec: SamplingSpec, admission: Planned
+        self, ordered: list[PromptRequest], spec: SamplingSpec, admission: Planned, slots: int
     ) -> Iterator[list[Sample]]:
         """Decode the call's rows as `admission` lets them join; yield each prompt's samples
         once all n have finished (batching.py)."""
         n = spec.n
-        state = DecodeState.empty(len(ordered) * n, spec.max_new_tokens, self._pad(), self.device)
+        state = DecodeState.empty(slots, spec.max_new_tokens, self._pad(), self.device)
         eos = torch.tensor(
             sorted(self.eos_ids | set(spec.stop_token_ids)), dtype=torch.long, device=self.device
         )
@@ -306,8 +306,6 @@ class TransformersBackend:
                 notes["graphs_off"] = stats["graphs_off"]
         if self.graphs_unfit:
             notes["graphs_off"] = self.graphs_unfit
-        elif self.graphs is not None and self.off_slab:
-            notes.setdefault("graphs_off", self.off_slab)
 
     def _join(
         self, state: DecodeState, batch: list[PromptRequest], first: int, spec: SamplingSpec
@@ -334,8 +332,12 @@ class TransformersBackend:
             state.cache.admit(past, attn, T)
         else:
             state.cache = self._cache(past, attn, T, mrope=pos.dim() == 3)
-        first_row = torch.arange(first * n, (first + len(batch)) * n, device=self.device)
-        state.join(first_row, uniforms.to(self.device), logits, next_pos)
+        state.join(
+            list(range(first * n, (first + len(batch)) * n)),
+            uniforms.to(self.device),
+            logits,
+            next_pos,
+        )
 
     def _cache(self, past, attn, steps: int, *, mrope: bool) -> DecodeCache:
         """The decode's KV cache from a prefill: the static step's slab where it runs
@@ -343,13 +345,13 @@ class TransformersBackend:
         and continuous batching take the growing cache; a cache the slab cannot keep is the
         model's, so its batches decline the slab for good."""
         g = self.graphs
-        self.off_slab = None
         if g is None or not g.usable():
             return GrowingCache(self.model, self.cache_kwarg, past, attn, steps, mrope=mrope)
         if not graphable(past):
             g.decline("cache layers the slab does not keep (sliding window, quantized, ...)")
         elif mrope or self.continuous:
-            self.off_slab = "M-RoPE positions (image prompts)" if mrope else "continuous batching"
+            why = "M-RoPE positions (image prompts)" if mrope else "continuous batching"
+            self.clock.notes.setdefault("graphs_off", why)
         else:
             return g.start(self.model, past, attn, attn.shape[1], steps)  # graph_decode.py
         return GrowingCache(self.model, self.cache_kwarg, past, attn, steps, mrope=mrope)
@@ -377,7 +379,7 @@ class TransformersBackend:
                 tok, gone = state.drop_finished(tok, done)
                 done, left = torch.zeros_like(tok, dtype=torch.bool), left + gone
             self._step(state, torch.where(done, state.pad, tok))
-            if joining:
+            if joining or (left and admission.streams):
                 return left
 
     def _step(self, state: DecodeState, feed: torch.Tensor) -> None:
@@ -392,29 +394,25 @@ class TransformersBackend:
     def _samples(
         self, ordered: list[PromptRequest], prompts: list[int], state: DecodeState, spec
     ) -> list[Sample]:
-        """The samples of `prompts` (indices into the call's): each row's tokens up to its
-        length, decoded and cut at a stop string."""
-        n = spec.n
-        rows = torch.tensor([p * n + j for p in prompts for j in range(n)], device=self.device)
-        tokens, logps = state.tokens[rows].cpu(), state.logps[rows].cpu()
-        lengths, stopped = state.lengths[rows].cpu(), state.stopped[rows].cpu()
+        """The samples of `prompts` (indices into the call's), from the rows that left: each
+        row's tokens decoded and cut at a stop string."""
         samples = []
-        for i, (p, j) in enumerate((p, j) for p in prompts for j in range(n)):
-            k = int(lengths[i])
-            tok_ids = tokens[i, :k].tolist()
-            text = self.tokenizer.decode(tok_ids, skip_special_tokens=True)
-            if spec.stop:
-                text = cut_at_stop(text, spec.stop)[0]
-            samples.append(
-                Sample(
-                    prompt_id=ordered[p].prompt_id,
-                    sample_index=j,
-                    response=text,
-                    response_token_ids=tok_ids,
-                    response_logprobs=logps[i, :k].tolist(),
-                    finish_reason="stop" if bool(stopped[i]) else "length",
+        for p in prompts:
+            for j in range(spec.n):
+                tok_ids, logps, stopped = state.left.pop(p * spec.n + j)
+                text = self.tokenizer.decode(tok_ids, skip_special_tokens=True)
+                if spec.stop:
+                    text = cut_at_stop(text, spec.stop)[0]
+                samples.append(
+                    Sample(
+                        prompt_id=ordered[p].prompt_id,
+                        sample_index=j,
+                        response=text,
+                        response_token_ids=tok_ids,
+                        response_logprobs=logps,
+                        finish_reason="stop" if stopped else "length",
+                    )
                 )
-            )
         return samples
 
 

@@ -232,8 +232,9 @@ class GrowingCache:
         rows = self.attn_all.shape[0]
         for i, layer in enumerate(self.past.layers):
             self.past.layers[i] = layer.joined(past.layers[i], lo, width, width + steps)
-        mask = torch.zeros((rows + attn.shape[0], width + steps), dtype=attn.dtype)
-        mask = mask.to(attn.device)
+        mask = torch.zeros(
+            (rows + attn.shape[0], width + steps), dtype=attn.dtype, device=attn.device
+        )
         mask[:rows, width - span : width] = self.attn_all[:, lo : self.length]
         mask[rows:, width - new : width] = attn
         mask[:, width:] = 1

@@ -151,3 +151,25 @@ def test_local_put_tree_moves_by_rename_and_records_hashes(tmp_path):
         "bytes": 7000,
         "sha256": hashlib.sha256(b"weights" * 1000).hexdigest(),
     }
+
+
+@pytest.mark.parametrize(
+    "old_key",
+    ["/runs/r/iterations/00000/scored", "s3://b/r/iterations/00000/scored", "train_state/"],
+)
+def test_an_output_of_an_older_lineage_is_refused_not_recomputed(tmp_path, old_key):
+    """Input keys only an rlvr before this lineage wrote (absolute URIs, the train state as an
+    input): a clear error naming the output and the way out, never a silent recompute."""
+    from components.core.errors import UserError
+
+    store, uri = LocalStore(), str(tmp_path / "runs" / "r" / "checkpoints" / "00001")
+    out = OutputDir(store, uri, "train")
+    out.begin()
+    out.put_bytes(b"w", "model.safetensors")
+    out.commit({}, {old_key: "abc", "config": "def"})
+    now = {"iterations/00000/scored": "abc", "config": "def"}
+    with pytest.raises(UserError, match=r"00001 was committed by an rlvr older.*run.run_id"):
+        OutputDir(store, uri, "train").up_to_date(now)
+    out.begin(force=True)  # an input outside the run keeps its URI: that is this lineage's own
+    out.commit({}, {"s3://b/base": "abc", "config": "def"})
+    assert not OutputDir(store, uri, "train").up_to_date({"s3://b/base": "abd", "config": "def"})
