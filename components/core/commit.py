@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.errors import UserError
+from components.core.layout import TRAIN_STATE
 from components.core.store import Store, StoreError, is_s3, join
 
 SUCCESS = "_SUCCESS"
@@ -340,7 +341,7 @@ def refuse_older_lineage(uri: str, stored: dict[str, str], inputs: dict[str, str
     as an input. This rlvr no longer reads those digests, and recomputing would silently redo a
     finished run."""
     moved = [k for k in stored if any(k.endswith("/" + key) for key in inputs if key not in stored)]
-    old = moved + [k for k in stored if k.startswith("train_state/")]
+    old = moved + [k for k in stored if k.startswith(TRAIN_STATE + "/")]
     if old:
         raise UserError(
             f"{uri} was committed by an rlvr older than this one's lineage (its manifest "
