@@ -113,6 +113,19 @@ def test_admit_right_aligns_rows_and_trims_unused_columns(policy):
         alone = model(input_ids=torch.tensor([ids])).logits[0, -1]
         # the same positions and keys over extra zero-weight columns: float32 rounding only
         torch.testing.assert_close(logits[row], alone, atol=1e-4, rtol=1e-4)
+    # Row a leaves: the columns before b's first are attended by no row, so the next join
+    # trims them (b's prompt and two steps are its whole span).
+    cache.select(torch.tensor([1]))
+    past_c, _, attn_c = prefill(prompt_b)
+    cache.admit(past_c, attn_c, 8)
+    span = len(prompt_b) + 1
+    assert cache.length == span and cache.attn_all.shape == (2, span + 8)
+    assert cache.attn_all[0, :span].all()  # b: its prompt and its step, nothing before
+    assert cache.attn_all[1, :span].tolist() == [0, 1, 1]  # c right-aligned after a pad
+    logits = cache.step(torch.tensor([3, 4]), torch.tensor([len(prompt_b) + 1, len(prompt_b)]))
+    for row, ids in ((0, [*prompt_b, 7, 3]), (1, [*prompt_b, 4])):
+        alone = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        torch.testing.assert_close(logits[row], alone, atol=1e-4, rtol=1e-4)
 
 
 def test_the_config_key_reaches_the_backend(tiny_assets):
